@@ -1,0 +1,722 @@
+"""The data-service roofline: ceilings, ridge point, scores and plots.
+
+The model is the one of Carns et al. 2025 (``papers/carns2025-data-service-roofline.txt``, sections 4.2–4.3):
+
+* x is the *service ratio* ``X = server processes / client processes`` (drawn on a log axis);
+* y is the sustained rate *per client process* of one metric (RPC rate, network bandwidth, ...; linear axis);
+* two empirical parameters bound it, each kept as a min–max range of repeated measurements:
+  ``Pc``, the peak client rate (one client process against one quiescent server process, sampled over every
+  pair of nodes), and ``Ps``, the peak server rate per server process (one fully populated server node
+  saturated by many clients, aggregate rate divided by the server processes);
+* the attainable rate per client process is ``R(X) = min(Pc, Ps * min(X, 1))`` and the ridge point, where
+  the two ceilings meet, is ``X* = min(Pc / Ps, 1)``.
+
+Validation samples (measured rates at chosen server and client counts) are scored against ``R(X)`` with the
+score of Zhu, Neuwirth et al. (``papers/zhu-neuwirth-io-roofline-scoring.txt``, eqs. 10–12):
+``score = 1 / (1 + |log10(R(X) / measured)|)``, and scores combine by weighted geometric mean.
+
+This module is pure analysis: it works on plain numbers and JSON documents and never imports the engine,
+so a roofline can be rebuilt and plotted from a results file with no service running.
+
+Errors: every invalid input (empty or negative ranges, a zero peak, a non-positive service ratio, a
+malformed document) raises :class:`ValueError` with a message naming the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, overload
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "METRICS",
+    "REGION_CLIENT_BOUND",
+    "REGION_SERVER_BOUND",
+    "Metric",
+    "Range",
+    "Roofline",
+    "Sample",
+    "combine_scores",
+    "plot",
+]
+
+Bound = Literal["min", "max"]
+
+REGION_SERVER_BOUND = "server-bound"
+"""Samples with a service ratio below the ridge point (too few servers for the clients)."""
+REGION_CLIENT_BOUND = "client-bound"
+"""Samples with a service ratio at or above the ridge point."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameters and samples
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Range:
+    """The min–max range of repeated measurements of one parameter (Carns 2025, section 4.3 and Table 2).
+
+    Attributes:
+        min: smallest measured value, finite and >= 0, in the metric's unit.
+        max: largest measured value, finite and >= ``min``, in the metric's unit.
+
+    Raises:
+        ValueError: a bound is not finite, is negative, or ``min > max``.
+    """
+
+    min: float
+    max: float
+
+    def __post_init__(self) -> None:
+        for name in ("min", "max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+                raise ValueError(f"Range.{name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"Range.{name} must be finite and >= 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if self.min > self.max:
+            raise ValueError(f"Range.min ({self.min}) is larger than Range.max ({self.max})")
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Range:
+        """The range spanned by repeated measurements.
+
+        Args:
+            values: one or more measurements, each finite and >= 0.
+
+        Returns:
+            ``Range(min(values), max(values))``.
+
+        Raises:
+            ValueError: ``values`` is empty, or a value is not a finite number >= 0.
+        """
+        try:
+            data = [float(v) for v in values]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Range.of needs numbers: {exc}") from exc
+        if not data:
+            raise ValueError("Range.of needs at least one measurement, got none")
+        bad = [v for v in data if not math.isfinite(v) or v < 0]
+        if bad:
+            raise ValueError(f"Range.of needs finite measurements >= 0, got {bad[0]!r}")
+        return cls(min(data), max(data))
+
+    def to_dict(self) -> dict[str, float]:
+        """``{"min": ..., "max": ...}``."""
+        return {"min": self.min, "max": self.max}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | Sequence[float]) -> Range:
+        """Inverse of :meth:`to_dict`; also accepts a two-element list ``[min, max]``.
+
+        Raises:
+            ValueError: the document is neither shape, or holds invalid bounds.
+        """
+        if isinstance(d, Mapping):
+            missing = {"min", "max"} - set(d)
+            if missing:
+                raise ValueError(f"a range needs keys 'min' and 'max', missing {sorted(missing)}")
+            return cls(d["min"], d["max"])
+        if isinstance(d, Sequence) and not isinstance(d, str) and len(d) == 2:
+            return cls(d[0], d[1])
+        raise ValueError(f"a range is {{'min': x, 'max': y}} or [x, y], got {d!r}")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One performance metric that a roofline can be drawn for.
+
+    Attributes:
+        name: identifier, e.g. ``"rpc_rate"``.
+        unit: unit of every rate of this metric, e.g. ``"ops/s"``.
+        label: y-axis label, with the unit, e.g. ``"RPC rate per client process (ops/s)"``.
+    """
+
+    name: str
+    unit: str
+    label: str
+
+    def to_dict(self) -> dict[str, str]:
+        """``{"name": ..., "unit": ..., "label": ...}``."""
+        return {"name": self.name, "unit": self.unit, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | str) -> Metric:
+        """Inverse of :meth:`to_dict`; a bare name (or a dict with only a name) looks up :data:`METRICS`.
+
+        Raises:
+            ValueError: an unknown name without unit and label, or a malformed document.
+        """
+        if isinstance(d, str):
+            d = {"name": d}
+        if not isinstance(d, Mapping) or "name" not in d:
+            raise ValueError(f"a metric is a name or {{'name', 'unit', 'label'}}, got {d!r}")
+        if "unit" not in d and "label" not in d:
+            if d["name"] not in METRICS:
+                raise ValueError(
+                    f"unknown metric {d['name']!r}; known: {sorted(METRICS)} (or give unit and label)"
+                )
+            return METRICS[d["name"]]
+        unit = str(d.get("unit", ""))
+        return cls(name=str(d["name"]), unit=unit, label=str(d.get("label", f"{d['name']} ({unit})")))
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("rpc_rate", "ops/s", "RPC rate per client process (ops/s)"),
+        Metric("bandwidth", "GiB/s", "Network bandwidth per client process (GiB/s)"),
+        Metric("storage_iops", "ops/s", "Storage IOPS per client process (ops/s)"),
+        Metric("storage_bandwidth", "GiB/s", "Storage bandwidth per client process (GiB/s)"),
+    )
+}
+"""Known metrics by name: the two network metrics of Carns 2025 (section 4.3) and its storage future work."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One validation measurement: a deployment footprint and the rate each client process achieved.
+
+    Attributes:
+        servers: server processes in the deployment, >= 1.
+        clients: client processes in the deployment, >= 1.
+        rate_per_client: measured aggregate rate divided by ``clients``, finite, >= 0, in the metric's unit.
+
+    Raises:
+        ValueError: a count is not an integer >= 1, or the rate is negative or not finite.
+    """
+
+    servers: int
+    clients: int
+    rate_per_client: float
+
+    def __post_init__(self) -> None:
+        for name in ("servers", "clients"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"Sample.{name} must be an integer >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        rate = self.rate_per_client
+        if isinstance(rate, bool) or not isinstance(rate, int | float | np.floating | np.integer):
+            raise ValueError(f"Sample.rate_per_client must be a number, got {rate!r}")
+        if not math.isfinite(rate) or rate < 0:
+            raise ValueError(f"Sample.rate_per_client must be finite and >= 0, got {rate!r}")
+        object.__setattr__(self, "rate_per_client", float(rate))
+
+    @property
+    def service_ratio(self) -> float:
+        """``X = servers / clients`` (Carns 2025, section 4.2), dimensionless, > 0."""
+        return self.servers / self.clients
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"servers", "clients", "rate_per_client"}``."""
+        return {"servers": self.servers, "clients": self.clients, "rate_per_client": self.rate_per_client}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Sample:
+        """Inverse of :meth:`to_dict` (extra keys, e.g. ``service_ratio``, are ignored).
+
+        Raises:
+            ValueError: a key is missing or a value is invalid.
+        """
+        missing = {"servers", "clients", "rate_per_client"} - set(d)
+        if missing:
+            raise ValueError(
+                f"a sample needs keys servers, clients, rate_per_client; missing {sorted(missing)}"
+            )
+        return cls(servers=d["servers"], clients=d["clients"], rate_per_client=d["rate_per_client"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Scores
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _check_bound(bound: str) -> None:
+    if bound not in ("min", "max"):
+        raise ValueError(f"bound must be 'min' or 'max', got {bound!r}")
+
+
+def _score(attainable: float, measured: float) -> float:
+    # Zhu & Neuwirth eqs. 10–11 in one dimension; a zero rate is infinitely far from the roof.
+    if measured == 0:
+        return 0.0
+    return 1.0 / (1.0 + abs(math.log10(attainable / measured)))
+
+
+def _weighted_geometric_mean(values: Sequence[float], weights: Sequence[float]) -> float:
+    # Zhu & Neuwirth eq. 12: (prod v_i ** w_i) ** (1 / sum w_i), computed in log space.
+    if any(v == 0 for v in values):
+        return 0.0
+    total = math.fsum(weights)
+    return math.exp(math.fsum(w * math.log(v) for v, w in zip(values, weights, strict=True)) / total)
+
+
+def combine_scores(scores: Mapping[str, float], weights: Mapping[str, float] | None = None) -> float:
+    """Combine per-metric scores into one by weighted geometric mean.
+
+    ``score = (prod_i score_i ** w_i) ** (1 / sum_i w_i)`` (Zhu, Neuwirth et al., eq. 12).
+
+    Args:
+        scores: score per metric name, each finite and >= 0 (scores of this module lie in [0, 1]).
+        weights: weight per metric name, each finite and > 0; ``None`` weighs every metric 1.
+            Must name exactly the metrics of ``scores``.
+
+    Returns:
+        The combined score; 0.0 if any score is 0.
+
+    Raises:
+        ValueError: ``scores`` is empty, a score or weight is invalid, or the keys of ``weights`` differ
+            from those of ``scores``.
+    """
+    if not scores:
+        raise ValueError("combine_scores needs at least one score")
+    for name, value in scores.items():
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"score {name!r} must be finite and >= 0, got {value!r}")
+    if weights is None:
+        weights = dict.fromkeys(scores, 1.0)
+    if set(weights) != set(scores):
+        raise ValueError(
+            f"weights must name exactly the scored metrics {sorted(scores)}; "
+            f"missing {sorted(set(scores) - set(weights))}, unknown {sorted(set(weights) - set(scores))}"
+        )
+    for name, w in weights.items():
+        if not math.isfinite(w) or w <= 0:
+            raise ValueError(f"weight {name!r} must be finite and > 0, got {w!r}")
+    names = list(scores)
+    return _weighted_geometric_mean([scores[n] for n in names], [weights[n] for n in names])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Roofline:
+    """A data-service roofline for one metric, with its validation samples (Carns 2025, sections 4.2–4.3).
+
+    Attributes:
+        metric: what the rates measure; every rate below is in ``metric.unit``.
+        pc: peak client rate, per client process: one client against one quiescent server (min–max).
+        ps: peak server rate, per server process: aggregate rate of one saturated server node divided by
+            its server processes (min–max).
+        samples: validation measurements drawn and scored against the ceilings.
+
+    Raises:
+        ValueError: ``pc.min`` or ``ps.min`` is 0 (a zero peak has no ridge point and no scores), or a field
+            has the wrong type.
+    """
+
+    metric: Metric
+    pc: Range
+    ps: Range
+    samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metric, Metric):
+            raise ValueError(f"Roofline.metric must be a Metric, got {self.metric!r}")
+        for name in ("pc", "ps"):
+            value = getattr(self, name)
+            if not isinstance(value, Range):
+                raise ValueError(f"Roofline.{name} must be a Range, got {value!r}")
+            if value.min <= 0:
+                raise ValueError(
+                    f"Roofline.{name} must be > 0 (got min={value.min}); a zero peak rate means the "
+                    f"parameter benchmark failed, re-measure it"
+                )
+        self.samples = list(self.samples)
+        for s in self.samples:
+            if not isinstance(s, Sample):
+                raise ValueError(f"Roofline.samples must hold Sample objects, got {s!r}")
+
+    def _peaks(self, bound: str) -> tuple[float, float]:
+        _check_bound(bound)
+        return (self.pc.max, self.ps.max) if bound == "max" else (self.pc.min, self.ps.min)
+
+    @overload
+    def attainable(self, x: float, bound: Bound = "max") -> float: ...
+    @overload
+    def attainable(self, x: npt.ArrayLike, bound: Bound = "max") -> npt.NDArray[np.float64]: ...
+
+    def attainable(self, x: float | npt.ArrayLike, bound: Bound = "max") -> float | npt.NDArray[np.float64]:
+        """Attainable rate per client process at service ratio ``x``.
+
+        ``R(X) = min(Pc, Ps * min(X, 1))`` (Carns 2025, section 4.2 and Figure 7b; formula as fixed in
+        DESIGN.md section 6): a client can go no faster than against a quiescent server (``Pc``); the servers
+        share ``Ps * servers`` among the clients, i.e. ``Ps * X`` each, and that share stops growing at
+        ``X = 1``, where each server is no longer oversubscribed.
+
+        Args:
+            x: service ratio(s), each finite and > 0; a scalar or an array of any shape.
+            bound: ``"max"`` uses ``pc.max`` and ``ps.max`` (the upper ceiling), ``"min"`` the lower one.
+
+        Returns:
+            A float for a Python/NumPy scalar, otherwise a float64 array of the shape of ``x``, in
+            ``metric.unit``.
+
+        Raises:
+            ValueError: an ``x`` is not finite or <= 0, or ``bound`` is not ``"min"``/``"max"``.
+        """
+        pc, ps = self._peaks(bound)
+        arr = np.asarray(x, dtype=np.float64)
+        if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise ValueError(f"service ratios must be finite and > 0, got {x!r}")
+        rate = np.minimum(pc, ps * np.minimum(arr, 1.0))
+        if arr.ndim == 0 and not isinstance(x, np.ndarray):
+            return float(rate)
+        return rate
+
+    def ridge(self, bound: Bound = "max") -> float:
+        """The ridge point: the service ratio where the server ceiling meets the client ceiling.
+
+        ``X* = Pc / Ps`` where ``Ps * X = Pc``, capped at 1 because the server ceiling is flat beyond
+        ``X = 1`` (Carns 2025, section 4.2; DESIGN.md section 6). It is the smallest service ratio that
+        reaches the full attainable rate, i.e. the most efficient deployment (the paper's ~1/4 for RPC rate
+        in section 5.1, 1:1 for bandwidth in section 5.2, where ``Pc > Ps``).
+
+        Args:
+            bound: ``"max"`` or ``"min"`` ceiling, as in :meth:`attainable`.
+
+        Returns:
+            ``min(Pc / Ps, 1)``, dimensionless, in (0, 1].
+
+        Raises:
+            ValueError: ``bound`` is not ``"min"``/``"max"``.
+        """
+        pc, ps = self._peaks(bound)
+        return min(pc / ps, 1.0)
+
+    def efficiency(self, sample: Sample, bound: Bound = "max") -> float:
+        """Measured over attainable rate, ``sample.rate_per_client / R(X)``; 1.0 is on the roof.
+
+        Args:
+            sample: a validation sample.
+            bound: ceiling to compare against (default the upper one).
+
+        Returns:
+            A dimensionless ratio >= 0 (above 1 when the sample beats the ceiling).
+
+        Raises:
+            ValueError: ``bound`` is not ``"min"``/``"max"``.
+        """
+        return sample.rate_per_client / self.attainable(sample.service_ratio, bound)
+
+    def score(self, sample: Sample, bound: Bound = "max") -> float:
+        """Closeness of a sample to the roof: ``1 / (1 + |log10(R(X) / measured)|)``.
+
+        Zhu, Neuwirth et al., eqs. 10–11, with one dimension (the rate) and the attainable rate at the
+        sample's own service ratio as the reference point. Symmetric in log space: a sample 10x below or
+        10x above the roof both score 0.5.
+
+        Args:
+            sample: a validation sample.
+            bound: ceiling to compare against (default the upper one).
+
+        Returns:
+            A score in [0, 1]: 1.0 on the roof, 0.0 for a measured rate of 0.
+
+        Raises:
+            ValueError: ``bound`` is not ``"min"``/``"max"``.
+        """
+        return _score(self.attainable(sample.service_ratio, bound), sample.rate_per_client)
+
+    def region(self, sample: Sample, bound: Bound = "max") -> str:
+        """:data:`REGION_SERVER_BOUND` if ``X < ridge(bound)``, else :data:`REGION_CLIENT_BOUND`."""
+        return REGION_SERVER_BOUND if sample.service_ratio < self.ridge(bound) else REGION_CLIENT_BOUND
+
+    def scores(self, bound: Bound = "max") -> dict[str, Any]:
+        """Score every sample and summarise, overall and per region of the roofline.
+
+        Per sample: service ratio, attainable rate, efficiency, relative error ``measured / R(X) - 1``
+        (signed, negative below the roof), score (:meth:`score`) and region (:meth:`region`). A summary
+        holds the sample ``count``, the combined ``score`` (geometric mean of the sample scores with equal
+        weights, Zhu, Neuwirth et al. eq. 12), and the ``median_relative_error`` and
+        ``worst_relative_error`` (of the absolute relative errors). Summaries of no samples hold ``None``.
+
+        Args:
+            bound: ceiling to compare against (default the upper one).
+
+        Returns:
+            A JSON-ready dict::
+
+                {"bound": "max", "ridge": float,
+                 "samples": [{"servers", "clients", "rate_per_client", "service_ratio", "attainable",
+                              "efficiency", "relative_error", "score", "region"}, ...],
+                 "overall": summary,
+                 "regions": {"server-bound": summary, "client-bound": summary}}
+
+        Raises:
+            ValueError: ``bound`` is not ``"min"``/``"max"``.
+        """
+        rows = []
+        for s in self.samples:
+            r = self.attainable(s.service_ratio, bound)
+            rows.append(
+                {
+                    **s.to_dict(),
+                    "service_ratio": s.service_ratio,
+                    "attainable": r,
+                    "efficiency": s.rate_per_client / r,
+                    "relative_error": s.rate_per_client / r - 1.0,
+                    "score": _score(r, s.rate_per_client),
+                    "region": self.region(s, bound),
+                }
+            )
+        return {
+            "bound": bound,
+            "ridge": self.ridge(bound),
+            "samples": rows,
+            "overall": _summary(rows),
+            "regions": {
+                name: _summary([row for row in rows if row["region"] == name])
+                for name in (REGION_SERVER_BOUND, REGION_CLIENT_BOUND)
+            },
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready document: the parameters and samples, plus the derived ridge points and scores.
+
+        Returns:
+            ``{"metric", "pc", "ps", "samples", "ridge": {"min", "max"}, "scores": scores("max")}``;
+            :meth:`from_dict` reads the first four keys and recomputes the rest.
+        """
+        return {
+            "metric": self.metric.to_dict(),
+            "pc": self.pc.to_dict(),
+            "ps": self.ps.to_dict(),
+            "samples": [s.to_dict() for s in self.samples],
+            "ridge": {"min": self.ridge("min"), "max": self.ridge("max")},
+            "scores": self.scores("max"),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Roofline:
+        """Rebuild a roofline from :meth:`to_dict` output or a hand-written document.
+
+        ``metric`` may be a name from :data:`METRICS` or a full metric dict; ``pc`` and ``ps`` may be
+        ``{"min", "max"}`` or ``[min, max]``; ``samples`` is optional. Derived keys are ignored.
+
+        Raises:
+            ValueError: a required key is missing or a value is invalid.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a roofline document is a JSON object, got {type(d).__name__}")
+        missing = {"metric", "pc", "ps"} - set(d)
+        if missing:
+            raise ValueError(f"a roofline document needs keys metric, pc, ps; missing {sorted(missing)}")
+        samples = d.get("samples") or []
+        return cls(
+            metric=Metric.from_dict(d["metric"]),
+            pc=Range.from_dict(d["pc"]),
+            ps=Range.from_dict(d["ps"]),
+            samples=[Sample.from_dict(s) for s in samples],
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`to_dict` as indented JSON to ``path`` and return it as a :class:`Path`."""
+        out = Path(path)
+        out.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Roofline:
+        """Read a roofline JSON document (see :meth:`from_dict`).
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: the file is not valid JSON or not a valid roofline document.
+        """
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {"count": 0, "score": None, "median_relative_error": None, "worst_relative_error": None}
+    errors = [abs(row["relative_error"]) for row in rows]
+    scores = [row["score"] for row in rows]
+    return {
+        "count": len(rows),
+        "score": _weighted_geometric_mean(scores, [1.0] * len(scores)),
+        "median_relative_error": float(np.median(errors)),
+        "worst_relative_error": max(errors),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plot
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _num(v: float) -> str:
+    # 173000.0 -> "173,000"; 1.75 -> "1.75".
+    return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+
+
+def _ratio_label(x: float, _pos: object = None) -> str:
+    # 0.25 -> "1/4", 2 -> "2": service ratios read as servers per client.
+    if x <= 0:
+        return ""
+    if x < 1:
+        return f"1/{1 / x:.3g}"
+    return f"{x:.3g}"
+
+
+def _ridge_text(x: float) -> str:
+    # 0.25 -> "0.25 (1/4)"; 1 -> "1".
+    return f"{x:.3g} ({_ratio_label(x)})" if x < 1 else f"{x:.3g}"
+
+
+def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = None) -> Path:
+    """Draw the roofline with its validation samples and write it as an image (PNG by suffix).
+
+    Log x axis (service ratio), linear y axis (rate per client process), as in Carns 2025, section 5.1 and
+    Figures 13–14: the upper ceiling (``pc.max``, ``ps.max``) solid, the lower one (``pc.min``, ``ps.min``)
+    dashed, the band between shaded, the ridge point marked and annotated, and samples as semi-transparent
+    points coloured by server process count. The x range spans the samples and both ridge points with a
+    factor 2 margin each side.
+
+    Args:
+        roofline: the model to draw; it may have no samples.
+        path: output file; its suffix picks the format (``.png`` for PNG). The directory must exist.
+        title: figure title; default ``"<metric name> roofline"``.
+
+    Returns:
+        ``path`` as a :class:`Path`.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    rl = roofline
+    unit = rl.metric.unit
+    ridges = {b: rl.ridge(b) for b in ("max", "min")}
+    ratios = [s.service_ratio for s in rl.samples]
+    lo = min([*ratios, *ridges.values()]) / 2
+    hi = max([*ratios, *ridges.values()]) * 2
+    # Evaluate on a dense log grid plus the kinks, so the corners are drawn sharp.
+    kinks = [v for v in (*ridges.values(), 1.0) if lo < v < hi]
+    xs = np.union1d(np.geomspace(lo, hi, 400), kinks)
+    y_max = rl.attainable(xs, "max")
+    y_min = rl.attainable(xs, "min")
+
+    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
+    try:
+        ax.fill_between(xs, y_min, y_max, color="tab:blue", alpha=0.15, linewidth=0, label="ceiling range")
+        ax.plot(
+            xs,
+            y_max,
+            color="tab:blue",
+            linestyle="-",
+            linewidth=2,
+            label=f"max ceiling: Pc={_num(rl.pc.max)}, Ps={_num(rl.ps.max)} {unit}",
+        )
+        ax.plot(
+            xs,
+            y_min,
+            color="tab:blue",
+            linestyle="--",
+            linewidth=1.5,
+            label=f"min ceiling: Pc={_num(rl.pc.min)}, Ps={_num(rl.ps.min)} {unit}",
+        )
+
+        x_star = ridges["max"]
+        y_star = rl.attainable(x_star, "max")
+        ax.plot(
+            [x_star],
+            [y_star],
+            marker="D",
+            color="tab:red",
+            markersize=8,
+            linestyle="none",
+            label=f"ridge X* = {_ridge_text(x_star)}",
+        )
+        ax.annotate(
+            f"ridge X* = {_ridge_text(x_star)}\n{_num(y_star)} {unit}",
+            xy=(x_star, y_star),
+            xytext=(-14, 10),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            arrowprops={"arrowstyle": "->", "color": "tab:red"},
+            color="tab:red",
+        )
+        if not math.isclose(ridges["min"], x_star):
+            ax.plot(
+                [ridges["min"]],
+                [rl.attainable(ridges["min"], "min")],
+                marker="D",
+                markersize=6,
+                markerfacecolor="none",
+                color="tab:red",
+                linestyle="none",
+                label=f"ridge (min) = {_ridge_text(ridges['min'])}",
+            )
+
+        top = float(np.max(y_max))
+        if rl.samples:
+            rates = np.array([s.rate_per_client for s in rl.samples])
+            servers = np.array([s.servers for s in rl.samples])
+            top = max(top, float(rates.max()))
+            counts = sorted(set(servers.tolist()))
+            if len(counts) <= 10:
+                cmap = plt.get_cmap("viridis")
+                for i, n in enumerate(counts):
+                    sel = servers == n
+                    color = cmap(i / max(len(counts) - 1, 1))
+                    ax.scatter(
+                        np.asarray(ratios)[sel],
+                        rates[sel],
+                        color=color,
+                        alpha=0.6,
+                        edgecolors="black",
+                        linewidths=0.5,
+                        zorder=3,
+                        label=f"{n} server process{'es' if n != 1 else ''}",
+                    )
+            else:
+                points = ax.scatter(
+                    ratios,
+                    rates,
+                    c=servers,
+                    cmap="viridis",
+                    alpha=0.6,
+                    edgecolors="black",
+                    linewidths=0.5,
+                    zorder=3,
+                    label="validation samples",
+                )
+                fig.colorbar(points, ax=ax, label="server processes")
+
+        ax.set_xscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(0, top * 1.25)
+        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
+        ax.xaxis.set_major_formatter(FuncFormatter(_ratio_label))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("service ratio (server processes / client processes)")
+        label = rl.metric.label if unit in rl.metric.label else f"{rl.metric.label} ({unit})"
+        ax.set_ylabel(label)
+        ax.set_title(title if title is not None else f"{rl.metric.name} roofline")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(loc="lower right", fontsize="small")
+        out = Path(path)
+        fig.savefig(out, dpi=120)
+    finally:
+        plt.close(fig)
+    return out

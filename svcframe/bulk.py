@@ -1,0 +1,71 @@
+"""Bulk handles: the RDMA analogue.
+
+A process *exposes* a buffer and gets a small, serialisable ``BulkHandle`` to pass in an RPC argument.
+The peer *pulls* from it (reads the owner's bytes) or *pushes* into it (writes the owner's buffer) with
+``Engine.pull`` / ``Engine.push``; the owner's engine serves the transfer in chunks without running any
+user code, and the bytes move between the socket and the buffers without passing through msgpack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BulkError
+
+READ = "r"
+WRITE = "w"
+READ_WRITE = "rw"
+MODES = (READ, WRITE, READ_WRITE)
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class BulkHandle:
+    """A reference to an exposed buffer: owner's engine id and address, bulk id, size in bytes, mode.
+
+    Serialise with ``to_wire()`` (a msgpack-friendly list) and rebuild with ``BulkHandle.from_wire``.
+    """
+
+    address: str | None
+    engine_id: str
+    bulk_id: int
+    size: int
+    mode: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.address, self.engine_id, self.bulk_id, self.size, self.mode]
+
+    @classmethod
+    def from_wire(cls, obj: object) -> BulkHandle:
+        """Raises BulkError when ``obj`` is not a serialised bulk handle."""
+        if (
+            isinstance(obj, list | tuple)
+            and len(obj) == 5
+            and (obj[0] is None or isinstance(obj[0], str))
+            and isinstance(obj[1], str)
+            and isinstance(obj[2], int)
+            and isinstance(obj[3], int)
+            and obj[3] >= 0
+            and obj[4] in MODES
+        ):
+            return cls(obj[0], obj[1], obj[2], obj[3], obj[4])
+        raise BulkError(f"not a bulk handle: {obj!r:.100}")
+
+
+def as_byte_view(buf: object, *, writable: bool) -> memoryview:
+    """A flat, byte-addressed memoryview of ``buf`` (bytes-like or a C-contiguous numpy array).
+
+    Raises:
+        BulkError: not a buffer, not contiguous, or read-only when ``writable``.
+    """
+    try:
+        view = memoryview(buf)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise BulkError(f"{type(buf).__name__} is not a bytes-like buffer") from exc
+    if not view.c_contiguous:
+        raise BulkError("bulk buffers must be C-contiguous (use numpy.ascontiguousarray)")
+    if writable and view.readonly:
+        raise BulkError(f"a {type(buf).__name__} is read-only; use a bytearray or a writable array")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view

@@ -1,0 +1,883 @@
+"""The engine (Margo analogue): one per process, on one event loop.
+
+An engine listens on one address, keeps the *registration table* of RPC handlers keyed by
+``(provider_id, rpc_name)``, forwards calls to other engines, serves and performs bulk transfers, and
+drives the progress loop. Providers use only this public API::
+
+    engine = Engine("tcp://127.0.0.1:0")
+    await engine.start()
+    engine.register(provider_id=1, name="echo", handler=lambda req, arg: arg)
+    result = await engine.call(engine.address, "echo", {"x": 1}, provider_id=1, timeout_seconds=2.0)
+    handle = engine.expose(bytearray(1 << 20), "rw")        # -> BulkHandle (send handle.to_wire())
+    await engine.pull(handle, dest)                          # dest <- owner's bytes
+    await engine.push(handle, src)                           # owner's buffer <- src
+    await engine.close(drain_timeout_seconds=5.0)
+
+Errors: see ``svcframe.errors``. Every call ends by its deadline with a result or a typed error; a
+lost connection fails every call pending on it at once; an unknown provider or RPC, a malformed
+request and a handler exception each come back as their own error type and never stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import os
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .bulk import MODES, READ, WRITE, BulkHandle, as_byte_view
+from .errors import (
+    BulkError,
+    Cancelled,
+    ConfigError,
+    ConnectionLost,
+    NoSuchProvider,
+    NoSuchRPC,
+    ProtocolError,
+    Refused,
+    RemoteError,
+    RemoteProtocolError,
+    RPCError,
+    TimeoutError_,
+)
+from .monitoring import Monitor
+from .progress import Progress
+from .transport import Address, Connection, Identity, dial, listen, parse_address
+from .wire import (
+    DEFAULT_MAX_BODY_BYTES,
+    Flag,
+    Frame,
+    Kind,
+    Status,
+    callpath_extend,
+    encode_frame,
+    encode_header,
+    pack_body,
+    rpc_id,
+    unpack_body,
+)
+
+log = logging.getLogger("svcframe.engine")
+
+#: The callpath of the handler running in this context (0 outside any handler).
+current_callpath: contextvars.ContextVar[int] = contextvars.ContextVar("svcframe_callpath", default=0)
+
+Handler = Callable[["Request", Any], Any]
+
+_DISCARD = memoryview(bytearray(DEFAULT_MAX_BODY_BYTES))
+
+
+@dataclass(slots=True)
+class Registration:
+    """One row of the registration table."""
+
+    provider_id: int
+    name: str
+    rpc_id: int
+    handler: Handler
+    is_coroutine: bool
+    owner: object = None  # the provider object, when registered by one
+
+
+class Request:
+    """What a handler learns about the call it serves (its first argument)."""
+
+    __slots__ = ("callpath", "conn", "deadline", "engine", "provider_id", "request_id", "rpc_name")
+
+    def __init__(self, engine: Engine, conn: Connection, reg: Registration, frame: Frame, now: float) -> None:
+        self.engine = engine
+        self.conn = conn
+        self.provider_id = reg.provider_id
+        self.rpc_name = reg.name
+        self.request_id = frame.request_id
+        self.callpath = frame.callpath
+        self.deadline = now + frame.deadline_usec / 1e6 if frame.deadline_usec else None
+
+    @property
+    def peer_address(self) -> str | None:
+        """The caller's listening address (None for a client-only engine)."""
+        return self.conn.peer_address
+
+    def remaining_seconds(self) -> float | None:
+        """Time left before the caller gives up (None when it set no deadline)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - asyncio.get_running_loop().time()
+
+
+class _Pending:
+    """An outgoing call or bulk transfer waiting for its response."""
+
+    __slots__ = ("cursor", "dest", "future", "key")
+
+    def __init__(self, future: asyncio.Future[tuple[int, Any]], key: tuple[int, str]) -> None:
+        self.future = future
+        self.key = key
+        self.dest: memoryview | None = None
+        self.cursor = 0
+
+
+class _IncomingPush:
+    __slots__ = ("cursor", "dest", "error", "frame")
+
+    def __init__(self, dest: memoryview | None, error: str | None, frame: Frame) -> None:
+        self.dest = dest
+        self.error = error
+        self.frame = frame
+        self.cursor = 0
+
+
+class Engine:
+    """One process's RPC engine.
+
+    Args:
+        address: where to listen, ``tcp://HOST:PORT`` (port 0 = ephemeral) or ``unix:///path``; None
+            for a client-only engine (it can call, expose buffers and serve bulk on its own connections).
+        progress_mode / progress_spindown_msec / progress_timeout_ub_msec: see ``svcframe.progress``.
+        default_timeout_seconds: deadline of calls that give none.
+        max_body_bytes: largest inline frame body accepted (default 4 MiB).
+        bulk_chunk_bytes: size of the data frames bulk transfers are cut into.
+        secret: shared secret for connection authentication (None = no authentication).
+        monitoring: keep per-RPC statistics.
+
+    Raises:
+        ConfigError: an invalid address or setting.
+    """
+
+    def __init__(
+        self,
+        address: str | None = "tcp://127.0.0.1:0",
+        *,
+        progress_mode: str = "spindown",
+        progress_spindown_msec: float = 10.0,
+        progress_timeout_ub_msec: float = 100.0,
+        default_timeout_seconds: float = 30.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        bulk_chunk_bytes: int = 1024 * 1024,
+        secret: bytes | None = None,
+        monitoring: bool = True,
+        local_host: str | None = None,
+    ) -> None:
+        self._listen_address = parse_address(address) if address else None
+        if default_timeout_seconds <= 0:
+            raise ConfigError("default_timeout_seconds must be > 0")
+        if not 0 < bulk_chunk_bytes <= max_body_bytes:
+            raise ConfigError("bulk_chunk_bytes must be in 1..max_body_bytes")
+        try:
+            self.progress = Progress(progress_mode, progress_spindown_msec, progress_timeout_ub_msec)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.engine_id = uuid.uuid4().hex
+        self.default_timeout_seconds = default_timeout_seconds
+        self.max_body_bytes = max_body_bytes
+        self.bulk_chunk_bytes = bulk_chunk_bytes
+        self.local_host = local_host
+        self.monitor = Monitor(monitoring)
+        self._secret = secret
+        self._table: dict[tuple[int, int], Registration] = {}
+        self._providers: dict[int, set[str]] = {}
+        self._refused: dict[int, str] = {}  # provider ids being removed -> reason
+        self._rpc_ids: dict[str, int] = {}
+        self._server: asyncio.AbstractServer | None = None
+        self._bound: Address | None = None
+        self._conns: dict[str, Connection] = {}  # dialled, by address
+        self._dialing: dict[str, asyncio.Future[Connection]] = {}
+        self._peers: dict[str, Connection] = {}  # any open connection, by peer engine id
+        self._all_conns: set[Connection] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._exposed: dict[int, tuple[memoryview, str]] = {}
+        self._next_bulk_id = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    @property
+    def address(self) -> str | None:
+        """The address peers dial (with the ephemeral port resolved), None for a client-only engine."""
+        return str(self._bound) if self._bound else None
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.engine_id, self.address, self._secret)
+
+    async def start(self) -> Engine:
+        """Bind the listener (if any) and start the progress loop.
+
+        Raises:
+            ConnectionLost: the address cannot be bound.
+        """
+        self._loop = asyncio.get_running_loop()
+        if self._listen_address is not None:
+            self._server, self._bound = await listen(self._listen_address, self._accept)
+        self.progress.start(self._loop)
+        return self
+
+    async def __aenter__(self) -> Engine:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _accept(self) -> Connection:
+        conn = Connection(self, self.identity, server_side=True, max_body_bytes=self.max_body_bytes)
+        self._all_conns.add(conn)
+        return conn
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def close(self, drain_timeout_seconds: float = 5.0) -> None:
+        """Shut down: stop accepting, refuse new requests, let running handlers finish for up to
+        ``drain_timeout_seconds`` (then cancel them), fail every pending outgoing call with
+        ConnectionLost, close every connection. Leaves no task behind."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        handlers = [t for t in self._tasks if not t.done()]
+        if handlers:
+            _, late = await asyncio.wait(handlers, timeout=drain_timeout_seconds)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        for conn in list(self._all_conns):
+            self._fail_pending(conn, ConnectionLost("the engine is shutting down"))
+            conn.close()
+        leftovers = [t for t in self._tasks if not t.done()]
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            await asyncio.wait(leftovers, timeout=1.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self._bound is not None and self._bound.scheme == "unix":
+            try:
+                os.unlink(self._bound.path)
+            except FileNotFoundError:
+                pass
+        self.progress.stop()
+        self._closed.set()
+
+    # -- registration table --------------------------------------------------------------------------
+    def register(self, provider_id: int, name: str, handler: Handler, *, owner: object = None) -> Registration:
+        """Register ``handler(request, arg) -> result`` (sync or async) as RPC ``name`` of ``provider_id``.
+
+        Raises:
+            ConfigError: provider id out of 0..65535, name already registered for that provider, or a
+                CRC-32 collision between two names of the same provider.
+        """
+        if not 0 <= provider_id <= 0xFFFF:
+            raise ConfigError(f"provider_id {provider_id} is outside 0..65535")
+        rid = self._rpc_id(name)
+        existing = self._table.get((provider_id, rid))
+        if existing is not None:
+            what = "already registered" if existing.name == name else f"collides with {existing.name!r}"
+            raise ConfigError(f"RPC {name!r} of provider {provider_id} {what}")
+        reg = Registration(provider_id, name, rid, handler, inspect.iscoroutinefunction(handler), owner)
+        self._table[(provider_id, rid)] = reg
+        self._providers.setdefault(provider_id, set()).add(name)
+        self._refused.pop(provider_id, None)
+        return reg
+
+    def deregister_provider(self, provider_id: int) -> None:
+        """Remove every RPC of ``provider_id``; new calls to it get NoSuchProvider."""
+        for name in self._providers.pop(provider_id, set()):
+            self._table.pop((provider_id, self._rpc_id(name)), None)
+        self._refused.pop(provider_id, None)
+
+    def refuse_provider(self, provider_id: int, reason: str) -> None:
+        """Refuse new calls to ``provider_id`` with Refused(reason), while in-flight ones complete."""
+        self._refused[provider_id] = reason
+
+    def registrations(self) -> list[Registration]:
+        """The registration table, sorted by provider id and name."""
+        return sorted(self._table.values(), key=lambda r: (r.provider_id, r.name))
+
+    def inflight_for(self, provider_id: int) -> list[asyncio.Task[Any]]:
+        return [t for t in self._tasks if getattr(t, "svcframe_provider_id", None) == provider_id]
+
+    def _rpc_id(self, name: str) -> int:
+        rid = self._rpc_ids.get(name)
+        if rid is None:
+            rid = self._rpc_ids[name] = rpc_id(name)
+        return rid
+
+    # -- outgoing calls ------------------------------------------------------------------------------
+    async def connection(self, address: str) -> Connection:
+        """An open, handshaken connection to ``address`` (dialled once, then reused).
+
+        Raises:
+            ConnectionLost / AuthenticationFailed: cannot connect or the handshake was refused.
+            ConfigError: malformed address.
+        """
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        if self._closing:
+            raise ConnectionLost("the engine is shutting down")
+        waiting = self._dialing.get(address)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        fut: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        self._dialing[address] = fut
+        try:
+            target = parse_address(address)
+
+            def factory() -> Connection:
+                conn = Connection(self, self.identity, server_side=False, max_body_bytes=self.max_body_bytes)
+                self._all_conns.add(conn)
+                return conn
+
+            conn = await dial(target, factory, local_host=self.local_host)
+            await conn.ready
+            self._conns[address] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()
+            raise
+        finally:
+            del self._dialing[address]
+
+    async def call(
+        self,
+        address: str,
+        name: str,
+        arg: Any = None,
+        *,
+        provider_id: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> Any:
+        """Call RPC ``name`` of provider ``provider_id`` at ``address`` and return its result.
+
+        Args:
+            arg: the RPC argument (msgpack types; put large buffers in a bulk handle).
+            timeout_seconds: deadline from now (default: the engine's default_timeout_seconds); it
+                travels with the request so the server knows when nobody waits any more.
+
+        Raises:
+            TimeoutError_, ConnectionLost, AuthenticationFailed, NoSuchProvider, NoSuchRPC, RemoteError,
+            Refused, Cancelled (see svcframe.errors); LocalProtocolError when ``arg`` cannot be encoded.
+        """
+        loop = self._loop or asyncio.get_running_loop()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        start = loop.time()
+        conn = self._conns.get(address)
+        if conn is None or conn.closed:
+            try:
+                conn = await asyncio.wait_for(self.connection(address), timeout)
+            except asyncio.TimeoutError:
+                raise TimeoutError_(f"connecting to {address} took longer than {timeout:g} s") from None
+        body = pack_body(arg)
+        rid = self._rpc_id(name)
+        request_id = conn.next_request_id()
+        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        key = (provider_id, name)
+        pending = _Pending(future, key)
+        conn.pending[request_id] = pending
+        remaining = timeout - (loop.time() - start)
+        conn.send(
+            encode_frame(
+                Kind.REQUEST, request_id, body, provider_id=provider_id, rpc=rid,
+                deadline_usec=max(1, int(remaining * 1e6)),
+                callpath=callpath_extend(current_callpath.get(), rid, provider_id),
+            )
+        )  # fmt: skip
+        progress = self.progress
+        progress.inflight += 1
+        progress.activity()
+        timer = loop.call_at(start + timeout, _expire, future)
+        try:
+            status, payload = await future
+        except asyncio.CancelledError:
+            if not future.cancelled() or conn.closed:
+                raise
+            if timer.cancelled() or loop.time() < start + timeout:
+                conn.send(encode_frame(Kind.CANCEL, request_id))  # the caller gave up: tell the server
+                raise
+            raise TimeoutError_(
+                f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s"
+            ) from None
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
+            progress.inflight -= 1
+            progress.activity()
+            if self.monitor.enabled:
+                stats = self.monitor.origin_stats(key)
+                stats.time.add(loop.time() - start)
+        if status == Status.OK:
+            return unpack_body(payload)
+        if self.monitor.enabled:
+            stats.errors += 1
+        raise _error_from_status(status, payload, name, provider_id, address)
+
+    # -- bulk ----------------------------------------------------------------------------------------
+    def expose(self, buffer: Any, mode: str = "r") -> BulkHandle:
+        """Expose ``buffer`` (bytes-like or C-contiguous numpy array) for remote pull ("r"), push ("w")
+        or both ("rw"). Keep the buffer alive and unchanged in size until ``unexpose``.
+
+        Raises:
+            BulkError: not a contiguous buffer, or read-only with a writable mode.
+        """
+        if mode not in MODES:
+            raise BulkError(f"bulk mode {mode!r}: expected one of {MODES}")
+        view = as_byte_view(buffer, writable=WRITE in mode)
+        self._next_bulk_id += 1
+        self._exposed[self._next_bulk_id] = (view, mode)
+        return BulkHandle(self.address, self.engine_id, self._next_bulk_id, len(view), mode)
+
+    def unexpose(self, handle: BulkHandle) -> None:
+        """Stop serving ``handle``; later transfers on it fail with BulkError."""
+        entry = self._exposed.pop(handle.bulk_id, None)
+        if entry is not None:
+            entry[0].release()
+
+    async def pull(
+        self,
+        handle: BulkHandle,
+        dest: Any = None,
+        *,
+        offset: int = 0,
+        size: int | None = None,
+        dest_offset: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> Any:
+        """Read ``size`` bytes (default: the rest of the handle) from ``offset`` of the remote buffer
+        into ``dest`` at ``dest_offset`` (a new bytearray when ``dest`` is None). Returns ``dest``.
+
+        Raises:
+            BulkError (bad handle, mode or range), TimeoutError_, ConnectionLost.
+        """
+        size = handle.size - offset if size is None else size
+        _check_range(handle, offset, size, READ)
+        if dest is None:
+            dest = bytearray(size)
+        view = as_byte_view(dest, writable=True)
+        if dest_offset < 0 or dest_offset + size > len(view):
+            raise BulkError(f"destination of {len(view)} bytes cannot take {size} bytes at {dest_offset}")
+        target = view[dest_offset : dest_offset + size]
+        if handle.engine_id == self.engine_id:
+            target[:] = self._local_source(handle, offset, size, READ)
+            return dest
+        status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
+        if status != Status.OK:
+            raise _error_from_status(status, payload, "pull", 0, handle.address)
+        return dest
+
+    async def push(
+        self,
+        handle: BulkHandle,
+        src: Any,
+        *,
+        offset: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> None:
+        """Write all of ``src`` into the remote buffer at ``offset``.
+
+        Raises:
+            BulkError (bad handle, mode or range), TimeoutError_, ConnectionLost.
+        """
+        view = as_byte_view(src, writable=False)
+        size = len(view)
+        _check_range(handle, offset, size, WRITE)
+        if handle.engine_id == self.engine_id:
+            self._local_source(handle, offset, size, WRITE)[:] = view
+            return
+        status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
+        if status != Status.OK:
+            raise _error_from_status(status, payload, "push", 0, handle.address)
+
+    def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
+        entry = self._exposed.get(handle.bulk_id)
+        if entry is None or need not in entry[1] or offset + size > len(entry[0]):
+            raise BulkError(f"bulk handle {handle.bulk_id} is not exposed for {need!r} here, or out of range")
+        return entry[0][offset : offset + size]
+
+    async def _peer_connection(self, handle: BulkHandle) -> Connection:
+        conn = self._peers.get(handle.engine_id)
+        if conn is not None and not conn.closed:
+            return conn
+        if handle.address is None:
+            raise BulkError("the bulk handle's owner has no address and no connection to us")
+        conn = await self.connection(handle.address)
+        if conn.peer_engine_id != handle.engine_id:
+            raise BulkError(f"the engine at {handle.address} no longer owns this bulk handle (it restarted)")
+        return conn
+
+    async def _bulk_op(
+        self,
+        handle: BulkHandle,
+        kind: Kind,
+        offset: int,
+        size: int,
+        dest: memoryview | None,
+        src: memoryview | None,
+        timeout_seconds: float | None,
+    ) -> tuple[int, Any]:
+        loop = self._loop or asyncio.get_running_loop()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        start = loop.time()
+        try:
+            conn = await asyncio.wait_for(self._peer_connection(handle), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError_(f"bulk {kind.name}: connecting to the owner took longer than {timeout:g} s") from None
+        request_id = conn.next_request_id()
+        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        pending = _Pending(future, (0, kind.name))
+        pending.dest = dest
+        conn.pending[request_id] = pending
+        self.progress.inflight += 1
+        self.progress.activity()
+        timer = loop.call_at(start + timeout, _expire, future)
+        deadline_usec = max(1, int((timeout - (loop.time() - start)) * 1e6))
+        header = encode_frame(kind, request_id, pack_body([handle.bulk_id, offset, size]), deadline_usec=deadline_usec)
+        try:
+            if src is None:
+                conn.send(header)
+            else:
+                await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
+            return await future
+        except asyncio.CancelledError:
+            if future.cancelled() and not timer.cancelled() and loop.time() >= start + timeout:
+                raise TimeoutError_(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None
+            if not conn.closed:
+                conn.send(encode_frame(Kind.CANCEL, request_id))
+            raise
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
+            self.progress.inflight -= 1
+            self.progress.activity()
+            stat = self.monitor.bulk["pull" if kind == Kind.BULK_PULL else "push"]
+            stat.add(size)
+
+    async def _send_chunks(
+        self,
+        conn: Connection,
+        kind: Kind,
+        request_id: int,
+        src: memoryview,
+        first: bytes | None,
+        until: asyncio.Future[Any] | None,
+    ) -> None:
+        """Send ``src`` as data frames of at most bulk_chunk_bytes, respecting write backpressure."""
+        chunk = self.bulk_chunk_bytes
+        size = len(src)
+        if first is not None:
+            conn.send(first)
+        for pos in range(0, size, chunk):
+            if conn.closed or (until is not None and until.done()):
+                return
+            part = src[pos : pos + chunk]
+            conn.send_many((encode_header(kind, request_id, len(part)), part))
+            await conn.drain()
+
+    # -- ConnectionOwner: incoming frames ---------------------------------------------------------------
+    def on_open(self, conn: Connection) -> None:
+        if conn.peer_engine_id is not None:
+            self._peers[conn.peer_engine_id] = conn
+
+    def on_close(self, conn: Connection, exc: BaseException | None) -> None:
+        self._all_conns.discard(conn)
+        if self._peers.get(conn.peer_engine_id or "") is conn:
+            del self._peers[conn.peer_engine_id or ""]
+        for address, c in list(self._conns.items()):
+            if c is conn:
+                del self._conns[address]
+        reason = f"connection to {conn.peer_address or conn.peername} lost" + (f": {exc}" if exc else "")
+        self._fail_pending(conn, ConnectionLost(reason))
+        for task in list(conn.serving.values()):
+            if isinstance(task, asyncio.Task):
+                task.cancel()  # nobody can receive the answer any more
+        conn.serving.clear()
+
+    def _fail_pending(self, conn: Connection, error: RPCError) -> None:
+        pending, conn.pending = conn.pending, {}
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(error)
+
+    def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
+        self.progress.activity()
+        for frame in frames:
+            kind = frame.kind
+            if kind == Kind.RESPONSE:
+                p = conn.pending.get(frame.request_id)
+                if p is not None and not p.future.done():
+                    p.future.set_result((frame.status, frame.body))
+            elif kind == Kind.REQUEST:
+                self._on_request(conn, frame)
+            elif kind == Kind.BULK_DATA_PUSH:
+                self._on_push_data(conn, frame)
+            elif kind == Kind.BULK_DATA_REPLY:
+                pass  # already written into the destination by bulk_sink
+            elif kind == Kind.BULK_PULL:
+                self._on_pull_request(conn, frame)
+            elif kind == Kind.BULK_PUSH:
+                self._on_push_request(conn, frame)
+            elif kind == Kind.CANCEL:
+                task = conn.serving.get(frame.request_id)
+                if isinstance(task, asyncio.Task):
+                    task.cancel()
+            elif kind == Kind.GOODBYE:
+                conn.close()
+            else:
+                raise RemoteProtocolError(f"unexpected frame kind {kind} after the handshake")
+
+    def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None:
+        if not frame.flags & Flag.NO_REPLY:
+            conn.send(encode_frame(Kind.RESPONSE, frame.request_id, body, status=status))
+
+    def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None:
+        self._reply(conn, frame, status, pack_body(message))
+
+    def _on_request(self, conn: Connection, frame: Frame) -> None:
+        reg = self._table.get((frame.provider_id, frame.rpc_id))
+        if reg is None:
+            if frame.provider_id in self._providers:
+                self._reply_error(conn, frame, Status.NO_SUCH_RPC, "")
+            else:
+                self._reply_error(conn, frame, Status.NO_SUCH_PROVIDER, "")
+            return
+        if self._closing:
+            self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server is shutting down")
+            return
+        refused = self._refused.get(frame.provider_id)
+        if refused is not None:
+            self._reply_error(conn, frame, Status.REFUSED, refused)
+            return
+        try:
+            arg = unpack_body(frame.body or b"")
+        except ProtocolError as exc:
+            self._reply_error(conn, frame, Status.BAD_REQUEST, str(exc))
+            return
+        loop = self._loop
+        assert loop is not None
+        t0 = time.perf_counter()
+        req = Request(self, conn, reg, frame, loop.time())
+        token = current_callpath.set(frame.callpath)
+        try:
+            if reg.is_coroutine:
+                result = reg.handler(req, arg)
+            else:
+                result = reg.handler(req, arg)
+                if not inspect.isawaitable(result):
+                    self._finish(conn, frame, reg, t0, result)
+                    return
+            task = loop.create_task(self._run_async(conn, frame, reg, t0, result))
+        except Exception as exc:
+            self._finish_error(conn, frame, reg, exc)
+            return
+        finally:
+            current_callpath.reset(token)
+        task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
+        self._tasks.add(task)
+        conn.serving[frame.request_id] = task
+        self.progress.inflight += 1
+        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t))
+
+    def _task_done(self, conn: Connection, request_id: int, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if conn.serving.get(request_id) is task:
+            del conn.serving[request_id]
+        self.progress.inflight -= 1
+        self.progress.activity()
+
+    async def _run_async(self, conn: Connection, frame: Frame, reg: Registration, t0: float, aw: Awaitable[Any]) -> None:
+        try:
+            result = await aw
+        except asyncio.CancelledError:
+            if not conn.closed:
+                self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled")
+            raise
+        except Exception as exc:
+            self._finish_error(conn, frame, reg, exc)
+        else:
+            self._finish(conn, frame, reg, t0, result)
+
+    def _finish(self, conn: Connection, frame: Frame, reg: Registration, t0: float, result: Any) -> None:
+        try:
+            body = pack_body(result)
+        except ProtocolError as exc:
+            self._finish_error(conn, frame, reg, exc)
+            return
+        self._reply(conn, frame, Status.OK, body)
+        if self.monitor.enabled:
+            self.monitor.target_stats((reg.provider_id, reg.name)).time.add(time.perf_counter() - t0)
+
+    def _finish_error(self, conn: Connection, frame: Frame, reg: Registration, exc: BaseException) -> None:
+        if isinstance(exc, RPCError | BulkError):
+            pass  # errors of nested calls are the handler's errors too
+        tb = "".join(traceback.format_exception(exc))
+        self._reply(
+            conn, frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]])
+        )
+        if self.monitor.enabled:
+            self.monitor.target_stats((reg.provider_id, reg.name)).errors += 1
+
+    # -- serving bulk transfers (no user code runs here) ------------------------------------------------
+    def _bulk_request(self, frame: Frame, need: str) -> tuple[memoryview | None, str | None, int]:
+        try:
+            bulk_id, offset, size = unpack_body(frame.body or b"")  # type: ignore[misc]
+            if not all(isinstance(v, int) for v in (bulk_id, offset, size)) or offset < 0 or size < 0:
+                raise ValueError
+        except (ProtocolError, ValueError, TypeError):
+            return None, "malformed bulk request", 0
+        entry = self._exposed.get(bulk_id)
+        if entry is None:
+            return None, f"bulk handle {bulk_id} is not exposed (expired or never existed)", size
+        view, mode = entry
+        if need not in mode:
+            return None, f"bulk handle {bulk_id} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}", size
+        if offset + size > len(view):
+            return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size
+        return view[offset : offset + size], None, size
+
+    def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
+        view, error, size = self._bulk_request(frame, READ)
+        if view is None:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        self.monitor.bulk["served_pull"].add(size)
+        if size <= self.bulk_chunk_bytes:
+            if size:
+                conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
+            self._reply(conn, frame, Status.OK, b"")
+            return
+        task = asyncio.get_running_loop().create_task(self._serve_pull(conn, frame, view))
+        self._tasks.add(task)
+        conn.serving[frame.request_id] = task
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_pull(self, conn: Connection, frame: Frame, view: memoryview) -> None:
+        try:
+            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame.request_id, view, None, None)
+        except ConnectionLost:
+            return
+        finally:
+            conn.serving.pop(frame.request_id, None)
+        self._reply(conn, frame, Status.OK, b"")
+
+    def _on_push_request(self, conn: Connection, frame: Frame) -> None:
+        view, error, size = self._bulk_request(frame, WRITE)
+        incoming = _IncomingPush(view, error, frame)
+        if size == 0 or (view is None and error == "malformed bulk request"):
+            self._reply_push(conn, incoming)
+            return
+        pushes = conn.state.setdefault("pushes", {})
+        pushes[frame.request_id] = incoming
+        self.monitor.bulk["served_push"].add(size)
+
+    def _on_push_data(self, conn: Connection, frame: Frame) -> None:
+        pushes = conn.state.get("pushes", {})
+        incoming = pushes.get(frame.request_id)
+        if incoming is not None and incoming.cursor >= _push_size(incoming):
+            del pushes[frame.request_id]
+            self._reply_push(conn, incoming)
+
+    def _reply_push(self, conn: Connection, incoming: _IncomingPush) -> None:
+        if incoming.error:
+            self._reply_error(conn, incoming.frame, Status.BULK_ERROR, incoming.error)
+        else:
+            self._reply(conn, incoming.frame, Status.OK, b"")
+
+    def bulk_sink(self, conn: Connection, kind: int, request_id: int, length: int) -> memoryview:
+        """Where a bulk data frame's bytes go (called by the decoder before receiving them)."""
+        if kind == Kind.BULK_DATA_REPLY:
+            p = conn.pending.get(request_id)
+            if p is None or p.dest is None:
+                return _DISCARD[:length]  # a transfer we gave up on: drop its late data
+            end = p.cursor + length
+            if end > len(p.dest):
+                raise RemoteProtocolError(f"peer sent {end} bytes for a {len(p.dest)}-byte pull")
+            view = p.dest[p.cursor : end]
+            p.cursor = end
+            return view
+        incoming = conn.state.get("pushes", {}).get(request_id)
+        if incoming is None:
+            raise RemoteProtocolError(f"push data for unknown request {request_id}")
+        end = incoming.cursor + length
+        size = _push_size(incoming)
+        if end > size:
+            raise RemoteProtocolError(f"peer pushed {end} bytes for a {size}-byte push")
+        start, incoming.cursor = incoming.cursor, end
+        if incoming.dest is None:
+            return _DISCARD[:length]
+        return incoming.dest[start:end]
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters of this engine: connections, in-flight work, progress loop, per-RPC statistics."""
+        return {
+            "address": self.address,
+            "engine_id": self.engine_id,
+            "connections": len(self._all_conns),
+            "handlers_running": sum(1 for t in self._tasks if not t.done()),
+            "exposed_bulk_buffers": len(self._exposed),
+            "progress": self.progress.statistics(),
+            "rpcs": self.monitor.to_dict(),
+        }
+
+
+def _push_size(incoming: _IncomingPush) -> int:
+    if incoming.dest is not None:
+        return len(incoming.dest)
+    try:
+        return int(unpack_body(incoming.frame.body or b"")[2])  # type: ignore[index]
+    except Exception:
+        return 0
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.cancel()
+
+
+def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:
+    if need not in handle.mode:
+        raise BulkError(f"bulk handle is exposed as {handle.mode!r}; it cannot be {'pulled' if need == READ else 'pushed'}")
+    if offset < 0 or size < 0 or offset + size > handle.size:
+        raise BulkError(f"range {offset}+{size} is outside the {handle.size}-byte bulk handle")
+
+
+def _error_from_status(status: int, payload: Any, name: str, provider_id: int, address: str | None) -> RPCError:
+    where = f"{name!r} (provider {provider_id}) at {address}"
+    try:
+        info = unpack_body(payload or b"")
+    except ProtocolError:
+        info = None
+    if status == Status.HANDLER_ERROR and isinstance(info, list) and len(info) == 3:
+        return RemoteError(str(info[0]), str(info[1]), str(info[2]))
+    if status == Status.NO_SUCH_PROVIDER:
+        return NoSuchProvider(f"no provider with id {provider_id} at {address} (is it registered?)")
+    if status == Status.NO_SUCH_RPC:
+        return NoSuchRPC(f"provider {provider_id} at {address} has no RPC named {name!r}")
+    if status == Status.CANCELLED:
+        return Cancelled(f"{where} was cancelled")
+    if status == Status.BULK_ERROR:
+        return BulkError(f"bulk transfer with {address} failed: {info}")
+    if status == Status.DEADLINE_EXCEEDED:
+        return TimeoutError_(f"{where}: the server dropped the request after its deadline")
+    if status in (Status.REFUSED, Status.SHUTTING_DOWN, Status.UNAUTHENTICATED):
+        return Refused(f"{where} refused: {info}")
+    if status == Status.BAD_REQUEST:
+        return RemoteError("BadRequest", str(info), "")
+    return RPCError(f"{where} failed with status {status}: {info}")

@@ -1,0 +1,395 @@
+"""Transports: ``tcp://HOST:PORT`` and ``unix:///path`` as asyncio ``BufferedProtocol`` pumps.
+
+A ``Connection`` owns one socket and one sans-IO ``FrameDecoder``. It receives straight into the
+decoder's buffer (or, for bulk data, into the destination buffer), performs the connection handshake
+(engine identities and, with a shared secret, the HMAC challenge), and hands complete frames in batches
+to its *owner* (the engine). Everything a connection sends while a received batch is being dispatched
+leaves in one ``writelines`` call at the end of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .errors import AuthenticationFailed, ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError
+from .wire import (
+    DEFAULT_MAX_BODY_BYTES,
+    Frame,
+    FrameDecoder,
+    Kind,
+    Status,
+    auth_mac,
+    encode_frame,
+    pack_body,
+    unpack_body,
+)
+
+log = logging.getLogger("svcframe.transport")
+
+SCHEMES = ("tcp", "unix")
+#: Largest output buffer a connection may hold before its peer is considered a slow reader (bytes).
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Address:
+    """A parsed endpoint address. ``str(addr)`` gives the canonical form peers dial."""
+
+    scheme: str
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.scheme == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.scheme == "unix":
+            return True
+        import ipaddress
+
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+def parse_address(text: str) -> Address:
+    """Parse ``tcp://HOST:PORT`` (port 0 = ephemeral; ``[v6]`` hosts) or ``unix:///absolute/path``.
+
+    Raises:
+        ConfigError: the address is not of either form.
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise ConfigError(f"address {text!r}: expected tcp://HOST:PORT or unix:///path")
+    if scheme == "unix":
+        if not rest.startswith("/"):
+            raise ConfigError(f"address {text!r}: a unix socket path must be absolute (unix:///tmp/x.sock)")
+        if len(rest.encode()) > 107:
+            raise ConfigError(f"address {text!r}: unix socket paths are limited to 107 bytes")
+        return Address("unix", path=rest)
+    host, sep, port_text = rest.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"address {text!r}: expected tcp://HOST:PORT with PORT in 0..65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return Address("tcp", host=host, port=int(port_text))
+
+
+class ConnectionOwner(Protocol):
+    """What a connection reports to (the engine)."""
+
+    def on_frames(self, conn: Connection, frames: list[Frame]) -> None: ...
+    def on_open(self, conn: Connection) -> None: ...
+    def on_close(self, conn: Connection, exc: BaseException | None) -> None: ...
+    def bulk_sink(self, conn: Connection, kind: int, request_id: int, length: int) -> memoryview: ...
+
+
+@dataclass(frozen=True)
+class Identity:
+    """This side of the handshake: who we are and how we authenticate."""
+
+    engine_id: str
+    address: str | None  # where peers can dial us (None for a client-only engine)
+    secret: bytes | None = None
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One connection, either dialled (``server_side=False``) or accepted (``server_side=True``).
+
+    Attributes:
+        peer_engine_id / peer_address: learnt from the peer's HELLO.
+        ready: resolved when the handshake completed (or failed, with the error).
+        pending: the owner's outgoing calls on this connection, by request id.
+        state: free per-connection state for the owner.
+    """
+
+    def __init__(
+        self,
+        owner: ConnectionOwner,
+        identity: Identity,
+        *,
+        server_side: bool,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
+        self.owner = owner
+        self.identity = identity
+        self.server_side = server_side
+        self.max_output_bytes = max_output_bytes
+        self.decoder = FrameDecoder(max_body_bytes, self._bulk_sink)
+        self.transport: asyncio.Transport | None = None
+        self.peer_engine_id: str | None = None
+        self.peer_address: str | None = None
+        self.peername: str = "?"
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closed = False
+        self.pending: dict[int, Any] = {}
+        self.serving: dict[int, Any] = {}
+        self.state: dict[str, Any] = {}
+        self._next_id = 0
+        self._nonce = b""
+        self._open = False
+        self._batch: list[bytes | memoryview] | None = None
+        self._paused = False
+        self._drain: asyncio.Future[None] | None = None
+
+    # -- ids -----------------------------------------------------------------------------------------
+    def next_request_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peername = str(peer) if peer else "local"
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        if self.server_side:
+            self._nonce = secrets.token_bytes(16)
+            hello = {
+                "engine_id": self.identity.engine_id,
+                "address": self.identity.address,
+                "nonce": self._nonce,
+                "auth": self.identity.secret is not None,
+            }
+            transport.write(encode_frame(Kind.HELLO, 0, pack_body(hello)))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self.decoder.buffer_updated(nbytes)
+            if not frames:
+                return
+            if not self._open:
+                frames = self._handshake(frames) or self.decoder.more()
+                if not frames or not self._open:
+                    return
+            self._batch = batch = []
+            try:
+                while frames:
+                    self.owner.on_frames(self, frames)
+                    frames = self.decoder.more()
+            finally:
+                self._batch = None
+                if batch and not self.closed:
+                    self._write(batch)
+        except ProtocolError as exc:
+            self.abort(exc)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if exc is None and not self.decoder.idle:
+            exc = ConnectionLost("peer closed the connection in the middle of a frame")
+        if not self.ready.done():
+            self.ready.set_exception(exc or ConnectionLost(f"connection to {self.peername} closed in handshake"))
+            self.ready.exception()  # mark retrieved; the dialler re-raises it
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self.owner.on_close(self, exc)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # -- sending -------------------------------------------------------------------------------------
+    def send(self, data: bytes | memoryview) -> None:
+        """Send one encoded frame (or a part of one). Coalesced while a received batch is dispatched."""
+        batch = self._batch
+        if batch is not None:
+            batch.append(data)
+        elif not self.closed:
+            assert self.transport is not None
+            self.transport.write(data)
+            self._check_output()
+
+    def send_many(self, parts: Sequence[bytes | memoryview]) -> None:
+        batch = self._batch
+        if batch is not None:
+            batch.extend(parts)
+        elif not self.closed:
+            self._write(parts)
+
+    def _write(self, parts: Sequence[bytes | memoryview]) -> None:
+        assert self.transport is not None
+        if len(parts) == 1:
+            self.transport.write(parts[0])
+        else:
+            self.transport.writelines(parts)
+        self._check_output()
+
+    def _check_output(self) -> None:
+        if self._paused:
+            assert self.transport is not None
+            if self.transport.get_write_buffer_size() > self.max_output_bytes:
+                self.abort(ConnectionLost(f"peer {self.peername} does not read its data (slow reader)"))
+
+    async def drain(self) -> None:
+        """Wait until the output buffer is below its high-water mark (write-side backpressure)."""
+        if self.closed:
+            raise ConnectionLost(f"connection to {self.peername} is closed")
+        if self._paused:
+            if self._drain is None or self._drain.done():
+                self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
+            if self.closed:
+                raise ConnectionLost(f"connection to {self.peername} is closed")
+
+    def goodbye(self, status: Status, reason: str) -> None:
+        """Tell the peer why we close, then close after the output is flushed."""
+        if not self.closed and self.transport is not None:
+            self.send(encode_frame(Kind.GOODBYE, 0, pack_body(reason), status=status))
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def abort(self, exc: BaseException) -> None:
+        """Drop the connection at once (protocol violation, slow reader)."""
+        if not self.closed:
+            log.warning("dropping connection %s: %s", self.peername, exc)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- handshake -----------------------------------------------------------------------------------
+    def _handshake(self, frames: list[Frame]) -> list[Frame]:
+        first, rest = frames[0], frames[1:]
+        if first.kind == Kind.GOODBYE:
+            reason = _safe_text(first.body)
+            err: ConnectionLost = (
+                AuthenticationFailed(f"{self.peername} refused the handshake: {reason}")
+                if first.status == Status.UNAUTHENTICATED
+                else ConnectionLost(f"{self.peername} closed the connection: {reason}")
+            )
+            if not self.ready.done():
+                self.ready.set_exception(err)
+            self.close()
+            return []
+        if first.kind != Kind.HELLO:
+            raise RemoteProtocolError(f"expected HELLO first, got frame kind {first.kind}")
+        hello = unpack_body(first.body or b"")
+        if not isinstance(hello, dict) or not isinstance(hello.get("engine_id"), str):
+            raise RemoteProtocolError("malformed HELLO")
+        self.peer_engine_id = hello["engine_id"]
+        addr = hello.get("address")
+        self.peer_address = addr if isinstance(addr, str) else None
+        if self.server_side:
+            secret = self.identity.secret
+            if secret is not None:
+                mac = hello.get("mac")
+                expect = auth_mac(secret, self._nonce, self.identity.engine_id, self.peer_engine_id)
+                if not isinstance(mac, bytes) or not hmac.compare_digest(mac, expect):
+                    log.warning("refused connection from %s: authentication failed", self.peername)
+                    self.goodbye(Status.UNAUTHENTICATED, "authentication failed (shared secret)")
+                    return []
+        else:
+            nonce = hello.get("nonce")
+            if not isinstance(nonce, bytes):
+                raise RemoteProtocolError("HELLO without a nonce")
+            reply: dict[str, Any] = {"engine_id": self.identity.engine_id, "address": self.identity.address}
+            if self.identity.secret is not None:
+                reply["mac"] = auth_mac(self.identity.secret, nonce, self.peer_engine_id, self.identity.engine_id)
+            elif hello.get("auth"):
+                if not self.ready.done():
+                    self.ready.set_exception(
+                        AuthenticationFailed(f"{self.peername} requires a shared secret and none is configured")
+                    )
+                self.close()
+                return []
+            assert self.transport is not None
+            self.transport.write(encode_frame(Kind.HELLO, 0, pack_body(reply)))
+        self._open = True
+        self.owner.on_open(self)
+        if not self.ready.done():
+            self.ready.set_result(None)
+        return rest
+
+    def _bulk_sink(self, kind: int, request_id: int, length: int) -> memoryview:
+        return self.owner.bulk_sink(self, kind, request_id, length)
+
+
+def _safe_text(body: bytes | bytearray | None) -> str:
+    try:
+        value = unpack_body(body or b"")
+    except ProtocolError:
+        return "(unreadable reason)"
+    return str(value)[:500]
+
+
+ConnFactory = Callable[[], Connection]
+
+
+async def listen(address: Address, factory: ConnFactory, *, backlog: int = 1024) -> tuple[asyncio.AbstractServer, Address]:
+    """Start listening; return the server and the address actually bound (port 0 resolved).
+
+    Raises:
+        ConnectionLost: the address cannot be bound (in use, permission, no such interface).
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        if address.scheme == "unix":
+            if os.path.exists(address.path):
+                _remove_stale_socket(address.path)
+            server = await loop.create_unix_server(factory, address.path, backlog=backlog)
+            return server, address
+        server = await loop.create_server(factory, address.host, address.port, backlog=backlog, reuse_address=True)
+    except OSError as exc:
+        raise ConnectionLost(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    port = server.sockets[0].getsockname()[1]
+    return server, Address("tcp", address.host, port)
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Remove a unix socket file left by a dead process; refuse to steal a live one."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise ConnectionLost(f"cannot listen on unix://{path}: another process is listening there")
+
+
+async def dial(address: Address, factory: ConnFactory, *, local_host: str | None = None) -> Connection:
+    """Open a connection (not yet handshaken: await ``conn.ready``).
+
+    Raises:
+        ConnectionLost: the peer cannot be reached.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        if address.scheme == "unix":
+            _, conn = await loop.create_unix_connection(factory, address.path)
+        else:
+            local = (local_host, 0) if local_host else None
+            _, conn = await loop.create_connection(factory, address.host, address.port, local_addr=local)
+    except OSError as exc:
+        raise ConnectionLost(f"cannot connect to {address}: {exc.strerror or exc}") from exc
+    return conn

@@ -1,0 +1,420 @@
+"""The svcframe wire format: frame encoding and decoding, sans-IO.
+
+Nothing here touches sockets or an event loop: bytes go in, frames come out, so the codec can be tested
+and fuzzed with plain bytes. The asyncio transport (``svcframe.transport``) is a thin pump around it.
+
+Frame = 72-byte header + body. Header, little-endian (``HEADER``)::
+
+    offset size field          meaning
+    0      2    magic          b"SF": rejects HTTP, TLS and other cross-protocol input at the first frame
+    2      1    version        WIRE_VERSION
+    3      1    kind           Kind (request, response, bulk data, ...)
+    4      2    flags          Flag bits
+    6      2    provider_id    target provider (uint16, as Margo)
+    8      4    rpc_id         rpc_id(name): CRC-32 of the RPC name
+    12     4    body_length    bytes of body after the header; checked against the maximum before buffering
+    16     8    request_id     chosen by the sender of a request; echoed by its response and bulk data
+    24     4    deadline_usec  caller's remaining time budget when sent, in microseconds (0 = none)
+    28     2    status         Status of a response (0 = ok)
+    30     2    reserved       must be 0
+    32     8    callpath       64-bit chained hash of the RPC ancestry (SYMBIOSYS-style)
+    40     16   trace_id       W3C trace id (zero when not traced)
+    56     8    span_id        caller's span id (zero when not traced)
+    64     8    lamport        sender's Lamport clock (0 when not traced)
+
+Bodies: msgpack (strict: no extension types, string map keys only) for ``HELLO``, ``REQUEST``,
+``RESPONSE``, ``BULK_PULL``, ``BULK_PUSH`` and ``GOODBYE``; raw bytes for ``BULK_DATA_REPLY`` and
+``BULK_DATA_PUSH``, which the decoder writes straight into the destination buffer a *bulk sink* names,
+so bulk payloads never pass through msgpack nor through an intermediate Python copy.
+
+Connection set-up (authentication happens once, here): the listening side sends ``HELLO`` with a fresh
+nonce first; the dialling side answers with its own ``HELLO`` carrying, when a shared secret is
+configured, ``auth_mac(secret, nonce, server_engine_id, client_engine_id)``. Requests may follow the
+client's HELLO at once. A refused handshake is answered by ``GOODBYE`` with status ``UNAUTHENTICATED``.
+
+Decoder invariant (fuzzed in tests/test_wire.py): any byte string fed in any split either yields the
+frames that were encoded, or raises ``RemoteProtocolError`` (never another exception), and never
+allocates more than ``max_body_bytes`` for a body it has not yet validated.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+import zlib
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgpack
+
+from .errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "HEADER",
+    "HEADER_SIZE",
+    "MAGIC",
+    "WIRE_VERSION",
+    "Flag",
+    "Frame",
+    "FrameDecoder",
+    "Kind",
+    "Status",
+    "auth_mac",
+    "callpath_extend",
+    "encode_frame",
+    "encode_header",
+    "pack_body",
+    "rpc_id",
+    "unpack_body",
+]
+
+MAGIC = b"SF"
+WIRE_VERSION = 1
+HEADER = struct.Struct("<2sBBHHIIQIHHQ16sQQ")
+HEADER_SIZE = HEADER.size  # 72
+assert HEADER_SIZE == 72
+
+#: Default cap on an inline (msgpack) body: 4 MiB, like gRPC's default receive limit. Large payloads
+#: belong in bulk transfers, which are chunked and never limited by this.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+ZERO_TRACE_ID = bytes(16)
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    REQUEST = 2
+    RESPONSE = 3
+    CANCEL = 4
+    BULK_PULL = 5  # request: body [bulk_id, offset, length]; answered by BULK_DATA_REPLY frames + RESPONSE
+    BULK_PUSH = 6  # request: body [bulk_id, offset, length]; followed by BULK_DATA_PUSH frames
+    BULK_DATA_REPLY = 7  # raw data for the receiver's own request `request_id` (a pull)
+    BULK_DATA_PUSH = 8  # raw data for the sender's request `request_id` (a push)
+    GOODBYE = 9  # the sender closes or drains; status says why
+
+
+_KIND_MAX = max(Kind)
+_BULK_DATA_KINDS = (Kind.BULK_DATA_REPLY, Kind.BULK_DATA_PUSH)
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    TRACED = 1  # trace_id / span_id / lamport are meaningful
+    IDEMPOTENT = 2  # the caller may retry this request
+    NO_REPLY = 4  # one-way request: the server sends no response
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    HANDLER_ERROR = 1
+    NO_SUCH_PROVIDER = 2
+    NO_SUCH_RPC = 3
+    DEADLINE_EXCEEDED = 4
+    CANCELLED = 5
+    REFUSED = 6
+    BAD_REQUEST = 7
+    UNAUTHENTICATED = 8
+    BULK_ERROR = 9
+    SHUTTING_DOWN = 10
+
+
+class Frame(NamedTuple):
+    """One decoded frame. ``body`` is ``bytes`` (msgpack or empty), or ``None`` for bulk data, which
+    was written into the buffer the bulk sink returned."""
+
+    kind: int
+    flags: int
+    provider_id: int
+    rpc_id: int
+    request_id: int
+    deadline_usec: int
+    status: int
+    callpath: int
+    trace_id: bytes
+    span_id: int
+    lamport: int
+    body: bytes | bytearray | None
+
+
+def rpc_id(name: str) -> int:
+    """The 32-bit id of an RPC name on the wire (CRC-32 of its UTF-8 bytes)."""
+    return zlib.crc32(name.encode())
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def callpath_extend(parent: int, rpc: int, provider_id: int) -> int:
+    """The callpath of a call made under ``parent``: a chained 64-bit FNV-1a style hash.
+
+    Source: Ramesh et al., SYMBIOSYS, section III (callpath ancestry as a chained 64-bit hash).
+    0 is the root (a call made outside any handler).
+    """
+    h = (parent ^ 0xCBF29CE484222325) & _MASK64
+    h = ((h ^ rpc) * 0x100000001B3) & _MASK64
+    h = ((h ^ provider_id) * 0x100000001B3) & _MASK64
+    return h or 1
+
+
+def encode_header(
+    kind: int,
+    request_id: int,
+    body_length: int,
+    *,
+    provider_id: int = 0,
+    rpc: int = 0,
+    flags: int = 0,
+    status: int = 0,
+    deadline_usec: int = 0,
+    callpath: int = 0,
+    trace_id: bytes = ZERO_TRACE_ID,
+    span_id: int = 0,
+    lamport: int = 0,
+) -> bytes:
+    """Pack one frame header. Raises LocalProtocolError when a field does not fit its width."""
+    try:
+        return HEADER.pack(
+            MAGIC, WIRE_VERSION, kind, flags, provider_id, rpc, body_length, request_id,
+            deadline_usec, status, 0, callpath, trace_id, span_id, lamport,
+        )  # fmt: skip
+    except struct.error as exc:
+        raise LocalProtocolError(f"frame header field out of range: {exc}") from exc
+
+
+def encode_frame(kind: int, request_id: int, body: bytes = b"", **fields: int | bytes) -> bytes:
+    """Header + body as one bytes object (for small bodies; send big ones as separate buffers)."""
+    return encode_header(kind, request_id, len(body), **fields) + body  # type: ignore[arg-type]
+
+
+_packer = msgpack.Packer(use_bin_type=True, strict_types=False, autoreset=True)
+
+
+def pack_body(obj: object) -> bytes:
+    """msgpack-encode an RPC argument or result. Raises LocalProtocolError for unsupported types."""
+    try:
+        return _packer.pack(obj)
+    except (TypeError, ValueError, OverflowError) as exc:
+        _packer.reset()
+        raise LocalProtocolError(
+            f"cannot encode {type(obj).__name__} as an RPC body: {exc}; use msgpack types "
+            "(None, bool, int, float, str, bytes, list, dict with str keys) or a bulk handle"
+        ) from exc
+
+
+def unpack_body(body: bytes | bytearray | memoryview) -> object:
+    """Decode a msgpack body strictly (no extension types, str map keys). Container and string sizes
+    are bounded by the body's length (msgpack's default), and the body by the frame size limit.
+
+    Raises RemoteProtocolError for anything malformed.
+    """
+    if not body:
+        return None
+    try:
+        return msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_refuse_ext,
+        )
+    except RemoteProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises many types (FormatError, ExtraData, ValueError, ...)
+        raise RemoteProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") from exc
+
+
+def _refuse_ext(code: int, data: bytes) -> object:
+    raise RemoteProtocolError(f"msgpack extension type {code} is not allowed on the wire")
+
+
+def auth_mac(secret: bytes, nonce: bytes, server_engine_id: str, client_engine_id: str) -> bytes:
+    """HMAC-SHA256 proof of the shared secret, bound to this connection's nonce and both engines."""
+    msg = b"svcframe-auth-v1\0" + nonce + b"\0" + server_engine_id.encode() + b"\0" + client_engine_id.encode()
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+#: A bulk sink maps (kind, request_id, body_length) to the buffer the data goes into, or raises
+#: RemoteProtocolError when nobody expects that data.
+BulkSink = Callable[[int, int, int], memoryview]
+
+
+class FrameDecoder:
+    """Incremental frame decoder with a zero-copy receive interface.
+
+    Two ways to feed it:
+
+    * ``feed(data) -> list[Frame]``: copies ``data`` in (tests, fuzzing, any byte source);
+    * ``get_buffer() -> memoryview`` then ``buffer_updated(n) -> list[Frame]``: the caller receives
+      straight into the decoder's buffer (``asyncio.BufferedProtocol``). While a bulk data body is being
+      received, ``get_buffer`` returns the destination itself, so bulk bytes land in the user's buffer.
+
+    Args:
+        max_body_bytes: largest body accepted (inline or one bulk data chunk); a larger announced
+            length raises FrameTooLarge before any of it is buffered.
+        bulk_sink: where bulk data bodies go (see ``BulkSink``); None rejects bulk data frames.
+        buffer_bytes: size of the receive buffer for headers and small bodies.
+
+    Raises (from feed / buffer_updated): RemoteProtocolError (bad magic, version, kind, reserved
+    bits), FrameTooLarge. After an error the decoder is unusable: drop the connection.
+    """
+
+    __slots__ = ("_buf", "_direct", "_direct_frame", "_direct_pos", "_end", "_start", "_view",
+                 "bulk_sink", "max_body_bytes")  # fmt: skip
+
+    def __init__(
+        self,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        bulk_sink: BulkSink | None = None,
+        buffer_bytes: int = 256 * 1024,
+    ) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.bulk_sink = bulk_sink
+        self._buf = bytearray(max(buffer_bytes, 2 * HEADER_SIZE))
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        # Direct mode: a body is being received straight into its own buffer.
+        self._direct: memoryview | None = None
+        self._direct_pos = 0
+        self._direct_frame: tuple | None = None  # header fields of the frame being received
+
+    # -- receive interface --------------------------------------------------------------------------
+    def get_buffer(self) -> memoryview:
+        """Where the next received bytes should be written (never empty)."""
+        direct = self._direct
+        if direct is not None:
+            return direct[self._direct_pos :]
+        if self._end == len(self._buf):
+            self._compact()
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """``nbytes`` were written into the last ``get_buffer()``; return the frames now complete."""
+        if self._direct is not None:
+            self._direct_pos += nbytes
+            if self._direct_pos < len(self._direct):
+                return []
+            frames = [self._finish_direct()]
+        else:
+            self._end += nbytes
+            frames = []
+        self._parse(frames)
+        return frames
+
+    def more(self) -> list[Frame]:
+        """Frames already buffered but held back: the decoder stops before a bulk data frame while
+        earlier frames are undelivered (their dispatch may create the data's sink). Call after
+        dispatching a non-empty batch, until it returns an empty list."""
+        frames: list[Frame] = []
+        self._parse(frames)
+        return frames
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Copy ``data`` in and return the frames completed by it."""
+        frames: list[Frame] = []
+        data = memoryview(data).cast("B")
+        while data:
+            buf = self.get_buffer()
+            n = min(len(buf), len(data))
+            buf[:n] = data[:n]
+            data = data[n:]
+            got = self.buffer_updated(n)
+            while got:
+                frames.extend(got)
+                got = self.more()
+        return frames
+
+    @property
+    def idle(self) -> bool:
+        """True when no partial frame is buffered (a clean place to close the stream)."""
+        return self._direct is None and self._start == self._end
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _compact(self) -> None:
+        start, end = self._start, self._end
+        if start:
+            self._buf[: end - start] = self._view[start:end]
+            self._start, self._end = 0, end - start
+
+    def _parse(self, frames: list[Frame]) -> None:
+        view = self._view
+        while self._direct is None:
+            start = self._start
+            avail = self._end - start
+            if avail < HEADER_SIZE:
+                if avail == 0:
+                    self._start = self._end = 0
+                elif start + HEADER_SIZE > len(self._buf):
+                    self._compact()
+                return
+            (magic, version, kind, flags, provider_id, rpc, length, request_id,
+             deadline, status, reserved, callpath, trace_id, span_id, lamport) = HEADER.unpack_from(view, start)  # fmt: skip
+            if magic != MAGIC or version != WIRE_VERSION or reserved or not 0 < kind <= _KIND_MAX:
+                raise RemoteProtocolError(self._describe_bad_header(view[start : start + HEADER_SIZE]))
+            fields = (kind, flags, provider_id, rpc, request_id, deadline, status, callpath,
+                      trace_id, span_id, lamport)  # fmt: skip
+            if length > self.max_body_bytes:
+                raise FrameTooLarge(
+                    f"frame announces a {length}-byte body, over the {self.max_body_bytes}-byte limit "
+                    "(send large payloads with a bulk transfer, or raise engine.max_body_bytes)"
+                )
+            body_start = start + HEADER_SIZE
+            if kind in _BULK_DATA_KINDS:
+                if frames:
+                    return  # the frames before it may set up its sink: dispatch them first (see more())
+                if self.bulk_sink is None:
+                    raise RemoteProtocolError("bulk data frame on a connection that expects none")
+                dest = self.bulk_sink(kind, request_id, length)
+                if len(dest) != length:
+                    raise RemoteProtocolError(f"bulk sink returned {len(dest)} bytes for {length}")
+                self._start_direct(dest, fields, body_start, frames)
+                continue
+            body_end = body_start + length
+            if body_end <= self._end:
+                body = bytes(view[body_start:body_end]) if length else b""
+                self._start = body_end
+                frames.append(Frame(*fields, body))
+                continue
+            if length + HEADER_SIZE <= len(self._buf):
+                if body_end > len(self._buf):
+                    self._compact()
+                return
+            # A body larger than the receive buffer gets a buffer of its own (already bounded above).
+            self._start_direct(memoryview(bytearray(length)), fields, body_start, frames)
+
+    def _start_direct(self, dest: memoryview, fields: tuple, body_start: int, frames: list[Frame]) -> None:
+        """Receive a body straight into ``dest``, starting with the bytes already buffered."""
+        have = min(self._end - body_start, len(dest))
+        if have:
+            dest[:have] = self._view[body_start : body_start + have]
+        self._start = body_start + have
+        if self._start == self._end:
+            self._start = self._end = 0
+        self._direct, self._direct_pos, self._direct_frame = dest, have, fields
+        if have == len(dest):
+            frames.append(self._finish_direct())
+
+    def _finish_direct(self) -> Frame:
+        dest, fields = self._direct, self._direct_frame
+        self._direct = self._direct_frame = None
+        assert dest is not None and fields is not None
+        # A large inline body keeps its own bytearray (msgpack decodes it without another copy).
+        return Frame(*fields, None if fields[0] in _BULK_DATA_KINDS else dest.obj)
+
+    @staticmethod
+    def _describe_bad_header(header: memoryview) -> str:
+        raw = bytes(header)
+        if raw[:4] in (b"GET ", b"POST", b"HEAD", b"PUT ", b"PRI "):
+            return "peer speaks HTTP, not the svcframe protocol (wrong port?)"
+        if raw[:1] == b"\x16" and raw[1:2] == b"\x03":
+            return "peer started a TLS handshake; svcframe speaks its own protocol (no TLS)"
+        if raw[:2] != MAGIC:
+            return f"bad frame magic {raw[:2]!r} (expected {MAGIC!r}): not a svcframe peer"
+        if raw[2] != WIRE_VERSION:
+            return f"unsupported wire version {raw[2]} (this is version {WIRE_VERSION})"
+        if raw[30:32] != b"\0\0":
+            return "reserved header bits are set"
+        return f"unknown frame kind {raw[3]}"

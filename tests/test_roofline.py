@@ -1,0 +1,273 @@
+"""Tests of the data-service roofline model (selftest/roofline.py): no service, plain numbers only."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from selftest.roofline import (
+    METRICS,
+    Metric,
+    Range,
+    Roofline,
+    Sample,
+    combine_scores,
+    plot,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make(pc: float, ps: float, samples: list[Sample] | None = None, metric: str = "rpc_rate") -> Roofline:
+    return Roofline(METRICS[metric], Range(pc, pc), Range(ps, ps), samples or [])
+
+
+# --- Range -------------------------------------------------------------------------------------------------
+
+
+def test_range_of_takes_min_and_max() -> None:
+    r = Range.of(iter([3.0, 1, 2.5]))
+    assert (r.min, r.max) == (1.0, 3.0)
+    assert Range.of([7]) == Range(7.0, 7.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ([], "at least one"),
+        ([1.0, math.nan], "finite"),
+        ([1.0, math.inf], "finite"),
+        ([1.0, -0.5], ">= 0"),
+        (["fast"], "numbers"),
+    ],
+)
+def test_range_of_rejects_bad_input(values: list[object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Range.of(values)  # type: ignore[arg-type]
+
+
+def test_range_rejects_inverted_bounds() -> None:
+    with pytest.raises(ValueError, match="larger than"):
+        Range(2.0, 1.0)
+
+
+# --- ceilings and ridge ------------------------------------------------------------------------------------
+
+
+def test_ridge_capped_at_one_when_client_peak_exceeds_server_peak() -> None:
+    # Pc/Ps = 2, but the server ceiling is flat beyond X = 1 (Carns 2025, section 4.2).
+    rl = make(pc=100, ps=50)
+    assert rl.ridge() == pytest.approx(1.0)
+    assert rl.attainable(0.5) == pytest.approx(25.0)
+    assert rl.attainable(1.0) == pytest.approx(50.0)
+    assert rl.attainable(4.0) == pytest.approx(50.0)  # not Ps * X = 200, not Pc = 100
+
+
+def test_ridge_below_one_when_server_peak_exceeds_client_peak() -> None:
+    rl = make(pc=20, ps=80)
+    assert rl.ridge() == pytest.approx(0.25)
+    assert rl.attainable(1 / 16) == pytest.approx(5.0)
+    assert rl.attainable(1 / 8) == pytest.approx(10.0)
+    assert rl.attainable(0.25) == pytest.approx(20.0)
+    assert rl.attainable(2.0) == pytest.approx(20.0)
+    assert isinstance(rl.attainable(0.5), float)
+
+
+def test_attainable_is_vectorised() -> None:
+    rl = make(pc=20, ps=80)
+    x = np.array([[1 / 16, 1 / 8], [0.25, 4.0]])
+    y = rl.attainable(x)
+    assert isinstance(y, np.ndarray)
+    assert y.shape == (2, 2)
+    np.testing.assert_allclose(y, [[5.0, 10.0], [20.0, 20.0]])
+    np.testing.assert_allclose(rl.attainable([0.125, 1.0]), [10.0, 20.0])
+
+
+def test_min_and_max_bounds_use_their_own_parameters() -> None:
+    rl = Roofline(METRICS["rpc_rate"], pc=Range(10, 20), ps=Range(40, 80))
+    assert rl.attainable(0.1, "max") == pytest.approx(8.0)
+    assert rl.attainable(0.1, "min") == pytest.approx(4.0)
+    assert rl.attainable(1.0, "min") == pytest.approx(10.0)
+    assert rl.ridge("max") == pytest.approx(0.25)
+    assert rl.ridge("min") == pytest.approx(0.25)
+    rl2 = Roofline(METRICS["rpc_rate"], pc=Range(10, 40), ps=Range(80, 80))
+    assert rl2.ridge("min") == pytest.approx(0.125)
+    assert rl2.ridge("max") == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("x", [0.0, -1.0, math.inf, math.nan])
+def test_attainable_rejects_bad_ratio(x: float) -> None:
+    with pytest.raises(ValueError, match="service ratio"):
+        make(20, 80).attainable(x)
+
+
+def test_bad_bound_is_rejected() -> None:
+    with pytest.raises(ValueError, match="bound"):
+        make(20, 80).ridge("middle")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("pc", "ps", "name"), [(0.0, 5.0, "pc"), (5.0, 0.0, "ps")])
+def test_zero_peak_is_rejected(pc: float, ps: float, name: str) -> None:
+    with pytest.raises(ValueError, match=f"Roofline.{name} must be > 0"):
+        Roofline(METRICS["bandwidth"], Range(pc, 10.0), Range(ps, 10.0))
+
+
+def test_sample_service_ratio_and_validation() -> None:
+    assert Sample(servers=2, clients=8, rate_per_client=1.0).service_ratio == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="clients"):
+        Sample(servers=1, clients=0, rate_per_client=1.0)
+    with pytest.raises(ValueError, match="rate_per_client"):
+        Sample(servers=1, clients=1, rate_per_client=-1.0)
+
+
+# --- scores ------------------------------------------------------------------------------------------------
+
+
+def test_score_on_known_inputs() -> None:
+    rl = make(pc=20, ps=80)  # R(1/8) = 10, R(1) = 20
+    assert rl.score(Sample(1, 8, 10.0)) == pytest.approx(1.0)
+    assert rl.score(Sample(1, 8, 1.0)) == pytest.approx(0.5)  # 10x below
+    assert rl.score(Sample(1, 1, 200.0)) == pytest.approx(0.5)  # 10x above
+    assert rl.score(Sample(1, 1, 0.2)) == pytest.approx(1 / 3)  # 100x below
+    assert rl.score(Sample(1, 1, 0.0)) == 0.0
+    assert rl.efficiency(Sample(1, 8, 5.0)) == pytest.approx(0.5)
+
+
+def test_combine_scores_weighted_geometric_mean() -> None:
+    assert combine_scores({"rpc_rate": 0.25, "bandwidth": 1.0}) == pytest.approx(0.5)
+    assert combine_scores({"a": 0.5, "b": 1.0}, {"a": 2, "b": 1}) == pytest.approx(0.25 ** (1 / 3))
+    assert combine_scores({"a": 0.8}) == pytest.approx(0.8)
+    assert combine_scores({"a": 0.0, "b": 1.0}) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("scores", "weights", "match"),
+    [
+        ({}, None, "at least one"),
+        ({"a": -0.1}, None, "finite"),
+        ({"a": 0.5}, {"a": 0.0}, "> 0"),
+        ({"a": 0.5, "b": 0.5}, {"a": 1.0}, "missing"),
+        ({"a": 0.5}, {"a": 1.0, "c": 1.0}, "unknown"),
+    ],
+)
+def test_combine_scores_errors(
+    scores: dict[str, float], weights: dict[str, float] | None, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        combine_scores(scores, weights)
+
+
+def test_scores_summary_and_regions() -> None:
+    # Pc = 20, Ps = 80, ridge 1/4.
+    samples = [
+        Sample(1, 8, 10.0),  # X = 1/8, R = 10, on the roof: score 1, error 0, server-bound
+        Sample(1, 16, 0.5),  # X = 1/16, R = 5, 10x below: score 0.5, error -0.9, server-bound
+        Sample(1, 4, 10.0),  # X = 1/4 (ridge), R = 20: error -0.5, client-bound
+        Sample(2, 1, 20.0),  # X = 2, R = 20: score 1, client-bound
+    ]
+    result = make(20, 80, samples).scores()
+    assert result["ridge"] == pytest.approx(0.25)
+    assert [row["region"] for row in result["samples"]] == [
+        "server-bound",
+        "server-bound",
+        "client-bound",
+        "client-bound",
+    ]
+    assert [row["relative_error"] for row in result["samples"]] == pytest.approx([0.0, -0.9, -0.5, 0.0])
+    s3 = 1 / (1 + math.log10(2))
+    assert result["overall"]["count"] == 4
+    assert result["overall"]["score"] == pytest.approx((0.5 * s3) ** 0.25)
+    assert result["overall"]["median_relative_error"] == pytest.approx(0.25)
+    assert result["overall"]["worst_relative_error"] == pytest.approx(0.9)
+    server = result["regions"]["server-bound"]
+    assert server["count"] == 2
+    assert server["score"] == pytest.approx(math.sqrt(0.5))
+    assert server["worst_relative_error"] == pytest.approx(0.9)
+    client = result["regions"]["client-bound"]
+    assert client["score"] == pytest.approx(math.sqrt(s3))
+    assert client["median_relative_error"] == pytest.approx(0.25)
+
+
+def test_scores_without_samples() -> None:
+    result = make(20, 80).scores()
+    assert result["samples"] == []
+    assert result["overall"] == {
+        "count": 0,
+        "score": None,
+        "median_relative_error": None,
+        "worst_relative_error": None,
+    }
+
+
+# --- JSON --------------------------------------------------------------------------------------------------
+
+
+def test_json_round_trip() -> None:
+    rl = Roofline(
+        METRICS["bandwidth"],
+        pc=Range.of([19.0, 21.1]),
+        ps=Range.of([1.4, 1.45]),
+        samples=[Sample(1, 16, 0.08), Sample(4, 4, 1.2), Sample(3, 2, 1.5)],
+    )
+    text = json.dumps(rl.to_dict(), allow_nan=False)
+    doc = json.loads(text)
+    assert doc["ridge"] == {"min": 1.0, "max": 1.0}
+    assert doc["scores"]["overall"]["count"] == 3
+    back = Roofline.from_dict(doc)
+    assert back == rl
+    assert back.to_dict() == doc
+
+
+def test_from_dict_hand_written_document() -> None:
+    doc = {"metric": "rpc_rate", "pc": [148e3, 173e3], "ps": {"min": 524e3, "max": 530e3}}
+    rl = Roofline.from_dict(doc)
+    assert rl.metric == METRICS["rpc_rate"]
+    assert rl.samples == []
+    assert rl.ridge() == pytest.approx(173 / 530)
+    with pytest.raises(ValueError, match="missing"):
+        Roofline.from_dict({"metric": "rpc_rate", "pc": [1, 2]})
+    with pytest.raises(ValueError, match="unknown metric"):
+        Roofline.from_dict({**doc, "metric": "latency"})
+    custom = Metric("storage_latency", "s", "latency per client process (s)")
+    assert Roofline.from_dict({**doc, "metric": custom.to_dict()}).metric == custom
+
+
+def test_save_and_load(tmp_path: Path) -> None:
+    rl = make(20, 80, [Sample(1, 8, 9.0)])
+    path = rl.save(tmp_path / "roofline.json")
+    assert Roofline.load(path) == rl
+
+
+# --- plot --------------------------------------------------------------------------------------------------
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert len(data) > 1000
+    assert data.startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        [],
+        [Sample(s, c, 0.9 * min(20.0, 80.0 * min(s / c, 1.0))) for s in (1, 2, 4) for c in (1, 4, 16)],
+        [Sample(s, 16, 1.0) for s in range(1, 13)],  # more server counts than legend entries: colorbar
+    ],
+    ids=["no-samples", "legend", "colorbar"],
+)
+def test_plot_writes_png(tmp_path: Path, samples: list[Sample]) -> None:
+    rl = Roofline(METRICS["rpc_rate"], Range(15.0, 20.0), Range(70.0, 80.0), samples)
+    out = plot(rl, tmp_path / "roofline.png", title="test")
+    assert out.name == "roofline.png"
+    _assert_png(out)
+
+
+def test_plot_client_ceiling_above_server_ceiling(tmp_path: Path) -> None:
+    # The bandwidth case of Carns 2025, section 5.2: Pc >> Ps, ridge at 1:1.
+    rl = Roofline(METRICS["bandwidth"], Range(19.0, 21.1), Range(1.4, 1.4), [Sample(1, 2, 0.7)])
+    _assert_png(plot(rl, str(tmp_path / "bw.png")))

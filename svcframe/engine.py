@@ -725,8 +725,9 @@ class Engine:
             self.monitor.target_stats((reg.provider_id, reg.name)).time.add(time.perf_counter() - t0)
 
     def _finish_error(self, conn: Connection, frame: Frame, reg: Registration, exc: BaseException) -> None:
-        if isinstance(exc, RPCError | BulkError):
-            pass  # errors of nested calls are the handler's errors too
+        if isinstance(exc, Refused):  # a handler may refuse on purpose (e.g. mutations disabled)
+            self._reply_error(conn, frame, Status.REFUSED, str(exc))
+            return
         tb = "".join(traceback.format_exception(exc))
         self._reply(
             conn, frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]])
@@ -876,7 +877,9 @@ def _error_from_status(status: int, payload: Any, name: str, provider_id: int, a
         return BulkError(f"bulk transfer with {address} failed: {info}")
     if status == Status.DEADLINE_EXCEEDED:
         return TimeoutError_(f"{where}: the server dropped the request after its deadline")
-    if status in (Status.REFUSED, Status.SHUTTING_DOWN, Status.UNAUTHENTICATED):
+    if status == Status.SHUTTING_DOWN:
+        return Refused(f"{where} refused: the server is shutting down")
+    if status in (Status.REFUSED, Status.UNAUTHENTICATED):
         return Refused(f"{where} refused: {info}")
     if status == Status.BAD_REQUEST:
         return RemoteError("BadRequest", str(info), "")

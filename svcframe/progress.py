@@ -21,7 +21,10 @@ lasts (a periodic wake-up, as Margo bounds ``HG_Progress``).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+
+_yield_cpu = os.sched_yield
 
 PROGRESS_MODES = ("block", "busy", "spindown")
 
@@ -99,6 +102,7 @@ class Progress:
             mode == "spindown" and (self.inflight > 0 or time.monotonic() - self._last < self.spindown_seconds)
         ):
             self.polls += 1
+            _yield_cpu()  # like Margo's ABT_thread_yield: let another runnable process have the core
             loop.call_soon(self._poll)
         else:
             self._spinning = False

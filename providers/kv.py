@@ -1,0 +1,628 @@
+"""A key-value store provider on SQLite, and its client: how a service is composed from svcframe parts.
+
+The provider (type ``"kv"``) keeps one SQLite database. All SQLite work runs in one dedicated worker
+thread per provider, so the event loop never waits for the disk. Small values travel inline in the RPC
+argument or result; values larger than ``inline_max_bytes`` move by bulk transfer: for ``put_bulk`` the
+server pulls them from a buffer the client exposed, for ``get_bulk`` it pushes them into one.
+
+Example::
+
+    from svcframe import Engine
+    from providers.kv import KVClient, KVProvider
+
+    server = await Engine("tcp://127.0.0.1:0").start()
+    provider = KVProvider(server, 1, config={"path": "/tmp/kv.sqlite", "durability": "durable"})
+    provider.register()
+    await provider.start()
+
+    client_engine = await Engine(None).start()          # client-only engine
+    kv = KVClient(client_engine, server.address, 1)
+    await kv.put("greeting", b"hello")                   # inline
+    await kv.put(b"blob", bytes(8 << 20))                # 8 MiB: bulk transfer, chosen automatically
+    assert await kv.get("greeting") == b"hello"
+    assert await kv.list_keys(prefix="gr") == [b"greeting"]
+
+    server.deregister_provider(1)                        # stop taking calls, then release the database
+    await provider.close()
+    await client_engine.close()
+    await server.close()
+
+Keys are byte strings: a ``str`` key is stored as its UTF-8 encoding, so ``"a"`` and ``b"a"`` name the
+same entry, and ``list_keys`` returns ``bytes``. Values are byte strings.
+
+Config (JSON, every key optional)::
+
+    {"path": "kv-<provider_id>.sqlite", "durability": "durable", "inline_max_bytes": 65536}
+
+- ``path``: the SQLite file (relative paths are relative to the server's working directory), or
+  ``":memory:"`` for a store that disappears when the provider closes.
+- ``durability``:
+    - ``"durable"`` (default): WAL journal, ``synchronous=FULL``. Each write is one transaction whose
+      commit is fsync'ed before the RPC returns: an acknowledged write survives a process kill, an OS
+      crash and a power loss.
+    - ``"fast"``: WAL journal, ``synchronous=OFF``: SQLite never fsyncs. An acknowledged write survives a
+      process kill (the OS already holds it), but an OS crash or power loss can lose recent acknowledged
+      writes, and, as SQLite documents for ``synchronous=OFF``, can even leave the file corrupted. Use it
+      for scratch data you can rebuild.
+- ``inline_max_bytes``: largest value (bytes) that may travel inline in ``put``/``get``; larger ones
+  must use ``put_bulk``/``get_bulk``. At most the engine's ``max_body_bytes`` minus 64 KiB.
+
+RPCs (argument -> result; keys are ``str | bytes``):
+
+=============  ==========================================  =============================================
+``put``        ``{key, value}``                            None
+``get``        ``{key}``                                   bytes, or None when the key is missing
+``put_bulk``   ``{key, bulk, size}``                       None (``bulk``: a readable handle's wire form)
+``get_bulk``   ``{key, bulk}``                             the value's length in bytes, or None
+``length``     ``{key}``                                   the value's length in bytes, or None
+``erase``      ``{key}``                                   True if the key existed
+``exists``     ``{key}``                                   bool
+``list_keys``  ``{prefix?, max?, start_after?}`` or None   sorted list of keys (bytes)
+``count``      None                                        number of keys
+``stats``      None                                        config plus the live SQLite settings
+=============  ==========================================  =============================================
+
+Handler errors reach the caller as ``svcframe.errors.RemoteError``; its ``remote_type`` is
+``"ValueTooLarge"`` or ``"BufferTooSmall"`` for the size errors below, ``"TypeError"``/``"ValueError"``
+for malformed arguments.
+
+A call that is cancelled or times out after reaching the server may still have been applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
+
+from svcframe.bulk import BulkHandle
+from svcframe.engine import Engine, Request
+from svcframe.errors import ConfigError, RemoteError
+from svcframe.provider import Provider, ProviderHandle, register_provider_type, rpc
+
+log = logging.getLogger("svcframe.providers.kv")
+
+T = TypeVar("T")
+
+DURABILITY_MODES = ("durable", "fast")
+DEFAULT_INLINE_MAX_BYTES = 64 * 1024
+#: Room left in an inline frame for the key and the msgpack framing around a value.
+INLINE_HEADROOM_BYTES = 64 * 1024
+DEFAULT_LIST_MAX = 1000
+
+_SYNCHRONOUS = {"durable": "FULL", "fast": "OFF"}
+
+
+class ValueTooLarge(ValueError):
+    """A value is larger than ``inline_max_bytes`` and must move by bulk transfer."""
+
+
+class BufferTooSmall(ValueError):
+    """The client's bulk buffer cannot hold the stored value."""
+
+
+Key = str | bytes
+
+
+def _key(arg: Any) -> bytes:
+    """The stored form of the ``key`` field of an RPC argument dict.
+
+    Raises:
+        TypeError: ``arg`` is not a dict, or its key is missing or not ``str | bytes``.
+    """
+    if not isinstance(arg, dict):
+        raise TypeError(f"the argument must be a dict with a 'key' field, not {type(arg).__name__}")
+    if "key" not in arg:
+        raise TypeError("the argument has no 'key' field")
+    return _encode_key(arg["key"], "key")
+
+
+def _encode_key(key: Any, field: str) -> bytes:
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, bytes | bytearray):
+        return bytes(key)
+    raise TypeError(f"{field!r} must be str or bytes, not {type(key).__name__}")
+
+
+def _prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string starting with ``prefix`` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _int_field(arg: dict[str, Any], field: str, default: int | None) -> int | None:
+    value = arg.get(field, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field!r} must be an integer >= 0, not {value!r}")
+    return value
+
+
+class _Store:
+    """The SQLite side of a provider. Every method runs in the provider's single worker thread."""
+
+    def __init__(self, path: str, durability: str) -> None:
+        self.path = path
+        self.durability = durability
+        self.db: sqlite3.Connection | None = None
+
+    def open(self) -> str:
+        """Open (creating if needed) the database; returns the journal mode SQLite actually uses."""
+        db = sqlite3.connect(self.path, )  # autocommit: one statement, one commit
+        try:
+            journal_mode = str(db.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+            db.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
+            if self.durability == "durable":
+                db.execute("PRAGMA fullfsync=ON")  # macOS: flush the drive cache too (no-op elsewhere)
+                db.execute("PRAGMA checkpoint_fullfsync=ON")
+            db.execute("PRAGMA busy_timeout=5000")  # wait for other connections' locks, in this thread
+            db.execute("CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY NOT NULL, value BLOB NOT NULL)")
+        except BaseException:
+            db.close()
+            raise
+        self.db = db
+        return journal_mode
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()  # the last connection checkpoints the WAL into the main file
+            self.db = None
+
+    def _db(self) -> sqlite3.Connection:
+        if self.db is None:
+            raise RuntimeError("the kv store is closed")
+        return self.db
+
+    def put(self, key: bytes, value: bytes | bytearray) -> None:
+        self._db().execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+
+    def get_limited(self, key: bytes, limit: int) -> tuple[int, bytes | None] | None:
+        """(length, value) with value None when longer than ``limit``; None when the key is missing."""
+        row = (
+            self._db()
+            .execute(
+                "SELECT length(value), CASE WHEN length(value) <= ? THEN value END FROM kv WHERE key = ?",
+                (limit, key),
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        return int(row[0]), (None if row[1] is None else bytes(row[1]))
+
+    def length(self, key: bytes) -> int | None:
+        row = self._db().execute("SELECT length(value) FROM kv WHERE key = ?", (key,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def erase(self, key: bytes) -> bool:
+        return self._db().execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount > 0
+
+    def exists(self, key: bytes) -> bool:
+        return self._db().execute("SELECT 1 FROM kv WHERE key = ?", (key,)).fetchone() is not None
+
+    def count(self) -> int:
+        return int(self._db().execute("SELECT count(*) FROM kv").fetchone()[0])
+
+    def list_keys(
+        self, prefix: bytes, start_after: bytes | None, limit: int, budget_bytes: int
+    ) -> list[bytes]:
+        sql = "SELECT key FROM kv WHERE key >= ?"
+        params: list[Any] = [prefix]
+        upper = _prefix_upper_bound(prefix)
+        if upper is not None:
+            sql += " AND key < ?"
+            params.append(upper)
+        if start_after is not None:
+            sql += " AND key > ?"
+            params.append(start_after)
+        sql += " ORDER BY key LIMIT ?"
+        params.append(limit)
+        keys: list[bytes] = []
+        total = 0
+        for (key,) in self._db().execute(sql, params):
+            total += len(key)
+            if keys and total > budget_bytes:
+                break  # keep the reply inside one frame; the caller continues with start_after
+            keys.append(bytes(key))
+        return keys
+
+    def pragmas(self) -> dict[str, Any]:
+        db = self._db()
+        return {
+            "journal_mode": str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower(),
+            "synchronous": int(db.execute("PRAGMA synchronous").fetchone()[0]),
+            "sqlite_version": sqlite3.sqlite_version,
+        }
+
+
+@register_provider_type
+class KVProvider(Provider):
+    """Key-value store provider on SQLite (type ``"kv"``).
+
+    Args:
+        engine: the engine to register with.
+        provider_id: 0..65535, unique within the process.
+        name: the provider's name in the configuration.
+        config: ``path`` (str), ``durability`` (``"durable"`` | ``"fast"``), ``inline_max_bytes`` (int,
+            bytes); see the module docstring.
+        dependencies: unused.
+
+    Raises:
+        ConfigError: an unknown config key or an invalid value (the message names it).
+    """
+
+    type_name: ClassVar[str] = "kv"
+    CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("path", "durability", "inline_max_bytes")
+
+    def __init__(
+        self,
+        engine: Engine,
+        provider_id: int,
+        *,
+        name: str | None = None,
+        config: dict[str, Any] | None = None,
+        dependencies: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(engine, provider_id, name=name, config=config, dependencies=dependencies)
+        self.config = self._validated(self.config)
+        self.path: str = self.config["path"]
+        self.durability: str = self.config["durability"]
+        self.inline_max_bytes: int = self.config["inline_max_bytes"]
+        self._executor: ThreadPoolExecutor | None = None
+        self._store: _Store | None = None
+        self._journal_mode: str | None = None
+
+    def _validated(self, config: dict[str, Any]) -> dict[str, Any]:
+        where = f"kv provider {self.name!r} (id {self.provider_id})"
+        unknown = sorted(set(config) - set(self.CONFIG_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown config key(s) {unknown}; allowed: {list(self.CONFIG_KEYS)}")
+        path = config.get("path", f"kv-{self.provider_id}.sqlite")
+        if not isinstance(path, str) or not path:
+            raise ConfigError(
+                f"{where}: 'path' must be a non-empty string (a file path or ':memory:'), not {path!r}"
+            )
+        durability = config.get("durability", "durable")
+        if durability not in DURABILITY_MODES:
+            raise ConfigError(
+                f"{where}: 'durability' must be one of {list(DURABILITY_MODES)}, not {durability!r}"
+            )
+        max_inline = max(0, self.engine.max_body_bytes - INLINE_HEADROOM_BYTES)
+        inline = config.get("inline_max_bytes", min(DEFAULT_INLINE_MAX_BYTES, max_inline))
+        if isinstance(inline, bool) or not isinstance(inline, int) or not 0 <= inline <= max_inline:
+            raise ConfigError(
+                f"{where}: 'inline_max_bytes' must be an integer in 0..{max_inline} (the engine's "
+                f"max_body_bytes {self.engine.max_body_bytes} minus {INLINE_HEADROOM_BYTES} for the key "
+                f"and framing), not {inline!r}"
+            )
+        return {"path": path, "durability": durability, "inline_max_bytes": inline}
+
+    def get_config(self) -> dict[str, Any]:
+        """The config with defaults filled in: ``path``, ``durability``, ``inline_max_bytes``."""
+        return dict(self.config)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the worker thread and open the database in it.
+
+        Raises:
+            ConfigError: the database cannot be opened (missing directory, not a database, locked...).
+        """
+        if self._executor is not None:
+            return
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kv-{self.provider_id}")
+        store = _Store(self.path, self.durability)
+        try:
+            self._journal_mode = await asyncio.get_running_loop().run_in_executor(executor, store.open)
+        except sqlite3.Error as exc:
+            executor.shutdown(wait=True)
+            raise ConfigError(
+                f"kv provider {self.name!r}: cannot open SQLite database {self.path!r}: {exc}"
+            ) from exc
+        except BaseException:
+            executor.shutdown(wait=True)
+            raise
+        if self._journal_mode != "wal" and self.path != ":memory:":
+            log.warning(
+                "kv provider %r: SQLite refused WAL for %s (journal mode %s)",
+                self.name,
+                self.path,
+                self._journal_mode,
+            )
+        self._executor, self._store = executor, store
+
+    async def close(self) -> None:
+        """Close the database (in its thread, after any queued work) and stop the worker thread."""
+        executor, store = self._executor, self._store
+        if executor is None or store is None:
+            return
+        self._executor = self._store = None  # new work fails from here on
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, store.close)
+        finally:
+            executor.shutdown(wait=True)  # the queue is empty: this only joins the idle thread
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(store, *args)`` in the worker thread."""
+        executor, store = self._executor, self._store
+        if executor is None or store is None:
+            raise RuntimeError(f"kv provider {self.name!r} is not started (or already closed)")
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, store, *args)
+
+    # -- RPCs ----------------------------------------------------------------------------------------
+    @rpc
+    async def put(self, req: Request, arg: Any) -> None:
+        """Store ``arg["value"]`` (bytes, at most ``inline_max_bytes``) under ``arg["key"]``.
+
+        Returns once the write is committed (and, in ``durable`` mode, fsync'ed).
+
+        Raises:
+            ValueTooLarge: the value is larger than ``inline_max_bytes`` (use ``put_bulk``).
+            TypeError: malformed argument.
+        """
+        key = _key(arg)
+        value = arg.get("value")
+        if not isinstance(value, bytes | bytearray):
+            raise TypeError(f"'value' must be bytes, not {type(value).__name__}")
+        if len(value) > self.inline_max_bytes:
+            raise ValueTooLarge(
+                f"the value is {len(value)} bytes, over this provider's inline_max_bytes "
+                f"({self.inline_max_bytes}); send it with put_bulk (KVClient.put does this automatically)"
+            )
+        await self._run(_Store.put, key, value)
+
+    @rpc
+    async def get(self, req: Request, arg: Any) -> bytes | None:
+        """The value stored under ``arg["key"]``, or None when the key is missing.
+
+        Raises:
+            ValueTooLarge: the stored value is larger than ``inline_max_bytes`` (use ``get_bulk``).
+        """
+        key = _key(arg)
+        found = await self._run(_Store.get_limited, key, self.inline_max_bytes)
+        if found is None:
+            return None
+        size, value = found
+        if value is None:
+            raise ValueTooLarge(
+                f"the value is {size} bytes, over this provider's inline_max_bytes "
+                f"({self.inline_max_bytes}); read it with get_bulk (KVClient.get does this automatically)"
+            )
+        return value
+
+    @rpc
+    async def put_bulk(self, req: Request, arg: Any) -> None:
+        """Pull ``arg["size"]`` bytes (default: the whole handle) from the caller's exposed buffer
+        ``arg["bulk"]`` (a readable ``BulkHandle.to_wire()``) and store them under ``arg["key"]``.
+
+        Raises:
+            BulkError: not a bulk handle, not readable, or ``size`` larger than the handle.
+            TypeError / ValueError: malformed argument.
+        """
+        key = _key(arg)
+        handle = BulkHandle.from_wire(arg.get("bulk"))
+        size = _int_field(arg, "size", handle.size)
+        assert size is not None
+        if size > handle.size:
+            raise ValueError(f"'size' is {size} bytes but the bulk handle covers only {handle.size} bytes")
+        value = await req.engine.pull(handle, size=size, timeout_seconds=req.remaining_seconds())
+        await self._run(_Store.put, key, value)
+
+    @rpc
+    async def get_bulk(self, req: Request, arg: Any) -> int | None:
+        """Push the value stored under ``arg["key"]`` into the start of the caller's exposed writable
+        buffer ``arg["bulk"]`` (a ``BulkHandle.to_wire()`` of mode "w" or "rw").
+
+        Returns:
+            The value's length in bytes (the bytes of the buffer after it are untouched), or None when
+            the key is missing (the buffer is untouched).
+
+        Raises:
+            BufferTooSmall: the buffer is smaller than the value (the message gives the needed size).
+            BulkError: not a bulk handle, or not writable.
+        """
+        key = _key(arg)
+        handle = BulkHandle.from_wire(arg.get("bulk"))
+        found = await self._run(_Store.get_limited, key, handle.size)
+        if found is None:
+            return None
+        size, value = found
+        if value is None:
+            raise BufferTooSmall(
+                f"the value is {size} bytes but the bulk buffer holds only {handle.size} bytes; "
+                f"expose a writable buffer of at least {size} bytes"
+            )
+        if size:
+            await req.engine.push(handle, value, timeout_seconds=req.remaining_seconds())
+        return size
+
+    @rpc
+    async def length(self, req: Request, arg: Any) -> int | None:
+        """The length in bytes of the value stored under ``arg["key"]``, or None when it is missing."""
+        return await self._run(_Store.length, _key(arg))
+
+    @rpc
+    async def erase(self, req: Request, arg: Any) -> bool:
+        """Remove ``arg["key"]``. Returns True if it existed."""
+        return await self._run(_Store.erase, _key(arg))
+
+    @rpc
+    async def exists(self, req: Request, arg: Any) -> bool:
+        """Whether ``arg["key"]`` is stored."""
+        return await self._run(_Store.exists, _key(arg))
+
+    @rpc
+    async def list_keys(self, req: Request, arg: Any) -> list[bytes]:
+        """Keys in ascending byte order.
+
+        Args:
+            arg: None or a dict with optional ``prefix`` (str | bytes: only keys starting with it),
+                ``max`` (int >= 0, default 1000: at most this many keys) and ``start_after``
+                (str | bytes: only keys after it, for paging).
+
+        Returns:
+            Up to ``max`` keys (bytes). Fewer are returned when their total size would exceed half the
+            engine's ``max_body_bytes``; page on with ``start_after`` = the last key until a call returns [].
+        """
+        arg = {} if arg is None else arg
+        if not isinstance(arg, dict):
+            raise TypeError(f"the argument must be None or a dict, not {type(arg).__name__}")
+        prefix = _encode_key(arg.get("prefix") or b"", "prefix")
+        start_after = (
+            None if arg.get("start_after") is None else _encode_key(arg["start_after"], "start_after")
+        )
+        limit = _int_field(arg, "max", DEFAULT_LIST_MAX)
+        budget = self.engine.max_body_bytes // 2
+        return await self._run(_Store.list_keys, prefix, start_after, limit, budget)
+
+    @rpc
+    async def count(self, req: Request, arg: Any) -> int:
+        """The number of stored keys."""
+        return await self._run(_Store.count)
+
+    @rpc
+    async def stats(self, req: Request, arg: Any) -> dict[str, Any]:
+        """The config plus the live SQLite settings: ``journal_mode`` (e.g. "wal"), ``synchronous``
+        (SQLite's number: 0 = OFF, 1 = NORMAL, 2 = FULL) and ``sqlite_version``."""
+        return {**self.get_config(), **(await self._run(_Store.pragmas))}
+
+
+class KVClient:
+    """Client of a ``kv`` provider: a thin layer over ``ProviderHandle`` that picks inline or bulk
+    transfer by value size.
+
+    Args:
+        engine: the local engine (a client-only ``Engine(None)`` is enough).
+        address: the server engine's address.
+        provider_id: the kv provider's id.
+        inline_max_bytes: the provider's inline limit in bytes; None (default) asks the provider once,
+            on the first ``put`` or ``get``.
+        timeout_seconds: deadline of each call (default: the engine's default).
+
+    Every method raises the errors of ``Engine.call`` (svcframe.errors): ``RemoteError`` for the
+    provider's errors, ``NoSuchProvider``, ``TimeoutError_``, ``ConnectionLost``...
+    """
+
+    #: How many times ``get`` retries when the value changes size between ``length`` and the read.
+    RETRIES = 3
+
+    def __init__(
+        self,
+        engine: Engine,
+        address: str,
+        provider_id: int,
+        *,
+        inline_max_bytes: int | None = None,
+        timeout_seconds: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self.handle = ProviderHandle(engine, address, provider_id, timeout_seconds=timeout_seconds)
+        self._inline_max_bytes = inline_max_bytes
+
+    async def inline_max_bytes(self) -> int:
+        """The provider's inline limit in bytes (asked once, then cached)."""
+        if self._inline_max_bytes is None:
+            self._inline_max_bytes = int((await self.stats())["inline_max_bytes"])
+        return self._inline_max_bytes
+
+    async def put(self, key: Key, value: Any) -> None:
+        """Store ``value`` under ``key``; returns once the provider committed it.
+
+        Args:
+            key: str (stored as UTF-8) or bytes.
+            value: bytes-like (bytes, bytearray, memoryview, contiguous numpy array). Values over the
+                inline limit are exposed read-only and pulled by the provider (keep them unchanged
+                until this returns).
+        """
+        with memoryview(value) as view:
+            size = view.nbytes
+            if size <= await self.inline_max_bytes():
+                inline = value if isinstance(value, bytes) else view.tobytes()
+                await self.handle.call("put", {"key": key, "value": inline})
+                return
+        bulk = self.engine.expose(value, "r")
+        try:
+            await self.handle.call("put_bulk", {"key": key, "bulk": bulk.to_wire(), "size": bulk.size})
+        finally:
+            self.engine.unexpose(bulk)
+
+    async def get(self, key: Key) -> bytes | None:
+        """The value stored under ``key``, or None when it is missing.
+
+        Asks the value's ``length`` first, then reads it inline (``get``) or, over the inline limit,
+        into a new bytearray the provider pushes into (``get_bulk``): two round trips.
+        """
+        limit = await self.inline_max_bytes()
+        for attempt in range(self.RETRIES + 1):
+            last = attempt == self.RETRIES
+            size = await self.length(key)
+            if size is None:
+                return None
+            if size <= limit:
+                try:
+                    value: bytes | None = await self.handle.call("get", {"key": key})
+                except RemoteError as exc:
+                    if last or exc.remote_type != ValueTooLarge.__qualname__:
+                        raise
+                    continue  # it grew past the inline limit since we asked its length
+                return value
+            buf = bytearray(size)
+            bulk = self.engine.expose(buf, "w")
+            try:
+                got: int | None = await self.handle.call("get_bulk", {"key": key, "bulk": bulk.to_wire()})
+            except RemoteError as exc:
+                if last or exc.remote_type != BufferTooSmall.__qualname__:
+                    raise
+                continue  # it grew since we asked its length
+            finally:
+                self.engine.unexpose(bulk)
+            if got is None:
+                return None  # erased since we asked its length
+            del buf[got:]
+            return bytes(buf)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def length(self, key: Key) -> int | None:
+        """The length in bytes of the value under ``key``, or None when it is missing."""
+        return await self.handle.call("length", {"key": key})
+
+    async def erase(self, key: Key) -> bool:
+        """Remove ``key``. Returns True if it existed."""
+        return await self.handle.call("erase", {"key": key})
+
+    async def exists(self, key: Key) -> bool:
+        """Whether ``key`` is stored."""
+        return await self.handle.call("exists", {"key": key})
+
+    async def list_keys(
+        self, prefix: Key | None = None, max_keys: int = DEFAULT_LIST_MAX, start_after: Key | None = None
+    ) -> list[bytes]:
+        """Up to ``max_keys`` keys starting with ``prefix``, after ``start_after``, in byte order.
+
+        May return fewer than ``max_keys`` when the keys are large; page on with ``start_after`` set
+        to the last key returned until the result is empty.
+        """
+        arg: dict[str, Any] = {"max": max_keys}
+        if prefix is not None:
+            arg["prefix"] = prefix
+        if start_after is not None:
+            arg["start_after"] = start_after
+        return await self.handle.call("list_keys", arg)
+
+    async def count(self) -> int:
+        """The number of stored keys."""
+        return await self.handle.call("count")
+
+    async def stats(self) -> dict[str, Any]:
+        """The provider's config and live SQLite settings (see ``KVProvider.stats``)."""
+        return await self.handle.call("stats")
+
+
+__all__ = ["BufferTooSmall", "KVClient", "KVProvider", "ValueTooLarge"]

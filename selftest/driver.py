@@ -1,0 +1,363 @@
+"""The self-test driver (Quintain's ``quintain-benchmark``): many client processes against a live service.
+
+``run_selftest(params, servers)`` starts ``params.clients`` client processes (``spawn`` context, each
+with its own engine and event loop). Client *i* talks to ``servers[i % S]`` and keeps ``depth`` calls
+outstanding (1 = synchronous, like Quintain). The sequence:
+
+1. every client connects and performs ``warmup_iterations`` calls, then waits at a barrier;
+2. the driver samples every server's CPU time (``stat`` RPC), then the barrier releases everyone;
+3. each client runs its timed loop for ``duration_seconds`` and measures its own elapsed time;
+4. the driver samples server CPU again and merges everything into ONE results document.
+
+Rates divide by the measured elapsed time, never by the nominal duration (Quintain bug 4). Server CPU
+is sampled on every server (Quintain only sampled the first).
+
+Results document (``to_json``)::
+
+    {"parameters": {...every parameter, defaults filled...},
+     "servers": [{"address", "cpu_seconds", "utilization", "rate_ops_per_second"}...],
+     "server_config": {...live config of server 0...},
+     "environment": {"host", "cores", "python", "svcframe", "uvloop", "msgpack", "platform", "cpu_model"},
+     "clients": [{"rank", "server", "ops", "elapsed_seconds", "rate_ops_per_second", "latency_usec": {...},
+                  "cpu_seconds", "timeline": [...]}...],
+     "aggregate": {"ops", "rate_ops_per_second", "rate_per_client_ops_per_second",
+                   "rate_per_server_ops_per_second", "bandwidth_bytes_per_second",
+                   "bandwidth_gib_per_second", "latency_usec": {min, p50, p90, p99, max, mean},
+                   "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds"}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import time
+from array import array
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from svcframe.errors import SvcframeError
+
+
+class SelftestError(SvcframeError):
+    """The self-test could not run (a client failed, a barrier timed out, a server is unreachable)."""
+
+
+class SelftestParams(BaseModel):
+    """Workload parameters (Quintain's names where it has them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: Literal["noop", "bulk"] = "noop"
+    provider_id: int = Field(1, ge=0, le=65535, description="self-test provider id on the servers")
+    duration_seconds: float = Field(2.0, gt=0)
+    warmup_iterations: int = Field(10, ge=0)
+    req_buffer_size: int = Field(128, ge=0)
+    resp_buffer_size: int = Field(128, ge=0)
+    bulk_size: int = Field(1024 * 1024, ge=0, description="bytes per op, bulk workload only")
+    bulk_direction: Literal["pull", "push"] = "pull"
+    clients: int = Field(1, ge=1)
+    depth: int = Field(1, ge=1, description="outstanding calls per client")
+    client_cores: list[int] | None = Field(None, description="pin client i to client_cores[i % len]")
+    progress_mode: Literal["block", "busy", "spindown"] = "spindown"
+    timeline_interval_seconds: float | None = Field(None, gt=0)
+    timeout_seconds: float = Field(30.0, gt=0, description="deadline of each call")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+
+
+LAT_KEYS = ("min", "p50", "p90", "p99", "max", "mean")
+
+
+def latency_summary(samples_usec: Any) -> dict[str, float]:
+    """min / p50 / p90 / p99 / max / mean of latency samples (µs); zeros for no samples."""
+    import numpy as np
+
+    a = np.asarray(samples_usec, dtype=float)
+    if a.size == 0:
+        return dict.fromkeys(LAT_KEYS, 0.0)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {
+        "min": float(a.min()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(a.max()),
+        "mean": float(a.mean()),
+    }
+
+
+# -- the client process -----------------------------------------------------------------------------------
+def _client_main(rank: int, server: str, params_json: str, barrier: Any, results: Any) -> None:
+    params = SelftestParams.model_validate_json(params_json)
+    if params.client_cores:
+        os.sched_setaffinity(0, [params.client_cores[rank % len(params.client_cores)]])
+    from svcframe.loops import run
+
+    try:
+        out = run(_client(rank, server, params, barrier), params.event_loop)
+    except BaseException as exc:  # report, never hang the driver
+        try:
+            barrier.abort()
+        except Exception:
+            pass
+        results.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    results.put(out)
+
+
+async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) -> dict[str, Any]:
+    from selftest.provider import work_arg
+    from svcframe.engine import Engine
+
+    engine = Engine(None, progress_mode=params.progress_mode, default_timeout_seconds=params.timeout_seconds)
+    await engine.start()
+    loop = asyncio.get_running_loop()
+    try:
+        bulk = None
+        buf = None
+        direction = None
+        if params.workload == "bulk":
+            buf = bytearray(os.urandom(min(params.bulk_size, 4096)) * (params.bulk_size // 4096 + 1))[: params.bulk_size]
+            direction = params.bulk_direction
+            bulk = engine.expose(buf, "r" if direction == "pull" else "w")
+        arg = work_arg(params.resp_buffer_size, direction, bulk, bytes(params.req_buffer_size))
+        call = engine.call
+        pid = params.provider_id
+        for _ in range(params.warmup_iterations):
+            await call(server, "work", arg, provider_id=pid)
+        await engine.connection(server)
+        await loop.run_in_executor(None, barrier.wait, 120.0)  # warmed up; driver samples servers
+        await loop.run_in_executor(None, barrier.wait, 120.0)  # go
+        cpu0 = os.times()
+        latencies = array("d")
+        interval = params.timeline_interval_seconds
+        timeline: list[int] = []
+        perf = time.perf_counter
+        start = perf()
+        end = start + params.duration_seconds
+
+        async def worker() -> None:
+            append = latencies.append
+            while True:
+                t0 = perf()
+                if t0 >= end:
+                    return
+                await call(server, "work", arg, provider_id=pid)
+                t1 = perf()
+                append(t1 - t0)
+                if interval is not None:
+                    slot = int((t1 - start) / interval)
+                    while len(timeline) <= slot:
+                        timeline.append(0)
+                    timeline[slot] += 1
+
+        if params.depth == 1:
+            await worker()
+        else:
+            await asyncio.gather(*(worker() for _ in range(params.depth)))
+        elapsed = perf() - start
+        cpu1 = os.times()
+    finally:
+        await engine.close()
+    ops = len(latencies)
+    return {
+        "rank": rank,
+        "server": server,
+        "ops": ops,
+        "elapsed_seconds": elapsed,
+        "rate_ops_per_second": ops / elapsed,
+        "cpu_seconds": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+        "latencies": latencies.tobytes(),
+        "timeline": timeline if interval is not None else None,
+    }
+
+
+# -- the driver -------------------------------------------------------------------------------------------
+def environment() -> dict[str, Any]:
+    """Where the measurement ran: host, cores, software versions, CPU model."""
+    import msgpack
+
+    import svcframe
+
+    try:
+        import uvloop
+
+        uv = uvloop.__version__
+    except ImportError:
+        uv = None
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "host": socket.gethostname(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "svcframe": svcframe.__version__,
+        "uvloop": uv,
+        "msgpack": ".".join(map(str, msgpack.version)),
+        "time": time.time(),
+    }
+
+
+async def _server_stats(engine: Any, servers: list[str], provider_id: int) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*(engine.call(s, "stat", None, provider_id=provider_id) for s in servers)))
+
+
+def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_id: int = 0) -> dict[str, Any]:
+    """Run one self-test against ``servers`` (addresses hosting the self-test provider).
+
+    Returns:
+        the results document (see the module docstring).
+
+    Raises:
+        SelftestError: a client failed or timed out, or a server cannot be reached.
+    """
+    if not servers:
+        raise SelftestError("no servers to test")
+    from svcframe.engine import Engine
+    from svcframe.loops import loop_factory
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(params.clients + 1)
+    results: Any = ctx.Queue()
+    assignment = [servers[i % len(servers)] for i in range(params.clients)]
+    procs = [
+        ctx.Process(target=_client_main, args=(i, assignment[i], params.model_dump_json(), barrier, results), daemon=True)
+        for i in range(params.clients)
+    ]
+    runner = asyncio.Runner(loop_factory=loop_factory(params.event_loop))
+    engine = Engine(None, default_timeout_seconds=params.timeout_seconds)
+    try:
+        runner.run(engine.start())
+        try:
+            server_config = runner.run(engine.call(servers[0], "get_config", None, provider_id=admin_provider_id))
+        except SvcframeError:
+            server_config = None
+        for p in procs:
+            p.start()
+        warmup_timeout = 120.0
+        try:
+            barrier.wait(warmup_timeout)  # everyone connected and warmed up
+        except Exception:
+            raise SelftestError(_client_failure(results, "clients did not finish warm-up")) from None
+        before = runner.run(_server_stats(engine, servers, params.provider_id))
+        wall0 = time.monotonic()
+        try:
+            barrier.wait(warmup_timeout)  # go
+        except Exception:
+            raise SelftestError(_client_failure(results, "clients did not start")) from None
+        outs = []
+        deadline = time.monotonic() + params.duration_seconds + params.timeout_seconds + 60
+        while len(outs) < params.clients:
+            try:
+                out = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:
+                raise SelftestError(f"only {len(outs)} of {params.clients} clients reported results in time") from None
+            if "error" in out:
+                raise SelftestError(f"client {out['rank']} failed: {out['error']}")
+            outs.append(out)
+        wall1 = time.monotonic()
+        after = runner.run(_server_stats(engine, servers, params.provider_id))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        runner.run(engine.close())
+        runner.close()
+    return summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
+
+
+def _client_failure(results: Any, what: str) -> str:
+    try:
+        out = results.get(timeout=2.0)
+    except Exception:
+        return what
+    return f"{what}: client {out.get('rank')} failed: {out.get('error')}"
+
+
+def summarize(
+    params: SelftestParams,
+    servers: list[str],
+    server_config: Any,
+    outs: list[dict[str, Any]],
+    before: list[dict[str, Any]],
+    after: list[dict[str, Any]],
+    window_seconds: float,
+) -> dict[str, Any]:
+    """Merge per-client outputs and server samples into the results document."""
+    import numpy as np
+
+    outs = sorted(outs, key=lambda o: o["rank"])
+    all_lat = []
+    clients = []
+    for o in outs:
+        lat = np.frombuffer(o.pop("latencies"), dtype=float) * 1e6
+        all_lat.append(lat)
+        clients.append({**o, "latency_usec": latency_summary(lat)})
+    total_ops = sum(o["ops"] for o in outs)
+    rate = sum(o["rate_ops_per_second"] for o in outs)
+    per_server_ops: dict[str, float] = {s: 0.0 for s in servers}
+    for o in outs:
+        per_server_ops[o["server"]] += o["rate_ops_per_second"]
+    server_rows = []
+    server_cpu = 0.0
+    for s, b, a in zip(servers, before, after, strict=True):
+        cpu = a["cpu_seconds"] - b["cpu_seconds"]
+        wall = a["wall_seconds"] - b["wall_seconds"]
+        server_cpu += cpu
+        server_rows.append(
+            {
+                "address": s,
+                "pid": a["pid"],
+                "cpu_seconds": cpu,
+                "utilization": cpu / wall if wall > 0 else 0.0,
+                "rate_ops_per_second": per_server_ops[s],
+                "max_rss_bytes": a["max_rss_bytes"],
+            }
+        )
+    bytes_per_op = params.bulk_size if params.workload == "bulk" else 0
+    elapsed = max(o["elapsed_seconds"] for o in outs)
+    server_ops = total_ops  # warm-up calls precede the first server sample; nothing follows the loop
+    return {
+        "kind": "svcframe-selftest",
+        "parameters": params.model_dump(mode="json"),
+        "servers": server_rows,
+        "server_config": server_config,
+        "environment": environment(),
+        "clients": clients,
+        "aggregate": {
+            "ops": total_ops,
+            "elapsed_seconds": elapsed,
+            "rate_ops_per_second": rate,
+            "rate_per_client_ops_per_second": rate / len(outs),
+            "rate_per_server_ops_per_second": rate / len(servers),
+            "bandwidth_bytes_per_second": rate * bytes_per_op,
+            "bandwidth_gib_per_second": rate * bytes_per_op / 2**30,
+            "latency_usec": latency_summary(np.concatenate(all_lat) if all_lat else []),
+            "server_cpu_seconds": server_cpu,
+            "server_cpu_usec_per_op": server_cpu / server_ops * 1e6 if server_ops else 0.0,
+            "server_utilization": sum(r["utilization"] for r in server_rows) / len(server_rows),
+            "client_cpu_seconds": sum(o["cpu_seconds"] for o in outs),
+        },
+    }
+
+
+def save_results(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(results, indent=2))
+    return p

@@ -1,0 +1,185 @@
+"""The bootstrap configuration (Bedrock analogue): one JSON document describes one server process.
+
+Structure (names follow Bedrock; ``engine`` is Bedrock's ``margo`` section)::
+
+    {
+      "engine":    {"address": "tcp://127.0.0.1:0", "progress_mode": "spindown", ...},
+      "admin":     {"provider_id": 0, "allow_mutations": true},
+      "libraries": ["providers.kv", "selftest.provider"],
+      "providers": [
+        {"name": "kv", "type": "kv", "provider_id": 1, "config": {...},
+         "dependencies": {"index": "kv@local"}, "tags": []}
+      ]
+    }
+
+Validation is pydantic v2 with ``extra="forbid"``: an unknown key is an error, not a silent no-op.
+``load_config`` turns validation errors into one ``ConfigError`` whose lines name the JSON path, the value
+and what was expected. ``ServiceConfig.model_dump()`` is the document with every default filled in: what
+a running server reports as its live configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+from .progress import PROGRESS_MODES
+
+#: The admin provider's reserved provider id (Bedrock's default is 0 as well).
+ADMIN_PROVIDER_ID = 0
+
+ProgressMode = Literal["block", "busy", "spindown"]
+assert set(ProgressMode.__args__) == set(PROGRESS_MODES)  # type: ignore[attr-defined]
+
+ProviderId = Annotated[int, Field(ge=0, le=65535)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PlumberConfig(StrictModel):
+    """NIC selection policy (Mochi plumber names). ``passthrough`` in either slot lets the OS route."""
+
+    bucket_policy: Literal["passthrough", "all", "package", "numa"] = "passthrough"
+    nic_policy: Literal["passthrough", "roundrobin", "random", "bycore", "byset"] = "passthrough"
+
+
+class MonitoringConfig(StrictModel):
+    enabled: bool = True
+
+
+class EngineConfig(StrictModel):
+    """The engine section (Margo analogue). Times carry their unit in their name."""
+
+    address: str = Field("tcp://127.0.0.1:0", description="tcp://HOST:PORT (port 0 = ephemeral) or unix:///path")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    progress_mode: ProgressMode = "spindown"
+    progress_spindown_msec: float = Field(10.0, ge=0)
+    progress_timeout_ub_msec: float = Field(100.0, ge=0)
+    default_timeout_seconds: float = Field(30.0, gt=0)
+    drain_timeout_seconds: float = Field(5.0, ge=0)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=4096, le=1 << 30)
+    bulk_chunk_bytes: int = Field(1024 * 1024, ge=4096, le=1 << 30)
+    cpu_affinity: list[int] | None = Field(None, description="pin the server process to these cores")
+    monitoring: MonitoringConfig = MonitoringConfig()
+    plumber: PlumberConfig = PlumberConfig()
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        from .transport import parse_address
+
+        parse_address(value)  # raises ConfigError (a ValueError) with the reason
+        return value
+
+    @model_validator(mode="after")
+    def _chunk_fits(self) -> EngineConfig:
+        if self.bulk_chunk_bytes > self.max_body_bytes:
+            raise ValueError("bulk_chunk_bytes must not exceed max_body_bytes")
+        return self
+
+
+class AdminConfig(StrictModel):
+    """The built-in admin provider (Bedrock's ``bedrock`` section)."""
+
+    provider_id: ProviderId = ADMIN_PROVIDER_ID
+    allow_mutations: bool = True
+
+
+DependencyValue = str | int | list[str | int]
+
+
+class ProviderSpec(StrictModel):
+    """One provider: Bedrock's ``providers[]`` entry. ``provider_id`` None = assign the lowest free id."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    type: str = Field(min_length=1)
+    provider_id: ProviderId | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    dependencies: dict[str, DependencyValue] = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+
+
+class ServiceConfig(StrictModel):
+    """A whole server process."""
+
+    engine: EngineConfig = EngineConfig()
+    admin: AdminConfig = AdminConfig()
+    libraries: list[str] = Field(default_factory=list)
+    providers: list[ProviderSpec] = Field(default_factory=list)
+
+    @field_validator("libraries", mode="before")
+    @classmethod
+    def _one_library(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # Bedrock accepts a single string too
+
+    @model_validator(mode="after")
+    def _unique(self) -> ServiceConfig:
+        names: set[str] = set()
+        ids: dict[int, str] = {}
+        for spec in self.providers:
+            if spec.name in names:
+                raise ValueError(f"two providers are named {spec.name!r}; names must be unique")
+            names.add(spec.name)
+            if spec.provider_id is not None:
+                if spec.provider_id == self.admin.provider_id:
+                    raise ValueError(
+                        f"provider {spec.name!r} uses provider_id {spec.provider_id}, reserved for the admin provider"
+                    )
+                if spec.provider_id in ids:
+                    raise ValueError(
+                        f"providers {ids[spec.provider_id]!r} and {spec.name!r} share provider_id {spec.provider_id}"
+                    )
+                ids[spec.provider_id] = spec.name
+        return self
+
+
+def format_validation_error(exc: ValidationError, source: str = "config") -> str:
+    """One line per problem: ``source: path.to[3].key: message (got VALUE)``."""
+    lines = []
+    for err in exc.errors():
+        path = ""
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        got = err.get("input")
+        shown = json.dumps(got, default=str)[:80] if err["type"] != "missing" else None
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {path or '(top level)'}: {msg}" + (f" (got {shown})" if shown else ""))
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> ServiceConfig:
+    """Validate a decoded JSON document. Raises ConfigError naming each bad JSON path."""
+    try:
+        return ServiceConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
+    """Read and validate a JSON bootstrap config file.
+
+    Raises:
+        ConfigError: unreadable file, invalid JSON (with line and column) or invalid content.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    return parse_config(data, str(p))
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of the bootstrap config."""
+    return ServiceConfig.model_json_schema()

@@ -1,0 +1,223 @@
+"""Launch N server processes on this machine from one bootstrap config, and stop them.
+
+Each process is a full server (``python -m svcframe serve``). Readiness is a signal, not a sleep: a
+process writes one JSON line (``{"ok": true, "address": ...}`` or ``{"ok": false, "error": ...}``) on a
+pipe once it accepts calls, or the pipe closes because it died (its log tail is then the reason). When
+every process is ready the group file is written atomically::
+
+    {"members": [{"rank": 0, "address": "tcp://127.0.0.1:41234", "provider_id": 0, "pid": 1234}, ...],
+     "metadata": {"config": "...", "host": "...", "created": 1700000000.0}}
+
+(the Flock group-file shape, with the admin provider id per member). On a cluster, processes are
+started by the site launcher (srun, mpiexec) instead; this module is the single-machine case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ServiceConfig, load_config
+from .errors import SvcframeError
+from .transport import parse_address
+
+
+class LaunchError(SvcframeError):
+    """A server process failed to start; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Member:
+    rank: int
+    address: str
+    provider_id: int
+    pid: int
+
+
+def read_group_file(path: str | os.PathLike[str]) -> list[Member]:
+    """Members of a group file. Raises LaunchError when it is missing or malformed."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return [Member(int(m["rank"]), str(m["address"]), int(m["provider_id"]), int(m.get("pid", 0))) for m in data["members"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LaunchError(f"cannot read group file {path}: {exc}") from None
+
+
+def write_group_file(path: str | os.PathLike[str], members: list[Member], metadata: dict[str, Any]) -> None:
+    """Write atomically (temporary file + rename), so readers never see a partial group."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"members": [asdict(m) for m in members], "metadata": metadata}, indent=2))
+    os.replace(tmp, path)
+
+
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: no orphaned servers if the launcher dies
+    except (OSError, AttributeError):
+        pass
+
+
+class Launch:
+    """N server processes from one config on this machine.
+
+    Args:
+        config: a ServiceConfig or a path to a JSON config.
+        procs: number of server processes.
+        cores: pin rank i to ``cores[i % len(cores)]`` (None = no pinning).
+        group_file: where to write the group file once all are ready (None = not written).
+        start_timeout_seconds: how long to wait for every process to report readiness.
+
+    Use as a context manager, or ``start()`` / ``stop()``. Raises LaunchError from ``start()``.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig | str | os.PathLike[str],
+        procs: int = 1,
+        *,
+        cores: list[int] | None = None,
+        group_file: str | os.PathLike[str] | None = None,
+        start_timeout_seconds: float = 60.0,
+        secret_file: str | None = None,
+    ) -> None:
+        if procs < 1:
+            raise LaunchError("--procs must be at least 1")
+        self.config_source = str(config) if not isinstance(config, ServiceConfig) else "(in memory)"
+        self.config = config if isinstance(config, ServiceConfig) else load_config(config)
+        self.procs = procs
+        self.cores = cores
+        self.group_file = Path(group_file) if group_file else None
+        self.start_timeout_seconds = start_timeout_seconds
+        self.secret_file = secret_file
+        self.workdir = Path(tempfile.mkdtemp(prefix="svcframe-launch-"))
+        self.members: list[Member] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def _rank_config(self, rank: int) -> ServiceConfig:
+        cfg = self.config.model_copy(deep=True)
+        addr = parse_address(cfg.engine.address)
+        if addr.scheme == "unix" and self.procs > 1:
+            cfg.engine.address = f"unix://{addr.path}.{rank}"
+        elif addr.scheme == "tcp" and addr.port and self.procs > 1:
+            cfg.engine.address = f"tcp://{addr.host}:{addr.port + rank}"
+        if self.cores:
+            cfg.engine.cpu_affinity = [self.cores[rank % len(self.cores)]]
+        return cfg
+
+    def start(self) -> list[Member]:
+        readers: dict[int, int] = {}
+        try:
+            for rank in range(self.procs):
+                path = self.workdir / f"rank-{rank}.json"
+                path.write_text(self._rank_config(rank).model_dump_json())
+                r, w = os.pipe()
+                cmd = [sys.executable, "-m", "svcframe", "serve", str(path), "--ready-fd", str(w)]
+                if self.secret_file:
+                    cmd += ["--secret-file", self.secret_file]
+                log = open(self.workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child
+                proc = subprocess.Popen(
+                    cmd, pass_fds=(w,), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )  # fmt: skip
+                log.close()
+                os.close(w)
+                self._procs.append(proc)
+                readers[r] = rank
+            self.members = self._await_ready(readers)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            for r in readers:
+                os.close(r)
+        if self.group_file is not None:
+            write_group_file(
+                self.group_file,
+                self.members,
+                {"config": self.config_source, "host": socket.gethostname(), "created": time.time()},
+            )
+        return self.members
+
+    def _await_ready(self, readers: dict[int, int]) -> list[Member]:
+        deadline = time.monotonic() + self.start_timeout_seconds
+        found: dict[int, Member] = {}
+        buffers = {r: b"" for r in readers}
+        open_fds = set(readers)
+        while len(found) < self.procs:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                missing = sorted(set(range(self.procs)) - set(found))
+                raise LaunchError(f"server rank(s) {missing} not ready within {self.start_timeout_seconds:g} s")
+            ready, _, _ = select.select(list(open_fds), [], [], timeout)
+            for fd in ready:
+                rank = readers[fd]
+                chunk = os.read(fd, 65536)
+                buffers[fd] += chunk
+                if chunk and b"\n" not in buffers[fd]:
+                    continue
+                open_fds.discard(fd)
+                line = buffers[fd].split(b"\n", 1)[0]
+                try:
+                    msg = json.loads(line) if line else {"ok": False, "error": "exited before reporting readiness"}
+                except ValueError:
+                    msg = {"ok": False, "error": f"bad readiness line {line[:200]!r}"}
+                if not msg.get("ok"):
+                    raise LaunchError(f"server rank {rank} failed to start: {msg.get('error')}\n{self.log_tail(rank)}")
+                found[rank] = Member(rank, msg["address"], self.config.admin.provider_id, int(msg["pid"]))
+        return [found[r] for r in range(self.procs)]
+
+    def log_tail(self, rank: int, lines: int = 20) -> str:
+        try:
+            text = (self.workdir / f"rank-{rank}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        tail = "\n".join(text.splitlines()[-lines:])
+        return f"--- last lines of rank {rank}'s log ---\n{tail}" if tail else ""
+
+    def poll(self) -> dict[int, int]:
+        """Exit codes of processes that have exited, by rank."""
+        return {rank: p.returncode for rank, p in enumerate(self._procs) if p.poll() is not None}
+
+    def stop(self, grace_seconds: float = 10.0) -> dict[int, int]:
+        """SIGTERM every process (they drain and exit), SIGKILL after ``grace_seconds``; return exit codes."""
+        for p in self._procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        codes: dict[int, int] = {}
+        for rank, p in enumerate(self._procs):
+            try:
+                codes[rank] = p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[rank] = p.wait()
+        if self.group_file is not None and self.members:
+            with contextlib.suppress(FileNotFoundError):
+                self.group_file.unlink()
+        return codes
+
+    def __enter__(self) -> Launch:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

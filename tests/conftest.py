@@ -1,0 +1,125 @@
+"""Shared fixtures: real engines on loopback TCP and unix sockets, on both uvloop and the stdlib loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import uvloop
+
+from svcframe import Engine, Request
+
+#: Every async test (and its async fixtures) runs once per loop; ``mark.asyncio(loop_factories=[...])``
+#: narrows a test to some of them.
+LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop,
+    "asyncio": asyncio.new_event_loop,
+}
+
+#: Bound on any wait in a test for something that should happen "soon" (seconds).
+WAIT_SECONDS = 10.0
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
+    return dict(LOOP_FACTORIES)
+
+
+def short_socket_path(name: str = "e.sock") -> str:
+    """A unix socket path in a fresh directory under /tmp, well inside the 107-byte AF_UNIX limit.
+
+    The caller removes the directory (``shutil.rmtree(os.path.dirname(path))``).
+    """
+    return os.path.join(tempfile.mkdtemp(prefix="sf", dir="/tmp"), name)
+
+
+def is_uvloop() -> bool:
+    return isinstance(asyncio.get_running_loop(), uvloop.Loop)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = WAIT_SECONDS, what: str = "condition") -> None:
+    """Poll ``predicate`` (yielding to the loop) until true; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.001)
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def address(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A listening address of each transport (TCP: ephemeral loopback port)."""
+    if request.param == "tcp":
+        yield "tcp://127.0.0.1:0"
+        return
+    path = short_socket_path()
+    try:
+        yield f"unix://{path}"
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+@pytest_asyncio.fixture
+async def make_engine() -> AsyncIterator[Callable[..., Awaitable[Engine]]]:
+    """``await make_engine(address, **options)``: a started engine, closed at teardown (newest first)."""
+    engines: list[Engine] = []
+
+    async def make(address: str | None = None, **options: Any) -> Engine:
+        engine = Engine(address, **options)
+        await engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in reversed(engines):
+        await engine.close(drain_timeout_seconds=1.0)
+
+
+def register_test_rpcs(engine: Engine, provider_id: int = 1) -> None:
+    """echo (sync), aecho (async), boom (raises ValueError("boom")), sleep (async, sleeps arg seconds)."""
+
+    def echo(req: Request, arg: Any) -> Any:
+        return arg
+
+    async def aecho(req: Request, arg: Any) -> Any:
+        await asyncio.sleep(0)
+        return arg
+
+    def boom(req: Request, arg: Any) -> Any:
+        raise ValueError("boom")
+
+    async def sleep(req: Request, arg: float) -> float:
+        await asyncio.sleep(arg)
+        return arg
+
+    for name, handler in (("echo", echo), ("aecho", aecho), ("boom", boom), ("sleep", sleep)):
+        engine.register(provider_id, name, handler)
+
+
+@pytest_asyncio.fixture
+async def server(address: str) -> AsyncIterator[Engine]:
+    """A started engine listening on ``address`` (tcp and unix) with the test RPCs on provider 1."""
+    engine = Engine(address)
+    await engine.start()
+    register_test_rpcs(engine)
+    try:
+        yield engine
+    finally:
+        await engine.close(drain_timeout_seconds=1.0)
+
+
+@pytest_asyncio.fixture
+async def client() -> AsyncIterator[Engine]:
+    """A started client-only engine."""
+    engine = Engine(None)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close(drain_timeout_seconds=1.0)

@@ -40,10 +40,10 @@ Config (JSON, every key optional)::
     - ``"durable"`` (default): WAL journal, ``synchronous=FULL``. Each write is one transaction whose
       commit is fsync'ed before the RPC returns: an acknowledged write survives a process kill, an OS
       crash and a power loss.
-    - ``"fast"``: WAL journal, ``synchronous=OFF``: SQLite never fsyncs. An acknowledged write survives a
-      process kill (the OS already holds it), but an OS crash or power loss can lose recent acknowledged
-      writes, and, as SQLite documents for ``synchronous=OFF``, can even leave the file corrupted. Use it
-      for scratch data you can rebuild.
+    - ``"fast"``: WAL journal, ``synchronous=NORMAL``: commits are not fsync'ed, only WAL checkpoints
+      are. An acknowledged write survives a process kill (the OS already holds it); an OS crash or a
+      power loss can lose the most recent acknowledged writes, but the database stays consistent
+      (SQLite's guarantee for WAL with NORMAL). Use it when recent writes can be redone.
 - ``inline_max_bytes``: largest value (bytes) that may travel inline in ``put``/``get``; larger ones
   must use ``put_bulk``/``get_bulk``. At most the engine's ``max_body_bytes`` minus 64 KiB.
 
@@ -93,7 +93,7 @@ DEFAULT_INLINE_MAX_BYTES = 64 * 1024
 INLINE_HEADROOM_BYTES = 64 * 1024
 DEFAULT_LIST_MAX = 1000
 
-_SYNCHRONOUS = {"durable": "FULL", "fast": "OFF"}
+_SYNCHRONOUS = {"durable": "FULL", "fast": "NORMAL"}
 
 
 class ValueTooLarge(ValueError):
@@ -155,7 +155,7 @@ class _Store:
 
     def open(self) -> str:
         """Open (creating if needed) the database; returns the journal mode SQLite actually uses."""
-        db = sqlite3.connect(self.path, )  # autocommit: one statement, one commit
+        db = sqlite3.connect(self.path, isolation_level=None)  # autocommit: one statement, one commit
         try:
             journal_mode = str(db.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
             db.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
@@ -210,9 +210,7 @@ class _Store:
     def count(self) -> int:
         return int(self._db().execute("SELECT count(*) FROM kv").fetchone()[0])
 
-    def list_keys(
-        self, prefix: bytes, start_after: bytes | None, limit: int, budget_bytes: int
-    ) -> list[bytes]:
+    def list_keys(self, prefix: bytes, start_after: bytes | None, limit: int, budget_bytes: int) -> list[bytes]:
         sql = "SELECT key FROM kv WHERE key >= ?"
         params: list[Any] = [prefix]
         upper = _prefix_upper_bound(prefix)
@@ -286,14 +284,10 @@ class KVProvider(Provider):
             raise ConfigError(f"{where}: unknown config key(s) {unknown}; allowed: {list(self.CONFIG_KEYS)}")
         path = config.get("path", f"kv-{self.provider_id}.sqlite")
         if not isinstance(path, str) or not path:
-            raise ConfigError(
-                f"{where}: 'path' must be a non-empty string (a file path or ':memory:'), not {path!r}"
-            )
+            raise ConfigError(f"{where}: 'path' must be a non-empty string (a file path or ':memory:'), not {path!r}")
         durability = config.get("durability", "durable")
         if durability not in DURABILITY_MODES:
-            raise ConfigError(
-                f"{where}: 'durability' must be one of {list(DURABILITY_MODES)}, not {durability!r}"
-            )
+            raise ConfigError(f"{where}: 'durability' must be one of {list(DURABILITY_MODES)}, not {durability!r}")
         max_inline = max(0, self.engine.max_body_bytes - INLINE_HEADROOM_BYTES)
         inline = config.get("inline_max_bytes", min(DEFAULT_INLINE_MAX_BYTES, max_inline))
         if isinstance(inline, bool) or not isinstance(inline, int) or not 0 <= inline <= max_inline:
@@ -323,9 +317,7 @@ class KVProvider(Provider):
             self._journal_mode = await asyncio.get_running_loop().run_in_executor(executor, store.open)
         except sqlite3.Error as exc:
             executor.shutdown(wait=True)
-            raise ConfigError(
-                f"kv provider {self.name!r}: cannot open SQLite database {self.path!r}: {exc}"
-            ) from exc
+            raise ConfigError(f"kv provider {self.name!r}: cannot open SQLite database {self.path!r}: {exc}") from exc
         except BaseException:
             executor.shutdown(wait=True)
             raise
@@ -475,9 +467,7 @@ class KVProvider(Provider):
         if not isinstance(arg, dict):
             raise TypeError(f"the argument must be None or a dict, not {type(arg).__name__}")
         prefix = _encode_key(arg.get("prefix") or b"", "prefix")
-        start_after = (
-            None if arg.get("start_after") is None else _encode_key(arg["start_after"], "start_after")
-        )
+        start_after = None if arg.get("start_after") is None else _encode_key(arg["start_after"], "start_after")
         limit = _int_field(arg, "max", DEFAULT_LIST_MAX)
         budget = self.engine.max_body_bytes // 2
         return await self._run(_Store.list_keys, prefix, start_after, limit, budget)
@@ -542,11 +532,15 @@ class KVClient:
                 until this returns).
         """
         with memoryview(value) as view:
-            size = view.nbytes
-            if size <= await self.inline_max_bytes():
+            if view.nbytes <= await self.inline_max_bytes():
                 inline = value if isinstance(value, bytes) else view.tobytes()
-                await self.handle.call("put", {"key": key, "value": inline})
-                return
+                try:
+                    await self.handle.call("put", {"key": key, "value": inline})
+                    return
+                except RemoteError as exc:
+                    if exc.remote_type != ValueTooLarge.__qualname__:
+                        raise
+                    # our inline_max_bytes is larger than the provider's: fall through to bulk
         bulk = self.engine.expose(value, "r")
         try:
             await self.handle.call("put_bulk", {"key": key, "bulk": bulk.to_wire(), "size": bulk.size})
@@ -560,18 +554,21 @@ class KVClient:
         into a new bytearray the provider pushes into (``get_bulk``): two round trips.
         """
         limit = await self.inline_max_bytes()
+        inline_refused = False
         for attempt in range(self.RETRIES + 1):
             last = attempt == self.RETRIES
             size = await self.length(key)
             if size is None:
                 return None
-            if size <= limit:
+            if size <= limit and not inline_refused:
                 try:
                     value: bytes | None = await self.handle.call("get", {"key": key})
                 except RemoteError as exc:
                     if last or exc.remote_type != ValueTooLarge.__qualname__:
                         raise
-                    continue  # it grew past the inline limit since we asked its length
+                    # it grew since we asked its length, or our limit is larger than the provider's
+                    inline_refused = True
+                    continue
                 return value
             buf = bytearray(size)
             bulk = self.engine.expose(buf, "w")
@@ -585,8 +582,7 @@ class KVClient:
                 self.engine.unexpose(bulk)
             if got is None:
                 return None  # erased since we asked its length
-            del buf[got:]
-            return bytes(buf)
+            return bytes(buf) if got == size else bytes(buf[:got])  # it shrank since we asked its length
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def length(self, key: Key) -> int | None:

@@ -9,6 +9,10 @@ Method (Carns et al., papers/carns2025-data-service-roofline.txt, sections 4.2-4
   / server processes, repeated ``repeats`` times; a min-max range.
 * Validation samples: every (servers, clients) pair of the grid, rate per client process.
 
+Server processes are pinned to the first half of the usable cores and client processes to the other
+half, standing in for the paper's server and client nodes. On a small machine the grid therefore
+oversubscribes cores (several processes share one), which the validation samples show as they are.
+
 Both metrics come from the same procedure: RPC rate (``noop`` workload, ops/s) and network bandwidth
 (``bulk`` workload of ``bulk_size`` bytes, GiB/s). The server config is the shipped self-test config.
 """
@@ -116,24 +120,20 @@ def collect(opts: CollectOptions, on_step: Callable[[str, int, int], None] | Non
     runs: list[dict[str, Any]] = []
     by_metric: dict[str, dict[str, Any]] = {m: {"Pc": [], "Ps": [], "grid": []} for m in opts.metrics}
     index = 0
-    # One launch per server layout serves every measurement that needs it (Pc/Ps pinned, grid not).
-    layouts: dict[tuple[str, int], list[tuple[str, str, int, int]]] = {}
+    # Servers live on the server cores and clients on the client cores, as server and client nodes
+    # do in the paper; one launch per server count serves every measurement that needs it.
+    layouts: dict[int, list[tuple[str, str, int, int]]] = {}
     for step in steps:
-        layouts.setdefault(("grid" if step[0] == "grid" else "pinned", step[2]), []).append(step)
-    for (layout, n_servers), group in layouts.items():
-        cores = server_cores if layout == "pinned" else None
-        with Launch(config, n_servers, cores=cores) as launch:
+        layouts.setdefault(step[2], []).append(step)
+    for n_servers, group in layouts.items():
+        with Launch(config, n_servers, cores=server_cores) as launch:
             addresses = [m.address for m in launch.members]
             for stage, metric, servers, clients in group:
                 index += 1
                 if on_step is not None:
                     on_step(f"{stage} {metric}: {servers} server(s) x {clients} client(s)", index, len(steps))
-                if stage == "Pc":
-                    params = _params(opts, metric, clients=1, client_cores=client_cores)
-                elif stage == "Ps":
-                    params = _params(opts, metric, clients=clients, depth=opts.saturation_depth, client_cores=client_cores)
-                else:
-                    params = _params(opts, metric, clients=clients)
+                depth = opts.saturation_depth if stage == "Ps" else 1
+                params = _params(opts, metric, clients=clients, depth=depth, client_cores=client_cores)
                 result = run_selftest(params, addresses[:servers])
                 measured += result["aggregate"]["elapsed_seconds"]
                 name = f"{index:03d}-{stage}-{metric}-s{servers}-c{clients}.json"
@@ -158,7 +158,11 @@ def collect(opts: CollectOptions, on_step: Callable[[str, int, int], None] | Non
         ps = Range.of(r["aggregate"] / r["servers"] for r in rows["Ps"])
         samples = [Sample(r["servers"], r["clients"], r["per_client"]) for r in rows["grid"]]
         model = Roofline(METRICS[metric], pc, ps, samples)
-        plot(model, out / f"{metric}.png", title=f"{METRICS[metric].label.split(' per ')[0]} roofline, {os.uname().nodename}")
+        plot(
+            model,
+            out / f"{metric}.png",
+            title=f"{METRICS[metric].label.split(' per ')[0]} roofline, {os.uname().nodename}",
+        )
         models[metric] = model.to_dict()
     wall = time.monotonic() - wall0
     doc = {

@@ -29,6 +29,7 @@ Results document (``to_json``)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -101,10 +102,8 @@ def _client_main(rank: int, server: str, params_json: str, barrier: Any, results
     try:
         out = run(_client(rank, server, params, barrier), params.event_loop)
     except BaseException as exc:  # report, never hang the driver
-        try:
+        with contextlib.suppress(Exception):
             barrier.abort()
-        except Exception:
-            pass
         results.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return
     results.put(out)
@@ -122,7 +121,9 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         buf = None
         direction = None
         if params.workload == "bulk":
-            buf = bytearray(os.urandom(min(params.bulk_size, 4096)) * (params.bulk_size // 4096 + 1))[: params.bulk_size]
+            buf = bytearray(os.urandom(min(params.bulk_size, 4096)) * (params.bulk_size // 4096 + 1))[
+                : params.bulk_size
+            ]
             direction = params.bulk_direction
             bulk = engine.expose(buf, "r" if direction == "pull" else "w")
         arg = work_arg(params.resp_buffer_size, direction, bulk, bytes(params.req_buffer_size))
@@ -235,7 +236,9 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
     results: Any = ctx.Queue()
     assignment = [servers[i % len(servers)] for i in range(params.clients)]
     procs = [
-        ctx.Process(target=_client_main, args=(i, assignment[i], params.model_dump_json(), barrier, results), daemon=True)
+        ctx.Process(
+            target=_client_main, args=(i, assignment[i], params.model_dump_json(), barrier, results), daemon=True
+        )
         for i in range(params.clients)
     ]
     runner = asyncio.Runner(loop_factory=loop_factory(params.event_loop))

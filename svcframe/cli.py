@@ -13,13 +13,11 @@ with the reason on stderr.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,7 +112,9 @@ def serve(config: str, ready_fd: int | None, secret_file: str | None, address: s
 @click.option("--pin/--no-pin", default=False, help="Pin rank i to usable core i (mod cores).")
 @click.option("--start-timeout-seconds", type=float, default=60.0, show_default=True)
 @click.option("--secret-file", type=click.Path(exists=True, dir_okay=False), default=None)
-def launch(config: str, procs: int, group_file: str, pin: bool, start_timeout_seconds: float, secret_file: str | None) -> None:
+def launch(
+    config: str, procs: int, group_file: str, pin: bool, start_timeout_seconds: float, secret_file: str | None
+) -> None:
     """Start N server processes from CONFIG, write the group file when all are ready, and stop them all
     cleanly on Ctrl-C or SIGTERM."""
     from .launch import Launch, usable_cores
@@ -138,11 +138,8 @@ def launch(config: str, procs: int, group_file: str, pin: bool, start_timeout_se
         click.echo(f"svcframe: {procs} server(s) ready; group file {group_file}", err=True)
         for m in members:
             click.echo(f"  rank {m.rank}: {m.address} (pid {m.pid})", err=True)
-        while not stop["now"]:
-            exited = job.poll()
-            if len(exited) == procs:
-                break
-            time.sleep(0.2)  # the launcher's own wait loop: signals interrupt it
+        while not stop["now"] and len(job.wait(0.2)) < procs:
+            pass  # woken every 0.2 s to notice a signal; exits when every server has exited
     finally:
         codes = job.stop()
         for s, h in old.items():
@@ -187,7 +184,9 @@ def call(address: str, rpc_name: str, arg: str, provider_id: int, timeout_second
 
     async def go() -> Any:
         async with Engine(None, secret=_read_secret(None)) as engine:
-            return await engine.call(address, rpc_name, json.loads(arg), provider_id=provider_id, timeout_seconds=timeout_seconds)
+            return await engine.call(
+                address, rpc_name, json.loads(arg), provider_id=provider_id, timeout_seconds=timeout_seconds
+            )
 
     try:
         result = run(go())
@@ -262,7 +261,9 @@ def selftest() -> None:
 @click.option("--client-cores", default=None, help="Comma-separated cores to pin clients to.")
 @click.option("--event-loop", type=click.Choice(["auto", *LOOP_FACTORIES]), default=None)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
-def selftest_run(group: str | None, target: tuple[str, ...], params_file: str | None, output: str | None, **flags: Any) -> None:
+def selftest_run(
+    group: str | None, target: tuple[str, ...], params_file: str | None, output: str | None, **flags: Any
+) -> None:
     """Run one self-test; print the results JSON (or a summary when -o is given)."""
     from pydantic import ValidationError
 

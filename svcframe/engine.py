@@ -21,6 +21,7 @@ request and a handler exception each come back as their own error type and never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -38,6 +39,7 @@ from .errors import (
     Cancelled,
     ConfigError,
     ConnectionLost,
+    LocalProtocolError,
     NoSuchProvider,
     NoSuchRPC,
     ProtocolError,
@@ -268,10 +270,8 @@ class Engine:
         if self._server is not None:
             await self._server.wait_closed()
         if self._bound is not None and self._bound.scheme == "unix":
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._bound.path)
-            except FileNotFoundError:
-                pass
         self.progress.stop()
         self._closed.set()
 
@@ -384,9 +384,14 @@ class Engine:
         if conn is None or conn.closed:
             try:
                 conn = await asyncio.wait_for(self.connection(address), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise TimeoutError_(f"connecting to {address} took longer than {timeout:g} s") from None
         body = pack_body(arg)
+        if len(body) > conn.peer_max_body_bytes:
+            raise LocalProtocolError(
+                f"the argument of {name!r} encodes to {len(body)} bytes, over the {conn.peer_max_body_bytes}-byte "
+                f"limit of {address}; pass large data as a bulk handle (engine.expose)"
+            )
         rid = self._rpc_id(name)
         request_id = conn.next_request_id()
         future: asyncio.Future[tuple[int, Any]] = loop.create_future()
@@ -446,7 +451,8 @@ class Engine:
         return BulkHandle(self.address, self.engine_id, self._next_bulk_id, len(view), mode)
 
     def unexpose(self, handle: BulkHandle) -> None:
-        """Stop serving ``handle``; later transfers on it fail with BulkError."""
+        """Stop serving ``handle``; transfers that start later fail with BulkError. A transfer already
+        under way finishes with the buffer: do not reuse the buffer until it has (or its call failed)."""
         entry = self._exposed.pop(handle.bulk_id, None)
         if entry is not None:
             entry[0].release()
@@ -538,7 +544,7 @@ class Engine:
         start = loop.time()
         try:
             conn = await asyncio.wait_for(self._peer_connection(handle), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TimeoutError_(f"bulk {kind.name}: connecting to the owner took longer than {timeout:g} s") from None
         request_id = conn.next_request_id()
         future: asyncio.Future[tuple[int, Any]] = loop.create_future()
@@ -702,7 +708,9 @@ class Engine:
         self.progress.inflight -= 1
         self.progress.activity()
 
-    async def _run_async(self, conn: Connection, frame: Frame, reg: Registration, t0: float, aw: Awaitable[Any]) -> None:
+    async def _run_async(
+        self, conn: Connection, frame: Frame, reg: Registration, t0: float, aw: Awaitable[Any]
+    ) -> None:
         try:
             result = await aw
         except asyncio.CancelledError:
@@ -717,6 +725,11 @@ class Engine:
     def _finish(self, conn: Connection, frame: Frame, reg: Registration, t0: float, result: Any) -> None:
         try:
             body = pack_body(result)
+            if len(body) > conn.peer_max_body_bytes:
+                raise LocalProtocolError(
+                    f"the result of {reg.name!r} encodes to {len(body)} bytes, over the caller's "
+                    f"{conn.peer_max_body_bytes}-byte limit; return large data through a bulk transfer"
+                )
         except ProtocolError as exc:
             self._finish_error(conn, frame, reg, exc)
             return
@@ -748,7 +761,11 @@ class Engine:
             return None, f"bulk handle {bulk_id} is not exposed (expired or never existed)", size
         view, mode = entry
         if need not in mode:
-            return None, f"bulk handle {bulk_id} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}", size
+            return (
+                None,
+                f"bulk handle {bulk_id} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
+                size,
+            )
         if offset + size > len(view):
             return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size
         return view[offset : offset + size], None, size
@@ -854,7 +871,9 @@ def _expire(future: asyncio.Future[Any]) -> None:
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:
     if need not in handle.mode:
-        raise BulkError(f"bulk handle is exposed as {handle.mode!r}; it cannot be {'pulled' if need == READ else 'pushed'}")
+        raise BulkError(
+            f"bulk handle is exposed as {handle.mode!r}; it cannot be {'pulled' if need == READ else 'pushed'}"
+        )
     if offset < 0 or size < 0 or offset + size > handle.size:
         raise BulkError(f"range {offset}+{size} is outside the {handle.size}-byte bulk handle")
 

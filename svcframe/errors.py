@@ -41,7 +41,7 @@ class RPCError(SvcframeError):
     """A remote call did not produce a result."""
 
 
-class TimeoutError_(RPCError, asyncio.TimeoutError):  # noqa: N801 - avoids shadowing the builtin
+class TimeoutError_(RPCError, asyncio.TimeoutError):
     """The call's deadline passed before a result arrived."""
 
 

@@ -50,7 +50,10 @@ def read_group_file(path: str | os.PathLike[str]) -> list[Member]:
     """Members of a group file. Raises LaunchError when it is missing or malformed."""
     try:
         data = json.loads(Path(path).read_text())
-        return [Member(int(m["rank"]), str(m["address"]), int(m["provider_id"]), int(m.get("pid", 0))) for m in data["members"]]
+        return [
+            Member(int(m["rank"]), str(m["address"]), int(m["provider_id"]), int(m.get("pid", 0)))
+            for m in data["members"]
+        ]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LaunchError(f"cannot read group file {path}: {exc}") from None
 
@@ -195,6 +198,17 @@ class Launch:
     def poll(self) -> dict[int, int]:
         """Exit codes of processes that have exited, by rank."""
         return {rank: p.returncode for rank, p in enumerate(self._procs) if p.poll() is not None}
+
+    def wait(self, timeout_seconds: float | None = None) -> dict[int, int]:
+        """Wait until every process has exited or the timeout passed; return the exit codes so far."""
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        for p in self._procs:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                p.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                break
+        return self.poll()
 
     def stop(self, grace_seconds: float = 10.0) -> dict[int, int]:
         """SIGTERM every process (they drain and exit), SIGKILL after ``grace_seconds``; return exit codes."""

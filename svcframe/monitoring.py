@@ -82,9 +82,7 @@ class Monitor:
 
     def to_dict(self) -> dict[str, Any]:
         def table(side: dict[tuple[int, str], RPCStats]) -> list[dict[str, Any]]:
-            return [
-                {"provider_id": pid, "rpc": name, **stats.to_dict()} for (pid, name), stats in sorted(side.items())
-            ]
+            return [{"provider_id": pid, "rpc": name, **stats.to_dict()} for (pid, name), stats in sorted(side.items())]
 
         return {
             "enabled": self.enabled,

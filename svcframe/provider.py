@@ -31,8 +31,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from .errors import ConfigError
 from .engine import Engine, Request
+from .errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = TypeVar("P", bound="type[Provider]")

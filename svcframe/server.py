@@ -180,7 +180,9 @@ class Server:
         self.engine.refuse_provider(provider.provider_id, f"provider {name!r} is being removed")
         running = self.engine.inflight_for(provider.provider_id)
         if running:
-            timeout = self.config.engine.drain_timeout_seconds if drain_timeout_seconds is None else drain_timeout_seconds
+            timeout = (
+                self.config.engine.drain_timeout_seconds if drain_timeout_seconds is None else drain_timeout_seconds
+            )
             await asyncio.wait(running, timeout=timeout)
         self.engine.deregister_provider(provider.provider_id)
         del self.providers[name]

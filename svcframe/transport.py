@@ -135,6 +135,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_engine_id: str | None = None
         self.peer_address: str | None = None
         self.peername: str = "?"
+        self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES  # the largest body the peer accepts (from HELLO)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed = False
         self.pending: dict[int, Any] = {}
@@ -165,6 +166,7 @@ class Connection(asyncio.BufferedProtocol):
                 "address": self.identity.address,
                 "nonce": self._nonce,
                 "auth": self.identity.secret is not None,
+                "max_body_bytes": self.decoder.max_body_bytes,
             }
             transport.write(encode_frame(Kind.HELLO, 0, pack_body(hello)))
 
@@ -298,6 +300,9 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_engine_id = hello["engine_id"]
         addr = hello.get("address")
         self.peer_address = addr if isinstance(addr, str) else None
+        limit = hello.get("max_body_bytes")
+        if isinstance(limit, int) and limit > 0:
+            self.peer_max_body_bytes = limit
         if self.server_side:
             secret = self.identity.secret
             if secret is not None:
@@ -311,7 +316,11 @@ class Connection(asyncio.BufferedProtocol):
             nonce = hello.get("nonce")
             if not isinstance(nonce, bytes):
                 raise RemoteProtocolError("HELLO without a nonce")
-            reply: dict[str, Any] = {"engine_id": self.identity.engine_id, "address": self.identity.address}
+            reply: dict[str, Any] = {
+                "engine_id": self.identity.engine_id,
+                "address": self.identity.address,
+                "max_body_bytes": self.decoder.max_body_bytes,
+            }
             if self.identity.secret is not None:
                 reply["mac"] = auth_mac(self.identity.secret, nonce, self.peer_engine_id, self.identity.engine_id)
             elif hello.get("auth"):
@@ -344,7 +353,9 @@ def _safe_text(body: bytes | bytearray | None) -> str:
 ConnFactory = Callable[[], Connection]
 
 
-async def listen(address: Address, factory: ConnFactory, *, backlog: int = 1024) -> tuple[asyncio.AbstractServer, Address]:
+async def listen(
+    address: Address, factory: ConnFactory, *, backlog: int = 1024
+) -> tuple[asyncio.AbstractServer, Address]:
     """Start listening; return the server and the address actually bound (port 0 resolved).
 
     Raises:
@@ -353,8 +364,7 @@ async def listen(address: Address, factory: ConnFactory, *, backlog: int = 1024)
     loop = asyncio.get_running_loop()
     try:
         if address.scheme == "unix":
-            if os.path.exists(address.path):
-                _remove_stale_socket(address.path)
+            _remove_stale_socket(address.path)
             server = await loop.create_unix_server(factory, address.path, backlog=backlog)
             return server, address
         server = await loop.create_server(factory, address.host, address.port, backlog=backlog, reuse_address=True)
@@ -366,6 +376,8 @@ async def listen(address: Address, factory: ConnFactory, *, backlog: int = 1024)
 
 def _remove_stale_socket(path: str) -> None:
     """Remove a unix socket file left by a dead process; refuse to steal a live one."""
+    if not os.path.exists(path):
+        return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)

@@ -158,9 +158,7 @@ async def test_value_at_the_inline_limit_stays_inline(kv: KVClient, client_engin
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("size", [1 * MiB, 8 * MiB])
-async def test_put_get_large_uses_bulk(
-    kv: KVClient, client_engine: Engine, server: Engine, size: int
-) -> None:
+async def test_put_get_large_uses_bulk(kv: KVClient, client_engine: Engine, server: Engine, size: int) -> None:
     value = os.urandom(size)
     await kv.put("big", value)
     assert origin_count(client_engine, "put_bulk") == 1
@@ -259,9 +257,7 @@ async def test_get_bulk_into_too_small_buffer(raw: ProviderHandle, kv: KVClient)
     buf = bytearray(1000)
     handle = raw.engine.expose(buf, "w")
     try:
-        with pytest.raises(
-            RemoteError, match=r"200000 bytes.*only 1000 bytes.*at least 200000 bytes"
-        ) as info:
+        with pytest.raises(RemoteError, match=r"200000 bytes.*only 1000 bytes.*at least 200000 bytes") as info:
             await raw.call("get_bulk", {"key": "big", "bulk": handle.to_wire()})
     finally:
         raw.engine.unexpose(handle)
@@ -320,9 +316,7 @@ async def test_get_bulk_into_read_only_handle_fails(raw: ProviderHandle, kv: KVC
         ("list_keys", {"prefix": 1}, "'prefix' must be str or bytes"),
     ],
 )
-async def test_malformed_arguments_get_clear_errors(
-    raw: ProviderHandle, rpc: str, arg: Any, match: str
-) -> None:
+async def test_malformed_arguments_get_clear_errors(raw: ProviderHandle, rpc: str, arg: Any, match: str) -> None:
     with pytest.raises(RemoteError, match=match):
         await raw.call(rpc, arg)
 
@@ -357,10 +351,7 @@ async def test_database_work_does_not_block_the_event_loop(
         assert not put.done()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        assert (
-            await client_engine.call(server.address, "echo", "ping", provider_id=99, timeout_seconds=2)
-            == "ping"
-        )
+        assert await client_engine.call(server.address, "echo", "ping", provider_id=99, timeout_seconds=2) == "ping"
         assert loop.time() - t0 < 1.0  # the server's event loop kept serving
         blocker.execute("COMMIT")
         await asyncio.wait_for(put, 5)
@@ -437,7 +428,7 @@ async def test_reopen_reads_everything_back(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("durability", "synchronous"), [("durable", 2), ("fast", 0)])
+@pytest.mark.parametrize(("durability", "synchronous"), [("durable", 2), ("fast", 1)])
 async def test_sqlite_settings_follow_durability(
     server: Engine, client_engine: Engine, tmp_path: Path, durability: str, synchronous: int
 ) -> None:
@@ -445,7 +436,7 @@ async def test_sqlite_settings_follow_durability(
     try:
         assert server.address is not None
         stats = await KVClient(client_engine, server.address, PID).stats()
-        assert stats["synchronous"] == synchronous  # 0 = OFF, 2 = FULL
+        assert stats["synchronous"] == synchronous  # 1 = NORMAL, 2 = FULL
         assert stats["journal_mode"] == "wal"
         assert stats["durability"] == durability
         assert stats["inline_max_bytes"] == 64 * 1024
@@ -467,3 +458,25 @@ async def test_memory_database_and_custom_inline_limit(server: Engine, client_en
         assert origin_count(client_engine, "get_bulk") == 1
     finally:
         await stop_kv(server, provider)
+
+
+@pytest.mark.asyncio
+async def test_client_with_a_wrong_inline_limit_falls_back_to_bulk(
+    kv: KVClient, client_engine: Engine, server: Engine
+) -> None:
+    assert server.address is not None
+    optimist = KVClient(client_engine, server.address, PID, inline_max_bytes=4 * MiB)  # provider: 64 KiB
+    value = os.urandom(100_000)
+    await optimist.put("v", value)
+    assert origin_count(client_engine, "put") == 1  # refused ...
+    assert origin_count(client_engine, "put_bulk") == 1  # ... then sent by bulk
+    got = await optimist.get("v")
+    assert got is not None
+    assert sha(got) == sha(value)
+    assert origin_count(client_engine, "get_bulk") == 1
+    pessimist = KVClient(client_engine, server.address, PID, inline_max_bytes=0)
+    await pessimist.put("w", b"tiny")
+    assert await pessimist.get("w") == b"tiny"
+    assert origin_count(client_engine, "put_bulk") == 2
+    assert origin_count(client_engine, "get_bulk") == 2
+    assert await kv.get("w") == b"tiny"

@@ -1,0 +1,118 @@
+"""Launching server processes: readiness, group file, clean stop, clear failure reasons."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from svcframe.admin import ServiceHandle
+from svcframe.config import parse_config
+from svcframe.engine import Engine
+from svcframe.launch import Launch, LaunchError, read_group_file
+from svcframe.loops import run
+
+SELFTEST = {"libraries": ["selftest.provider"], "providers": [{"name": "st", "type": "selftest", "provider_id": 1}]}
+
+
+def _status(address: str) -> dict:
+    async def go() -> dict:
+        async with Engine(None) as engine:
+            return await ServiceHandle(engine, address).status()
+
+    return run(go())
+
+
+def test_launch_three_servers_group_file_and_clean_stop(tmp_path) -> None:
+    group = tmp_path / "group.json"
+    job = Launch(parse_config(SELFTEST), 3, group_file=group)
+    members = job.start()
+    try:
+        assert [m.rank for m in members] == [0, 1, 2]
+        assert len({m.address for m in members}) == 3
+        assert read_group_file(group) == members
+        for m in members:
+            status = _status(m.address)
+            assert status["pid"] == m.pid
+            assert status["providers"] == [{"name": "st", "type": "selftest", "provider_id": 1}]
+    finally:
+        codes = job.stop()
+    assert codes == {0: 0, 1: 0, 2: 0}
+    assert not group.exists()
+
+
+def test_launch_unix_addresses_per_rank(tmp_path) -> None:
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="sf", dir="/tmp")
+    cfg = parse_config({**SELFTEST, "engine": {"address": f"unix://{d}/s.sock"}})
+    with Launch(cfg, 2) as job:
+        assert [m.address for m in job.members] == [f"unix://{d}/s.sock.0", f"unix://{d}/s.sock.1"]
+        assert _status(job.members[1].address)["address"] == f"unix://{d}/s.sock.1"
+
+
+def test_launch_failure_names_rank_and_reason(tmp_path) -> None:
+    cfg = parse_config({"libraries": ["no_such_module_xyz"]})
+    with pytest.raises(LaunchError, match=r"rank 0 failed to start: library 'no_such_module_xyz' cannot be imported"):
+        Launch(cfg, 2, group_file=tmp_path / "g.json").start()
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_launch_failure_when_port_taken(tmp_path) -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        cfg = parse_config({"engine": {"address": f"tcp://127.0.0.1:{port}"}})
+        with pytest.raises(LaunchError, match="cannot listen"):
+            Launch(cfg, 1).start()
+    finally:
+        s.close()
+
+
+def test_cli_launch_stops_all_on_sigterm(tmp_path) -> None:
+    cfg = tmp_path / "svc.json"
+    cfg.write_text(json.dumps(SELFTEST))
+    group = tmp_path / "g.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "svcframe", "launch", str(cfg), "--procs", "2", "--group-file", str(group)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The launcher prints its readiness line only after the group file is written.
+        line = proc.stderr.readline()
+        assert "2 server(s) ready" in line, line
+        members = read_group_file(group)
+        pids = [m.pid for m in members]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "all servers stopped cleanly" in err
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_admin_shutdown_exits_zero(tmp_path) -> None:
+    job = Launch(parse_config(SELFTEST), 1)
+    (member,) = job.start()
+
+    async def go() -> None:
+        async with Engine(None) as engine:
+            await ServiceHandle(engine, member.address).shutdown()
+
+    run(go())
+    assert job.wait(15) == {0: 0}
+    job.stop()

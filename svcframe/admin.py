@@ -7,6 +7,7 @@ RPC                argument                    result
 =================  ==========================  ==================================================
 get_config         -                           the live bootstrap document (re-launchable)
 query_config       expression (JMESPath)       the expression evaluated on the live document
+patch_config       JSON Patch (RFC 6902)       the new live document; live settings only  (mutation)
 status             -                           address, pid, providers, closing
 list_rpcs          -                           the registration table: [{provider_id, name, owner}]
 statistics         {"reset": bool}             engine statistics (progress loop, per-RPC times)
@@ -79,6 +80,13 @@ class AdminProvider(Provider):
         return stats
 
     @rpc
+    def patch_config(self, req: Request, patch: Any) -> dict[str, Any]:
+        self._mutation("patch_config")
+        if not isinstance(patch, list):
+            raise ConfigError("patch_config takes a JSON Patch: a list of operations")
+        return self.server.patch_config(patch)
+
+    @rpc
     async def add_provider(self, req: Request, description: Any) -> int:
         self._mutation("add_provider")
         if not isinstance(description, dict):
@@ -133,6 +141,16 @@ class ServiceHandle:
 
     async def statistics(self, reset: bool = False) -> dict[str, Any]:
         return await self._call("statistics", {"reset": reset})  # type: ignore[no-any-return]
+
+    async def patch_config(self, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        return await self._call("patch_config", patch)  # type: ignore[no-any-return]
+
+    async def set_progress(self, mode: str, spindown_msec: float | None = None) -> dict[str, Any]:
+        """Switch the server's progress mode (and optionally its spindown window) live."""
+        patch = [{"op": "replace", "path": "/engine/progress_mode", "value": mode}]
+        if spindown_msec is not None:
+            patch.append({"op": "replace", "path": "/engine/progress_spindown_msec", "value": spindown_msec})
+        return await self.patch_config(patch)
 
     async def add_provider(self, description: dict[str, Any]) -> int:
         return await self._call("add_provider", description)  # type: ignore[no-any-return]

@@ -56,6 +56,17 @@ def _targets(addresses: tuple[str, ...], group: str | None) -> list[tuple[str, i
     return out
 
 
+def _describe(exc: BaseException) -> str:
+    """One line for an error; a remote handler's traceback only with -vv."""
+    from .errors import RemoteError
+
+    if isinstance(exc, RemoteError):
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            return str(exc)
+        return f"{exc.remote_type}: {exc.remote_message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout: float = 10.0) -> dict[str, Any]:
     from .admin import ServiceGroupHandle
     from .engine import Engine
@@ -68,7 +79,7 @@ def _run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout:
     results = run(go())
     failed = {a: r for a, r in results.items() if isinstance(r, BaseException)}
     for address, exc in failed.items():
-        click.echo(f"svcframe: {address}: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"svcframe: {address}: {_describe(exc)}", err=True)
     if failed:
         _echo_json({a: r for a, r in results.items() if a not in failed})
         sys.exit(1)
@@ -191,7 +202,7 @@ def call(address: str, rpc_name: str, arg: str, provider_id: int, timeout_second
     try:
         result = run(go())
     except (SvcframeError, ValueError) as exc:
-        _fail(f"{type(exc).__name__}: {exc}")
+        _fail(_describe(exc))
         return
     _echo_json(result.decode(errors="replace") if isinstance(result, bytes) else result)
 
@@ -234,6 +245,23 @@ def config_query(args: tuple[str, ...], group: str | None) -> None:
     """Evaluate a JMESPath expression (the last argument) on each server's live configuration."""
     *addresses, expression = args
     _echo_json(_run_admin(_targets(tuple(addresses), group), "query_config", expression))
+
+
+@config.command("patch")
+@click.argument("args", nargs=-1, required=True)
+@click.option("--group", "-g", type=click.Path(exists=True, dir_okay=False), default=None)
+def config_patch(args: tuple[str, ...], group: str | None) -> None:
+    """Apply a JSON Patch (the last argument: JSON text or @FILE) to each server's live configuration.
+
+    Example: svcframe config patch ADDRESS '[{"op": "replace", "path": "/engine/progress_mode", "value": "busy"}]'
+    """
+    *addresses, text = args
+    try:
+        patch = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+    except (OSError, ValueError) as exc:
+        _fail(f"cannot read the JSON Patch: {exc}")
+        return
+    _echo_json(_run_admin(_targets(tuple(addresses), group), "patch_config", patch))
 
 
 # -- self-test -------------------------------------------------------------------------------------------------
@@ -300,6 +328,50 @@ def selftest_run(
         )
     else:
         _echo_json(results)
+
+
+@selftest.command("bursts")
+@click.option("--group", "-g", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--target", "-t", default=None, help="Server address (default: rank 0 of --group).")
+@click.option("--bursts", type=int, default=3, show_default=True)
+@click.option("--burst-seconds", type=float, default=10.0, show_default=True)
+@click.option("--gap-seconds", type=float, default=20.0, show_default=True)
+@click.option("--interval-seconds", type=float, default=1.0, show_default=True)
+@click.option("--modes", default="block,busy,spindown", show_default=True)
+@click.option("--spindown-msec", type=float, default=10.0, show_default=True)
+@click.option("--provider-id", type=int, default=1, show_default=True)
+@click.option("--client-core", type=int, default=None, help="Pin the client to this core.")
+@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/bursts", show_default=True)
+def selftest_bursts(group: str | None, target: str | None, out: str, modes: str, **kw: Any) -> None:
+    """Sequential noop bursts separated by idle gaps, once per progress mode (the paper's Figure 6)."""
+    from selftest.bursts import BurstParams, plot_bursts, run_bursts
+
+    from .launch import read_group_file
+    from .loops import run
+
+    server = target or (read_group_file(group)[0].address if group else None)
+    if server is None:
+        _fail("give --target ADDRESS or --group FILE")
+        return
+    try:
+        params = BurstParams(modes=modes.split(","), **kw)
+        results = run(run_bursts(params, server))
+    except (SvcframeError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "bursts.json").write_text(json.dumps(results, indent=2))
+    png = plot_bursts(results, dest / "bursts.png")
+    for mode in results["modes"]:
+        s = mode["summary"]
+        watts = f", {s['idle_package_watts']:.1f} W" if s["idle_package_watts"] is not None else ""
+        click.echo(
+            f"{mode['mode']:>8}: {s['burst_rate_ops_per_second'] or 0:9.0f} calls/s in bursts, "
+            f"server CPU idle {100 * (s['idle_server_cpu_utilization'] or 0):5.1f}%, "
+            f"busy {100 * (s['burst_server_cpu_utilization'] or 0):5.1f}%{watts}"
+        )
+    click.echo(f"plot: {png}\nresults: {dest / 'bursts.json'}")
 
 
 # -- roofline ----------------------------------------------------------------------------------------------------

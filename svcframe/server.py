@@ -50,6 +50,29 @@ def parse_dependency(spec: str | int) -> tuple[str | None, str | None, int | Non
     return ident, None, None, location or None
 
 
+#: Settings a JSON Patch may change while the server runs (JSON paths), and who applies them:
+#: the progress loop, the engine's default deadline, the server's drain time, the monitor, the admin.
+LIVE_SETTINGS = {
+    ("engine", "progress_mode"),
+    ("engine", "progress_spindown_msec"),
+    ("engine", "progress_timeout_ub_msec"),
+    ("engine", "default_timeout_seconds"),
+    ("engine", "drain_timeout_seconds"),
+    ("engine", "monitoring", "enabled"),
+    ("admin", "allow_mutations"),
+}
+
+
+def _changed_paths(old: Any, new: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Paths of the leaves (lists count as leaves) that differ between two JSON documents."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[tuple[str, ...]] = []
+        for key in sorted(set(old) | set(new)):
+            out += _changed_paths(old.get(key), new.get(key), (*path, key))
+        return out
+    return [] if old == new else [path]
+
+
 class Server:
     """One svcframe server: an engine, the admin provider and the configured providers.
 
@@ -194,6 +217,46 @@ class Server:
         """The bootstrap document with every default filled in and every change since start.
         Launching a server from it reproduces this one (its providers, ids, settings)."""
         return self.config.model_dump(mode="json")
+
+    def patch_config(self, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Apply a JSON Patch (RFC 6902) to the live configuration and return the new one.
+
+        The patched document is validated by the same pydantic models as a bootstrap config; each
+        changed setting is then applied by the component that owns it. Settings in ``LIVE_SETTINGS``
+        change live; any other change (the listen address, the event loop, the provider list, ...) is
+        refused as a whole, with the path named, and nothing is applied.
+
+        Raises:
+            ConfigError: malformed patch, invalid result, or a setting that cannot change live.
+        """
+        import jsonpatch
+        import jsonpointer
+
+        from .config import parse_config
+
+        current = self.live_config()
+        try:
+            patched = jsonpatch.apply_patch(current, patch)
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError, ValueError) as exc:
+            raise ConfigError(f"cannot apply the JSON Patch: {exc}") from None
+        new = parse_config(patched, "patched config")
+        changed = _changed_paths(current, new.model_dump(mode="json"))
+        frozen = [p for p in changed if p not in LIVE_SETTINGS]
+        if frozen:
+            names = ", ".join("/" + "/".join(p) for p in frozen)
+            raise ConfigError(
+                f"{names} cannot change while the server runs (live settings: "
+                f"{', '.join('/' + '/'.join(p) for p in sorted(LIVE_SETTINGS))}); "
+                "use add_provider/remove_provider for providers, or restart with the new config"
+            )
+        assert self.engine is not None
+        ec = new.engine
+        self.engine.progress.configure(ec.progress_mode, ec.progress_spindown_msec, ec.progress_timeout_ub_msec)
+        self.engine.default_timeout_seconds = ec.default_timeout_seconds
+        self.engine.monitor.enabled = ec.monitoring.enabled
+        self.config.engine = ec
+        self.config.admin = new.admin
+        return self.live_config()
 
     def status(self) -> dict[str, Any]:
         assert self.engine is not None

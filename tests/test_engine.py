@@ -31,7 +31,7 @@ from svcframe import (
 )
 from svcframe.engine import current_callpath
 from svcframe.errors import LocalProtocolError
-from svcframe.wire import HEADER, HEADER_SIZE, Kind, encode_frame, pack_body, rpc_id
+from svcframe.wire import HEADER, HEADER_SIZE, Kind, encode_frame, pack_body, rpc_id, unpack_body
 
 pytestmark = pytest.mark.asyncio
 
@@ -300,19 +300,6 @@ async def test_server_learns_the_caller_cancelled(server: Engine, client: Engine
 # --- bad input on the wire ------------------------------------------------------------------------------------
 
 
-async def test_oversized_request_closes_only_that_connection(address: str, make_engine: MakeEngine) -> None:
-    server = await make_engine(address, max_body_bytes=1024, bulk_chunk_bytes=1024)
-    register_test_rpcs(server)
-    offender, bystander = await make_engine(None), await make_engine(None)
-    await assert_serves(bystander, server)
-    bystander_conn = await bystander.connection(server.address)  # type: ignore[arg-type]
-    with pytest.raises(ConnectionLost):
-        await call1(offender, server, "echo", b"x" * 2048, timeout_seconds=WAIT_SECONDS)
-    await assert_serves(bystander, server)
-    assert await bystander.connection(server.address) is bystander_conn and not bystander_conn.closed  # type: ignore[arg-type]
-    assert await call1(offender, server, "echo", b"x" * 100) == b"x" * 100  # it may reconnect
-
-
 async def open_raw(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     if address.startswith("unix://"):
         return await asyncio.open_unix_connection(address[len("unix://") :])
@@ -351,6 +338,59 @@ MALFORMED = {
         b"SF", 1, Kind.REQUEST, 0, 1, 0, 2**32 - 1, 1, 0, 0, 0, 0, bytes(16), 0, 0
     ),
 }
+
+
+async def test_oversized_argument_is_refused_before_sending(address: str, make_engine: MakeEngine) -> None:
+    """The server announces its frame limit in its HELLO: an argument over it fails locally, and the
+    connection is not disturbed."""
+    server = await make_engine(address, max_body_bytes=1024, bulk_chunk_bytes=1024)
+    register_test_rpcs(server)
+    client = await make_engine(None)
+    await assert_serves(client, server)
+    conn = await client.connection(server.address)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="bulk"):
+        await call1(client, server, "echo", b"x" * 2048, timeout_seconds=WAIT_SECONDS)
+    await assert_serves(client, server)
+    assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
+
+
+async def test_result_over_the_callers_limit_is_a_remote_error(address: str, make_engine: MakeEngine) -> None:
+    """A caller with a small frame limit gets an error for a too-large result, not a dropped connection."""
+    server = await make_engine(address)
+    server.register(1, "big", lambda req, n: b"r" * n)
+    client = await make_engine(None, max_body_bytes=1024, bulk_chunk_bytes=1024)
+    assert await call1(client, server, "big", 100) == b"r" * 100
+    conn = await client.connection(server.address)  # type: ignore[arg-type]
+    with pytest.raises(RemoteError) as info:
+        await call1(client, server, "big", 4096, timeout_seconds=WAIT_SECONDS)
+    assert info.value.remote_type == "LocalProtocolError"
+    assert await call1(client, server, "big", 10) == b"r" * 10
+    assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
+
+
+async def test_oversized_request_frame_closes_only_that_connection(address: str, make_engine: MakeEngine) -> None:
+    server = await make_engine(address, max_body_bytes=1024, bulk_chunk_bytes=1024)
+    register_test_rpcs(server)
+    bystander = await make_engine(None)
+    await assert_serves(bystander, server)
+    bystander_conn = await bystander.connection(server.address)  # type: ignore[arg-type]
+    reader, writer = await open_raw(server.address)  # type: ignore[arg-type]
+    try:
+        await read_frame(reader)
+        writer.write(client_hello())
+        fits = pack_body(b"x" * 900)
+        writer.write(encode_frame(Kind.REQUEST, 1, fits, provider_id=1, rpc=rpc_id("echo"), deadline_usec=10**7))
+        kind, body = await read_frame(reader)
+        assert kind == Kind.RESPONSE and unpack_body(body) == b"x" * 900  # under the limit: served
+        too_big = pack_body(b"x" * 2048)
+        writer.write(encode_frame(Kind.REQUEST, 2, too_big, provider_id=1, rpc=rpc_id("echo")))
+        await assert_closed_by_peer(reader)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            await writer.wait_closed()
+    await assert_serves(bystander, server)
+    assert await bystander.connection(server.address) is bystander_conn and not bystander_conn.closed  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("payload", list(MALFORMED), ids=list(MALFORMED))

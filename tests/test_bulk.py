@@ -1,0 +1,339 @@
+"""Bulk transfers (the RDMA analogue) between real engines: pull and push in both directions, checked
+with sha256, over TCP and unix sockets; numpy buffers; every bulk error; timeouts; local transfers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import WAIT_SECONDS, register_test_rpcs
+from svcframe import BulkError, BulkHandle, Engine, Request, TimeoutError_
+
+pytestmark = pytest.mark.asyncio
+
+MakeEngine = Callable[..., Awaitable[Engine]]
+KiB, MiB = 1024, 1024 * 1024
+SIZES = [0, 1, 64 * KiB, 4 * MiB + 3]  # 4 MiB + 3: several chunks and a ragged last one
+
+
+def sha(data: Any) -> str:
+    return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
+
+
+def pattern(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+class Exposer:
+    """Server-side RPCs that expose buffers (kept alive here) and report on them."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.buffers: dict[int, bytearray] = {}
+        self.handles: dict[int, BulkHandle] = {}
+        engine.register(1, "expose", self.expose)
+        engine.register(1, "digest", lambda req, bulk_id: sha(self.buffers[bulk_id]))
+        engine.register(1, "unexpose", self.unexpose)
+        engine.register(1, "pull_digest", self.pull_digest)
+        engine.register(1, "push_pattern", self.push_pattern)
+        engine.register(1, "roundtrip_array", self.roundtrip_array)
+
+    def expose(self, req: Request, arg: dict[str, Any]) -> list[Any]:
+        buf = bytearray(pattern(arg["size"], arg.get("seed", 1)))
+        handle = self.engine.expose(buf, arg["mode"])
+        self.buffers[handle.bulk_id] = buf
+        self.handles[handle.bulk_id] = handle
+        return handle.to_wire()
+
+    def unexpose(self, req: Request, bulk_id: int) -> None:
+        self.engine.unexpose(self.handles[bulk_id])
+
+    async def pull_digest(self, req: Request, wire: list[Any]) -> str:
+        data = await req.engine.pull(BulkHandle.from_wire(wire))
+        assert isinstance(data, bytearray) and len(data) == wire[3]
+        return sha(data)
+
+    async def push_pattern(self, req: Request, arg: dict[str, Any]) -> str:
+        handle = BulkHandle.from_wire(arg["handle"])
+        data = pattern(handle.size, arg["seed"])
+        await req.engine.push(handle, data)
+        return sha(data)
+
+    async def roundtrip_array(self, req: Request, wire: list[Any]) -> float:
+        """Pull a float64 array from the caller, push back twice its values, return the sum."""
+        handle = BulkHandle.from_wire(wire)
+        arr = np.empty(handle.size // 8, dtype=np.float64)
+        await req.engine.pull(handle, arr)
+        await req.engine.push(handle, arr * 2)
+        return float(arr.sum())
+
+
+async def setup(address: str, make_engine: MakeEngine, **server_options: Any) -> tuple[Engine, Engine, Exposer]:
+    server = await make_engine(address, **server_options)
+    register_test_rpcs(server)
+    exposer = Exposer(server)
+    client = await make_engine(None)
+    return server, client, exposer
+
+
+async def call1(client: Engine, server: Engine, name: str, arg: Any = None, **kw: Any) -> Any:
+    return await client.call(server.address, name, arg, provider_id=1, **kw)  # type: ignore[arg-type]
+
+
+async def remote_handle(client: Engine, server: Engine, size: int, mode: str, seed: int = 1) -> BulkHandle:
+    return BulkHandle.from_wire(await call1(client, server, "expose", {"size": size, "mode": mode, "seed": seed}))
+
+
+# --- both directions, both operations, checksummed -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_server_pulls_from_client(address: str, make_engine: MakeEngine, size: int) -> None:
+    server, client, _ = await setup(address, make_engine)
+    data = bytearray(pattern(size, 7))
+    handle = client.expose(data, "r")
+    assert handle.address is None and handle.size == size and handle.engine_id == client.engine_id
+    assert await call1(client, server, "pull_digest", handle.to_wire()) == sha(data)
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_server_pushes_to_client(address: str, make_engine: MakeEngine, size: int) -> None:
+    server, client, _ = await setup(address, make_engine)
+    buf = bytearray(size)
+    handle = client.expose(buf, "w")
+    expected = await call1(client, server, "push_pattern", {"handle": handle.to_wire(), "seed": 3})
+    assert expected == sha(pattern(size, 3)) == sha(buf)
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_client_pulls_from_server(address: str, make_engine: MakeEngine, size: int) -> None:
+    server, client, exposer = await setup(address, make_engine)
+    handle = await remote_handle(client, server, size, "r", seed=5)
+    assert handle.address == server.address and handle.engine_id == server.engine_id
+    data = await client.pull(handle)
+    assert len(data) == size and sha(data) == sha(pattern(size, 5)) == sha(exposer.buffers[handle.bulk_id])
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_client_pushes_to_server(address: str, make_engine: MakeEngine, size: int) -> None:
+    server, client, exposer = await setup(address, make_engine)
+    handle = await remote_handle(client, server, size, "w")
+    data = pattern(size, 11)
+    await client.push(handle, data)
+    assert await call1(client, server, "digest", handle.bulk_id) == sha(data)
+    assert exposer.buffers[handle.bulk_id] == data
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_64_mib_both_directions(address: str, make_engine: MakeEngine) -> None:
+    size = 64 * MiB
+    server, client, exposer = await setup(address, make_engine)
+    # client exposes, server pulls then pushes
+    buf = bytearray(pattern(size, 21))
+    handle = client.expose(buf, "rw")
+    assert await call1(client, server, "pull_digest", handle.to_wire(), timeout_seconds=60) == sha(buf)
+    assert await call1(client, server, "push_pattern", {"handle": handle.to_wire(), "seed": 22}, timeout_seconds=60) == sha(buf)
+    # server exposes, client pulls then pushes
+    remote = await remote_handle(client, server, size, "rw", seed=23)
+    assert sha(await client.pull(remote, timeout_seconds=60)) == sha(exposer.buffers[remote.bulk_id])
+    await client.push(remote, buf, timeout_seconds=60)
+    assert exposer.buffers[remote.bulk_id] == buf
+
+
+async def test_concurrent_transfers_do_not_mix(address: str, make_engine: MakeEngine) -> None:
+    server, client, exposer = await setup(address, make_engine, bulk_chunk_bytes=64 * KiB)
+    handles = [await remote_handle(client, server, 1 * MiB + i, "rw", seed=i) for i in range(8)]
+    pulled = await asyncio.gather(*(client.pull(h) for h in handles))
+    assert [sha(p) for p in pulled] == [sha(pattern(1 * MiB + i, i)) for i in range(8)]
+    await asyncio.gather(*(client.push(h, pattern(h.size, 100 + i)) for i, h in enumerate(handles)))
+    assert [exposer.buffers[h.bulk_id] for h in handles] == [pattern(h.size, 100 + i) for i, h in enumerate(handles)]
+
+
+async def test_partial_ranges(address: str, make_engine: MakeEngine) -> None:
+    server, client, exposer = await setup(address, make_engine)
+    handle = await remote_handle(client, server, 1000, "rw", seed=9)
+    source = pattern(1000, 9)
+    dest = bytearray(b"-" * 120)
+    assert await client.pull(handle, dest, offset=100, size=100, dest_offset=10) is dest
+    assert dest == b"-" * 10 + source[100:200] + b"-" * 10
+    await client.push(handle, b"ABCDE", offset=995)
+    assert exposer.buffers[handle.bulk_id] == source[:995] + b"ABCDE"
+    assert await client.pull(handle, offset=990) == source[990:995] + b"ABCDE"
+
+
+# --- numpy --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1000,), (64, 33)])
+async def test_numpy_array_round_trip(server: Engine, client: Engine, shape: tuple[int, ...]) -> None:
+    Exposer(server)
+    arr = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) / 3.0
+    assert arr.flags.c_contiguous
+    original = arr.copy()
+    handle = client.expose(arr, "rw")
+    assert handle.size == arr.nbytes
+    total = await client.call(server.address, "roundtrip_array", handle.to_wire(), provider_id=1)  # type: ignore[arg-type]
+    assert total == pytest.approx(float(original.sum()))
+    np.testing.assert_array_equal(arr, original * 2)
+
+
+async def test_pull_into_numpy_destination(server: Engine, client: Engine) -> None:
+    Exposer(server)
+    values = np.linspace(-1, 1, 4096)
+    handle = await remote_handle(client, server, values.nbytes, "w")
+    await client.push(handle, values)
+    rhandle = BulkHandle(handle.address, handle.engine_id, handle.bulk_id, handle.size, "rw")
+    with pytest.raises(BulkError):  # exposed write-only: the owner refuses a pull
+        await client.pull(rhandle, np.empty_like(values))
+    readable = await remote_handle(client, server, values.nbytes, "rw")
+    await client.push(readable, values)
+    out = np.zeros_like(values)
+    assert await client.pull(readable, out) is out
+    np.testing.assert_array_equal(out, values)
+
+
+async def test_unsuitable_buffers_are_refused(client: Engine) -> None:
+    arr = np.arange(100, dtype=np.float64)
+    with pytest.raises(BulkError, match="contiguous"):
+        client.expose(arr[::2], "r")
+    with pytest.raises(BulkError, match="read-only"):
+        client.expose(b"immutable", "w")
+    with pytest.raises(BulkError):
+        client.expose("not a buffer", "r")
+    with pytest.raises(BulkError, match="mode"):
+        client.expose(bytearray(4), "x")
+    with pytest.raises(BulkError):
+        BulkHandle.from_wire(["addr", "id", 1, -1, "r"])
+    with pytest.raises(BulkError):
+        BulkHandle.from_wire({"not": "a handle"})
+
+
+# --- errors: each a BulkError, and the connection keeps working ------------------------------------------------
+
+
+async def test_wrong_mode_is_bulk_error(server: Engine, client: Engine) -> None:
+    exposer = Exposer(server)
+    readonly = await remote_handle(client, server, 100, "r")
+    with pytest.raises(BulkError, match="push"):
+        await client.push(readonly, b"x" * 10)  # refused before sending: the handle says "r"
+    writeonly = await remote_handle(client, server, 100, "w")
+    with pytest.raises(BulkError, match="pull"):
+        await client.pull(writeonly)
+    # A handle that lies about its mode: the owner refuses it too
+    forged = BulkHandle(readonly.address, readonly.engine_id, readonly.bulk_id, readonly.size, "rw")
+    with pytest.raises(BulkError, match="push"):
+        await client.push(forged, b"y" * 100)
+    assert exposer.buffers[readonly.bulk_id] == pattern(100, 1)  # untouched
+    assert await client.pull(forged) == pattern(100, 1)  # and the connection still serves
+    assert await client.call(server.address, "echo", "ok", provider_id=1) == "ok"  # type: ignore[arg-type]
+
+
+async def test_out_of_range_is_bulk_error(server: Engine, client: Engine) -> None:
+    exposer = Exposer(server)
+    handle = await remote_handle(client, server, 100, "rw")
+    for kwargs in ({"offset": 99, "size": 2}, {"offset": -1, "size": 1}, {"offset": 0, "size": 101}, {"offset": 101}):
+        with pytest.raises(BulkError, match="range|outside"):
+            await client.pull(handle, **kwargs)
+    with pytest.raises(BulkError):
+        await client.push(handle, b"z" * 10, offset=95)
+    with pytest.raises(BulkError):
+        await client.pull(handle, bytearray(10))  # destination too small
+    # A handle that claims more bytes than exposed: the owner checks the range itself
+    forged = BulkHandle(handle.address, handle.engine_id, handle.bulk_id, 10_000, "rw")
+    with pytest.raises(BulkError, match="outside"):
+        await client.pull(forged, offset=50, size=100)
+    with pytest.raises(BulkError, match="outside"):
+        await client.push(forged, b"q" * 5000)
+    assert exposer.buffers[handle.bulk_id] == pattern(100, 1)
+    assert await client.pull(handle) == pattern(100, 1)
+
+
+async def test_unexposed_handle_is_bulk_error(server: Engine, client: Engine) -> None:
+    Exposer(server)
+    handle = await remote_handle(client, server, 1000, "rw")
+    assert len(await client.pull(handle)) == 1000
+    await client.call(server.address, "unexpose", handle.bulk_id, provider_id=1)  # type: ignore[arg-type]
+    with pytest.raises(BulkError, match="not exposed"):
+        await client.pull(handle)
+    with pytest.raises(BulkError, match="not exposed"):
+        await client.push(handle, b"x" * 1000)
+    never = BulkHandle(handle.address, handle.engine_id, 424242, 10, "rw")
+    with pytest.raises(BulkError, match="not exposed"):
+        await client.pull(never)
+    other = await remote_handle(client, server, 10, "r", seed=4)
+    assert await client.pull(other) == pattern(10, 4)
+
+
+async def test_handle_of_a_restarted_engine_is_bulk_error(address: str, make_engine: MakeEngine) -> None:
+    server, client, _ = await setup(address, make_engine)
+    handle = await remote_handle(client, server, 10, "r")
+    stale = BulkHandle(handle.address, "0" * 32, handle.bulk_id, handle.size, handle.mode)
+    with pytest.raises(BulkError, match="no longer owns"):
+        await client.pull(stale)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"max_body_bytes": 16 * MiB, "bulk_chunk_bytes": 8 * MiB}],
+    ids=["default-chunks", "8MiB-chunks"],
+)
+async def test_timed_out_pull_leaves_the_connection_usable(
+    address: str, make_engine: MakeEngine, options: dict[str, Any]
+) -> None:
+    server, _, exposer = await setup(address, make_engine, **options)
+    client = await make_engine(None, **options)
+    handle = await remote_handle(client, server, 48 * MiB, "r", seed=2)
+    conn = await client.connection(server.address)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(TimeoutError_):
+        await client.pull(handle, timeout_seconds=0.002)
+    assert loop.time() - start < 0.1
+    small = await remote_handle(client, server, 1000, "r", seed=3)
+    for _ in range(3):
+        assert await client.pull(small, timeout_seconds=WAIT_SECONDS) == pattern(1000, 3)
+    assert sha(await client.pull(handle, timeout_seconds=60)) == sha(exposer.buffers[handle.bulk_id])
+    assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
+
+
+async def test_timed_out_push_leaves_the_connection_usable(address: str, make_engine: MakeEngine) -> None:
+    server, client, exposer = await setup(address, make_engine)
+    handle = await remote_handle(client, server, 48 * MiB, "w")
+    conn = await client.connection(server.address)  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError_):
+        await client.push(handle, pattern(48 * MiB, 8), timeout_seconds=0.002)
+    small = await remote_handle(client, server, 1000, "w")
+    for seed in range(3):
+        await client.push(small, pattern(1000, seed), timeout_seconds=WAIT_SECONDS)
+        assert exposer.buffers[small.bulk_id] == pattern(1000, seed)
+    assert await client.call(server.address, "echo", "ok", provider_id=1) == "ok"  # type: ignore[arg-type]
+    assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
+
+
+# --- local transfers (the owner pulls / pushes its own handle) -------------------------------------------------
+
+
+@pytest.mark.parametrize("engine_kind", ["server", "client"])
+async def test_local_pull_and_push(server: Engine, client: Engine, engine_kind: str) -> None:
+    engine = server if engine_kind == "server" else client
+    buf = bytearray(pattern(10_000, 6))
+    handle = engine.expose(buf, "rw")
+    assert await engine.pull(handle) == buf
+    assert await engine.pull(handle, offset=10, size=20) == buf[10:30]
+    await engine.push(handle, b"\x00" * 100, offset=50)
+    assert buf[50:150] == bytes(100) and buf[:50] == pattern(10_000, 6)[:50]
+    ro = engine.expose(bytearray(10), "r")
+    with pytest.raises(BulkError):
+        await engine.push(ro, b"x")
+    with pytest.raises(BulkError):
+        await engine.pull(handle, offset=9_999, size=2)
+    engine.unexpose(handle)
+    with pytest.raises(BulkError):
+        await engine.pull(handle)
+    assert engine.statistics()["connections"] == 0  # nothing went over a socket

@@ -1,0 +1,251 @@
+"""The progress loop (svcframe.progress): busy, block and spindown modes on a real event loop, live
+reconfiguration, and (stdlib loop) proof that the selector really runs with a zero timeout while polling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from conftest import WAIT_SECONDS, wait_until
+from svcframe import Engine, RemoteError, TimeoutError_
+from svcframe.progress import PROGRESS_MODES, Progress
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def progress_factory() -> Iterator[Any]:
+    """``make(mode, spindown_msec, timeout_ub_msec)``: a Progress started on the running loop, stopped at teardown."""
+    made: list[Progress] = []
+
+    def make(mode: str, spindown_msec: float = 10.0, timeout_ub_msec: float = 10.0) -> Progress:
+        p = Progress(mode, spindown_msec, timeout_ub_msec)
+        p.start(asyncio.get_running_loop())
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.stop()
+
+
+async def wait_for_wakeups(p: Progress, n: int) -> None:
+    """Let the loop run through ``n`` periodic wake-ups (time passing, without a fixed sleep)."""
+    target = p.wakeups + n
+    await wait_until(lambda: p.wakeups >= target, what=f"{n} progress wake-ups")
+
+
+async def test_busy_mode_polls_while_idle(progress_factory: Any) -> None:
+    p = progress_factory("busy")
+    assert p.spinning
+    before = p.polls
+    await wait_until(lambda: p.polls >= before + 200, what="busy polling")
+    await wait_for_wakeups(p, 3)
+    assert p.spinning and p.blocks == 0
+    assert p.statistics()["mode"] == "busy"
+
+
+async def test_block_mode_never_polls(progress_factory: Any) -> None:
+    p = progress_factory("block", timeout_ub_msec=5.0)
+    p.activity()
+    p.inflight = 1
+    p.activity()
+    await wait_for_wakeups(p, 5)
+    assert (p.polls, p.spinning) == (0, False)
+    p.inflight = 0
+
+
+async def test_spindown_polls_for_the_window_then_blocks(progress_factory: Any) -> None:
+    p = progress_factory("spindown", spindown_msec=50.0, timeout_ub_msec=10.0)
+    await wait_until(lambda: not p.spinning, what="the start-up spin to end")
+    blocks = p.blocks
+    assert blocks >= 1
+    t0 = time.monotonic()
+    p.activity()
+    assert p.spinning
+    await wait_until(lambda: not p.spinning, timeout=2.0, what="spindown to stop polling")
+    elapsed = time.monotonic() - t0
+    assert 0.05 <= elapsed < 0.5, f"polled for {elapsed * 1000:.1f} ms with a 50 ms spindown"
+    assert p.blocks == blocks + 1
+    polls = p.polls
+    assert polls > 0
+    await wait_for_wakeups(p, 3)
+    assert p.polls == polls and not p.spinning  # blocked: no more polling while idle
+
+
+async def test_spindown_keeps_polling_while_operations_are_in_flight(progress_factory: Any) -> None:
+    p = progress_factory("spindown", spindown_msec=10.0, timeout_ub_msec=5.0)
+    p.inflight = 1
+    p.activity()
+    t0 = time.monotonic()
+    await wait_until(lambda: time.monotonic() - t0 > 0.05 and p.wakeups >= 5, what="time to pass")
+    assert p.spinning  # 5x the spindown window, still polling: an operation is in flight
+    p.inflight = 0
+    p.activity()
+    await wait_until(lambda: not p.spinning, timeout=2.0, what="polling to stop once idle")
+
+
+async def test_configure_switches_mode_live(progress_factory: Any) -> None:
+    p = progress_factory("block", timeout_ub_msec=5.0)
+    await wait_for_wakeups(p, 2)
+    assert p.polls == 0
+    p.configure("busy", 10.0, 5.0)
+    await wait_until(lambda: p.polls > 50, what="polling after switching to busy")
+    p.configure("block", 10.0, 5.0)
+    await wait_until(lambda: not p.spinning, what="polling to stop after switching to block")
+    polls = p.polls
+    await wait_for_wakeups(p, 3)
+    assert p.polls == polls
+    p.configure("spindown", 20.0, 5.0)
+    assert p.spinning  # a reconfiguration counts as activity
+    await wait_until(lambda: not p.spinning, what="spindown to stop")
+    assert p.polls > polls
+    assert p.statistics()["progress_spindown_msec"] == pytest.approx(20.0)
+    p.configure("block", 10.0, 0.0)  # no periodic wake-up any more
+    wakeups = p.wakeups
+    ev = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.03, ev.set)
+    await asyncio.wait_for(ev.wait(), WAIT_SECONDS)
+    assert p.wakeups == wakeups
+
+
+async def test_invalid_mode_or_times_raise_value_error() -> None:
+    with pytest.raises(ValueError, match="unknown progress mode"):
+        Progress("sometimes")
+    p = Progress("block")
+    with pytest.raises(ValueError, match="unknown progress mode"):
+        p.configure("poll", 10.0, 100.0)
+    assert p.mode == "block"  # unchanged after a refused change
+    for spindown, ub in ((-1.0, 100.0), (10.0, -1.0)):
+        with pytest.raises(ValueError, match=">= 0"):
+            Progress("spindown", spindown, ub)
+    assert set(PROGRESS_MODES) == {"block", "busy", "spindown"}
+
+
+async def test_stop_ends_polling(progress_factory: Any) -> None:
+    p = progress_factory("busy")
+    await wait_until(lambda: p.polls > 10, what="polling")
+    p.stop()
+    assert not p.spinning
+    polls = p.polls
+    ev = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.02, ev.set)
+    await asyncio.wait_for(ev.wait(), WAIT_SECONDS)
+    assert p.polls <= polls + 1  # at most the one poll already queued
+
+
+# --- the selector really runs with timeout 0 while spinning (stdlib loop only) --------------------------------
+
+
+class SelectRecorder:
+    """Records (timeout, progress.spinning) for every ``select`` the stdlib loop makes."""
+
+    def __init__(self, progress: Progress) -> None:
+        loop = asyncio.get_running_loop()
+        self.selector = loop._selector  # type: ignore[attr-defined]
+        self.progress = progress
+        self.calls: list[tuple[float | None, bool]] = []
+        self._original = self.selector.select
+
+    def __enter__(self) -> SelectRecorder:
+        def select(timeout: float | None = None) -> Any:
+            self.calls.append((timeout, self.progress.spinning))
+            return self._original(timeout)
+
+        self.selector.select = select
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.selector.select
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_selector_timeout_is_zero_while_spinning_then_blocks(progress_factory: Any) -> None:
+    p = progress_factory("spindown", spindown_msec=30.0, timeout_ub_msec=0.0)
+    await wait_until(lambda: not p.spinning, what="the start-up spin to end")
+    with SelectRecorder(p) as rec:
+        p.activity()
+        await wait_until(lambda: not p.spinning, timeout=2.0, what="spindown to stop polling")
+        spinning = [t for t, s in rec.calls if s]
+        assert len(spinning) >= 10
+        assert all(t == 0 for t in spinning), f"non-zero selector timeouts while spinning: {set(spinning)}"
+        mark = len(rec.calls)
+        ev = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, ev.set)
+        await asyncio.wait_for(ev.wait(), WAIT_SECONDS)
+    blocked = [t for t, s in rec.calls[mark:] if not s]
+    assert any(t is None or t > 0.01 for t in blocked), f"the loop never blocked: {blocked}"
+    assert not any(s for _, s in rec.calls[mark:])
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_selector_timeout_is_always_zero_in_busy_mode(progress_factory: Any) -> None:
+    p = progress_factory("busy")
+    with SelectRecorder(p) as rec:
+        ev = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.03, ev.set)
+        await asyncio.wait_for(ev.wait(), WAIT_SECONDS)
+    assert len(rec.calls) >= 10
+    assert {t for t, _ in rec.calls} == {0}
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_selector_blocks_in_block_mode(progress_factory: Any) -> None:
+    p = progress_factory("block", timeout_ub_msec=0.0)
+    with SelectRecorder(p) as rec:
+        p.activity()
+        ev = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, ev.set)
+        await asyncio.wait_for(ev.wait(), WAIT_SECONDS)
+    assert len(rec.calls) < 10, f"{len(rec.calls)} selects for one 50 ms wait: the loop did not block"
+    assert any(t is None or t > 0.01 for t, _ in rec.calls)
+    assert p.polls == 0
+
+
+# --- the engine drives the progress loop ---------------------------------------------------------------------------
+
+
+async def test_engine_progress_returns_to_idle_after_calls(server: Engine, client: Engine) -> None:
+    for engine in (server, client):
+        engine.progress.configure("spindown", 10.0, 100.0)
+    assert await client.call(server.address, "echo", 1, provider_id=1) == 1  # type: ignore[arg-type]
+    with pytest.raises(RemoteError):
+        await client.call(server.address, "boom", provider_id=1)  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError_):
+        await client.call(server.address, "sleep", 10, provider_id=1, timeout_seconds=0.05)  # type: ignore[arg-type]
+    started = asyncio.Event()
+
+    async def wait_forever(req: Any, arg: Any) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    server.register(1, "wait_forever", wait_forever)
+    task = asyncio.create_task(client.call(server.address, "wait_forever", provider_id=1))  # type: ignore[arg-type]
+    await asyncio.wait_for(started.wait(), WAIT_SECONDS)
+    assert client.progress.spinning and client.progress.inflight >= 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    handle = server.expose(bytearray(3 * 1024 * 1024), "rw")
+    await client.pull(handle)
+    await client.push(handle, bytes(1024))
+    assert client.progress.inflight == 0
+    await wait_until(lambda: server.progress.inflight == 0, what="the server's work to finish")
+    for engine in (server, client):
+        await wait_until(lambda e=engine: not e.progress.spinning, what="polling to stop")  # type: ignore[misc]
+        stats = engine.statistics()["progress"]
+        assert stats["inflight"] == 0 and stats["blocks"] >= 1 and stats["polls"] > 0, stats
+
+
+async def test_engine_in_block_mode_serves_without_polling(address: str, make_engine: Any) -> None:
+    server = await make_engine(address, progress_mode="block")
+    server.register(1, "echo", lambda req, arg: arg)
+    client = await make_engine(None, progress_mode="block")
+    assert await asyncio.gather(*(client.call(server.address, "echo", i, provider_id=1) for i in range(50))) == list(
+        range(50)
+    )
+    assert server.progress.polls == 0 and client.progress.polls == 0

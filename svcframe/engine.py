@@ -73,8 +73,6 @@ current_callpath: contextvars.ContextVar[int] = contextvars.ContextVar("svcframe
 
 Handler = Callable[["Request", Any], Any]
 
-_DISCARD = memoryview(bytearray(DEFAULT_MAX_BODY_BYTES))
-
 
 @dataclass(slots=True)
 class Registration:
@@ -197,6 +195,7 @@ class Engine:
         self._exposed: dict[int, tuple[memoryview, str]] = {}
         self._next_bulk_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._scratch = memoryview(bytearray(0))
         self._closing = False
         self._closed = asyncio.Event()
         self._idle = asyncio.Event()
@@ -823,7 +822,7 @@ class Engine:
         if kind == Kind.BULK_DATA_REPLY:
             p = conn.pending.get(request_id)
             if p is None or p.dest is None:
-                return _DISCARD[:length]  # a transfer we gave up on: drop its late data
+                return self._discard(length)  # a transfer we gave up on: drop its late data
             end = p.cursor + length
             if end > len(p.dest):
                 raise RemoteProtocolError(f"peer sent {end} bytes for a {len(p.dest)}-byte pull")
@@ -839,8 +838,14 @@ class Engine:
             raise RemoteProtocolError(f"peer pushed {end} bytes for a {size}-byte push")
         start, incoming.cursor = incoming.cursor, end
         if incoming.dest is None:
-            return _DISCARD[:length]
+            return self._discard(length)
         return incoming.dest[start:end]
+
+    def _discard(self, length: int) -> memoryview:
+        """Scratch space for bulk data nobody waits for (length <= max_body_bytes, checked by the decoder)."""
+        if len(self._scratch) < length:
+            self._scratch = memoryview(bytearray(length))
+        return self._scratch[:length]
 
     def statistics(self) -> dict[str, Any]:
         """Counters of this engine: connections, in-flight work, progress loop, per-RPC statistics."""

@@ -42,13 +42,13 @@ def is_uvloop() -> bool:
     return isinstance(asyncio.get_running_loop(), uvloop.Loop)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = WAIT_SECONDS, what: str = "condition") -> None:
-    """Poll ``predicate`` (yielding to the loop) until true; fail after ``timeout`` seconds."""
+async def wait_until(predicate: Callable[[], bool], within: float = WAIT_SECONDS, what: str = "condition") -> None:
+    """Poll ``predicate`` (yielding to the loop) until true; fail after ``within`` seconds."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while not predicate():
         if loop.time() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+            pytest.fail(f"timed out after {within:g} s waiting for {what}")
         await asyncio.sleep(0.001)
 
 

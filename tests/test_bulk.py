@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from conftest import WAIT_SECONDS, register_test_rpcs
+
 from svcframe import BulkError, BulkHandle, Engine, Request, TimeoutError_
 
 pytestmark = pytest.mark.asyncio
@@ -138,7 +138,9 @@ async def test_64_mib_both_directions(address: str, make_engine: MakeEngine) -> 
     buf = bytearray(pattern(size, 21))
     handle = client.expose(buf, "rw")
     assert await call1(client, server, "pull_digest", handle.to_wire(), timeout_seconds=60) == sha(buf)
-    assert await call1(client, server, "push_pattern", {"handle": handle.to_wire(), "seed": 22}, timeout_seconds=60) == sha(buf)
+    assert await call1(
+        client, server, "push_pattern", {"handle": handle.to_wire(), "seed": 22}, timeout_seconds=60
+    ) == sha(buf)
     # server exposes, client pulls then pushes
     remote = await remote_handle(client, server, size, "rw", seed=23)
     assert sha(await client.pull(remote, timeout_seconds=60)) == sha(exposer.buffers[remote.bulk_id])
@@ -238,7 +240,7 @@ async def test_out_of_range_is_bulk_error(server: Engine, client: Engine) -> Non
     exposer = Exposer(server)
     handle = await remote_handle(client, server, 100, "rw")
     for kwargs in ({"offset": 99, "size": 2}, {"offset": -1, "size": 1}, {"offset": 0, "size": 101}, {"offset": 101}):
-        with pytest.raises(BulkError, match="range|outside"):
+        with pytest.raises(BulkError, match=r"range|outside"):
             await client.pull(handle, **kwargs)
     with pytest.raises(BulkError):
         await client.push(handle, b"z" * 10, offset=95)
@@ -278,16 +280,8 @@ async def test_handle_of_a_restarted_engine_is_bulk_error(address: str, make_eng
         await client.pull(stale)
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{}, {"max_body_bytes": 16 * MiB, "bulk_chunk_bytes": 8 * MiB}],
-    ids=["default-chunks", "8MiB-chunks"],
-)
-async def test_timed_out_pull_leaves_the_connection_usable(
-    address: str, make_engine: MakeEngine, options: dict[str, Any]
-) -> None:
-    server, _, exposer = await setup(address, make_engine, **options)
-    client = await make_engine(None, **options)
+async def test_timed_out_pull_leaves_the_connection_usable(address: str, make_engine: MakeEngine) -> None:
+    server, client, exposer = await setup(address, make_engine)
     handle = await remote_handle(client, server, 48 * MiB, "r", seed=2)
     conn = await client.connection(server.address)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
@@ -299,6 +293,30 @@ async def test_timed_out_pull_leaves_the_connection_usable(
     for _ in range(3):
         assert await client.pull(small, timeout_seconds=WAIT_SECONDS) == pattern(1000, 3)
     assert sha(await client.pull(handle, timeout_seconds=60)) == sha(exposer.buffers[handle.bulk_id])
+    assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunk", [1 * MiB, 8 * MiB], ids=["1MiB-chunks", "8MiB-chunks"])
+async def test_abandoned_pull_leaves_the_connection_usable(address: str, make_engine: MakeEngine, chunk: int) -> None:
+    """Data of a pull the caller gave up on still arrives; it is dropped, whatever the chunk size
+    (here one chunk: the owner sends it as soon as it reads the request)."""
+    options = {"max_body_bytes": 16 * MiB, "bulk_chunk_bytes": chunk}
+    server, _, _ = await setup(address, make_engine, **options)
+    client = await make_engine(None, **options)
+    handle = await remote_handle(client, server, 6 * MiB if chunk > 6 * MiB else chunk, "r", seed=2)
+    conn = await client.connection(server.address)  # type: ignore[arg-type]
+    task = asyncio.create_task(client.pull(handle, timeout_seconds=WAIT_SECONDS))
+    for _ in range(1000):  # until the request is on its way (a few loop iterations), then give up
+        if conn.pending:
+            break
+        await asyncio.sleep(0)
+    assert conn.pending
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    small = await remote_handle(client, server, 1000, "r", seed=3)
+    for _ in range(3):
+        assert await client.pull(small, timeout_seconds=WAIT_SECONDS) == pattern(1000, 3)
     assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
 
 

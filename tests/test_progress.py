@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from conftest import WAIT_SECONDS, wait_until
+
 from svcframe import Engine, RemoteError, TimeoutError_
 from svcframe.progress import PROGRESS_MODES, Progress
 
@@ -67,7 +67,7 @@ async def test_spindown_polls_for_the_window_then_blocks(progress_factory: Any) 
     t0 = time.monotonic()
     p.activity()
     assert p.spinning
-    await wait_until(lambda: not p.spinning, timeout=2.0, what="spindown to stop polling")
+    await wait_until(lambda: not p.spinning, within=2.0, what="spindown to stop polling")
     elapsed = time.monotonic() - t0
     assert 0.05 <= elapsed < 0.5, f"polled for {elapsed * 1000:.1f} ms with a 50 ms spindown"
     assert p.blocks == blocks + 1
@@ -86,7 +86,7 @@ async def test_spindown_keeps_polling_while_operations_are_in_flight(progress_fa
     assert p.spinning  # 5x the spindown window, still polling: an operation is in flight
     p.inflight = 0
     p.activity()
-    await wait_until(lambda: not p.spinning, timeout=2.0, what="polling to stop once idle")
+    await wait_until(lambda: not p.spinning, within=2.0, what="polling to stop once idle")
 
 
 async def test_configure_switches_mode_live(progress_factory: Any) -> None:
@@ -169,7 +169,7 @@ async def test_selector_timeout_is_zero_while_spinning_then_blocks(progress_fact
     await wait_until(lambda: not p.spinning, what="the start-up spin to end")
     with SelectRecorder(p) as rec:
         p.activity()
-        await wait_until(lambda: not p.spinning, timeout=2.0, what="spindown to stop polling")
+        await wait_until(lambda: not p.spinning, within=2.0, what="spindown to stop polling")
         spinning = [t for t, s in rec.calls if s]
         assert len(spinning) >= 10
         assert all(t == 0 for t in spinning), f"non-zero selector timeouts while spinning: {set(spinning)}"
@@ -216,7 +216,7 @@ async def test_engine_progress_returns_to_idle_after_calls(server: Engine, clien
     with pytest.raises(RemoteError):
         await client.call(server.address, "boom", provider_id=1)  # type: ignore[arg-type]
     with pytest.raises(TimeoutError_):
-        await client.call(server.address, "sleep", 10, provider_id=1, timeout_seconds=0.05)  # type: ignore[arg-type]
+        await client.call(server.address, "sleep", 0.3, provider_id=1, timeout_seconds=0.05)  # type: ignore[arg-type]
     started = asyncio.Event()
 
     async def wait_forever(req: Any, arg: Any) -> None:

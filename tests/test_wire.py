@@ -4,6 +4,8 @@ and no body over ``max_body_bytes`` is ever allocated."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import ssl
 import tracemalloc
@@ -85,7 +87,7 @@ def feed_in_pieces(decoder: FrameDecoder, data: bytes, cuts: Iterable[int]) -> l
     held-back frames are fetched with ``more()`` after each non-empty batch."""
     frames: list[Frame] = []
     bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(data))), len(data)]
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         piece = memoryview(data)[lo:hi]
         while piece:
             buf = decoder.get_buffer()
@@ -225,7 +227,10 @@ def test_fixed_size_pieces_yield_identical_frames(step: int) -> None:
 
 
 @settings(max_examples=500, deadline=None)
-@given(cuts=st.lists(st.integers(min_value=1, max_value=5000), max_size=60), buffer_bytes=st.sampled_from([0, 150, 1000, 65536]))
+@given(
+    cuts=st.lists(st.integers(min_value=1, max_value=5000), max_size=60),
+    buffer_bytes=st.sampled_from([0, 150, 1000, 65536]),
+)
 def test_any_split_yields_identical_frames(cuts: list[int], buffer_bytes: int) -> None:
     assert_decodes_to_sample(cuts, buffer_bytes)
 
@@ -436,10 +441,8 @@ def decode_or_protocol_error(data: bytes, cuts: Sequence[int], max_body_bytes: i
             assert frame.body is None
         else:
             assert frame.body is not None
-            try:
+            with contextlib.suppress(RemoteProtocolError):
                 unpack_body(frame.body)
-            except RemoteProtocolError:
-                pass
 
 
 header_like = st.builds(
@@ -506,10 +509,8 @@ def test_mutated_header_fields_raise_only_remote_protocol_error(kind: int, field
 @FUZZ
 @given(body=st.binary(max_size=200))
 def test_unpack_body_of_garbage_raises_only_remote_protocol_error(body: bytes) -> None:
-    try:
+    with contextlib.suppress(RemoteProtocolError):
         unpack_body(body)
-    except RemoteProtocolError:
-        pass
 
 
 # --- msgpack bodies ------------------------------------------------------------------------------------------

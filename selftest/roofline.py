@@ -162,9 +162,7 @@ class Metric:
             raise ValueError(f"a metric is a name or {{'name', 'unit', 'label'}}, got {d!r}")
         if "unit" not in d and "label" not in d:
             if d["name"] not in METRICS:
-                raise ValueError(
-                    f"unknown metric {d['name']!r}; known: {sorted(METRICS)} (or give unit and label)"
-                )
+                raise ValueError(f"unknown metric {d['name']!r}; known: {sorted(METRICS)} (or give unit and label)")
             return METRICS[d["name"]]
         unit = str(d.get("unit", ""))
         return cls(name=str(d["name"]), unit=unit, label=str(d.get("label", f"{d['name']} ({unit})")))
@@ -230,9 +228,7 @@ class Sample:
         """
         missing = {"servers", "clients", "rate_per_client"} - set(d)
         if missing:
-            raise ValueError(
-                f"a sample needs keys servers, clients, rate_per_client; missing {sorted(missing)}"
-            )
+            raise ValueError(f"a sample needs keys servers, clients, rate_per_client; missing {sorted(missing)}")
         return cls(servers=d["servers"], clients=d["clients"], rate_per_client=d["rate_per_client"])
 
 

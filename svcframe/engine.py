@@ -51,7 +51,7 @@ from .errors import (
 )
 from .monitoring import Monitor
 from .progress import Progress
-from .transport import Address, Connection, Identity, dial, listen, parse_address
+from .transport import Address, Connection, Identity, dial, goodbye_error, listen, parse_address
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
     Flag,
@@ -188,7 +188,7 @@ class Engine:
         self._server: asyncio.AbstractServer | None = None
         self._bound: Address | None = None
         self._conns: dict[str, Connection] = {}  # dialled, by address
-        self._dialing: dict[str, asyncio.Future[Connection]] = {}
+        self._dialing: dict[str, list[Any]] = {}  # address -> [dial task, callers waiting]
         self._peers: dict[str, Connection] = {}  # any open connection, by peer engine id
         self._all_conns: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -319,42 +319,60 @@ class Engine:
         return rid
 
     # -- outgoing calls ------------------------------------------------------------------------------
-    async def connection(self, address: str) -> Connection:
+    async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection:
         """An open, handshaken connection to ``address`` (dialled once, then reused).
 
+        Concurrent callers share one dial; each waits up to its own ``timeout_seconds`` (default: the
+        engine's default deadline). When the last waiting caller gives up, the dial is abandoned and its
+        socket closed.
+
         Raises:
-            ConnectionLost / AuthenticationFailed: cannot connect or the handshake was refused.
-            ConfigError: malformed address.
+            TimeoutError_, ConnectionLost, AuthenticationFailed; ConfigError for a malformed address.
         """
         conn = self._conns.get(address)
         if conn is not None and not conn.closed:
             return conn
         if self._closing:
             raise ConnectionLost("the engine is shutting down")
-        waiting = self._dialing.get(address)
-        if waiting is not None:
-            return await asyncio.shield(waiting)
-        fut: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
-        self._dialing[address] = fut
+        entry = self._dialing.get(address)
+        if entry is None:
+            task = asyncio.get_running_loop().create_task(self._dial(address))
+            task.add_done_callback(_retrieve)
+            entry = self._dialing[address] = [task, 0]
+        task = entry[0]
+        entry[1] += 1
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         try:
-            target = parse_address(address)
+            return await asyncio.wait_for(asyncio.shield(task), max(timeout, 0.0))
+        except TimeoutError:
+            raise TimeoutError_(f"connecting to {address} took longer than {timeout:g} s") from None
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and not task.done():
+                task.cancel()  # nobody waits for this dial any more
 
-            def factory() -> Connection:
-                conn = Connection(self, self.identity, server_side=False, max_body_bytes=self.max_body_bytes)
-                self._all_conns.add(conn)
-                return conn
+    async def _dial(self, address: str) -> Connection:
+        target = parse_address(address)
+        made: list[Connection] = []
 
-            conn = await dial(target, factory, local_host=self.local_host)
-            await conn.ready
-            self._conns[address] = conn
-            fut.set_result(conn)
+        def factory() -> Connection:
+            conn = Connection(self, self.identity, server_side=False, max_body_bytes=self.max_body_bytes)
+            self._all_conns.add(conn)
+            made.append(conn)
             return conn
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()
+
+        try:
+            await dial(target, factory, local_host=self.local_host)
+            await made[0].ready
+            self._conns[address] = made[0]
+            return made[0]
+        except BaseException:
+            for conn in made:
+                conn.abort(ConnectionLost("dial abandoned"))
+                self._all_conns.discard(conn)
             raise
         finally:
-            del self._dialing[address]
+            self._dialing.pop(address, None)
 
     async def call(
         self,
@@ -381,10 +399,7 @@ class Engine:
         start = loop.time()
         conn = self._conns.get(address)
         if conn is None or conn.closed:
-            try:
-                conn = await asyncio.wait_for(self.connection(address), timeout)
-            except TimeoutError:
-                raise TimeoutError_(f"connecting to {address} took longer than {timeout:g} s") from None
+            conn = await self.connection(address, timeout)
         body = pack_body(arg)
         if len(body) > conn.peer_max_body_bytes:
             raise LocalProtocolError(
@@ -396,6 +411,8 @@ class Engine:
         future: asyncio.Future[tuple[int, Any]] = loop.create_future()
         key = (provider_id, name)
         pending = _Pending(future, key)
+        if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
+            raise conn.close_reason or ConnectionLost(f"connection to {address} is closed")
         conn.pending[request_id] = pending
         remaining = timeout - (loop.time() - start)
         conn.send(
@@ -411,15 +428,16 @@ class Engine:
         timer = loop.call_at(start + timeout, _expire, future)
         try:
             status, payload = await future
-        except asyncio.CancelledError:
-            if not future.cancelled() or conn.closed:
-                raise
-            if timer.cancelled() or loop.time() < start + timeout:
-                conn.send(encode_frame(Kind.CANCEL, request_id))  # the caller gave up: tell the server
-                raise
+        except _DeadlineExpired:
+            if not conn.closed:
+                conn.send(encode_frame(Kind.CANCEL, request_id))  # nobody waits any more: tell the server
             raise TimeoutError_(
                 f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s"
             ) from None
+        except asyncio.CancelledError:
+            if not conn.closed:
+                conn.send(encode_frame(Kind.CANCEL, request_id))  # the caller gave up: tell the server
+            raise
         finally:
             timer.cancel()
             conn.pending.pop(request_id, None)
@@ -517,13 +535,13 @@ class Engine:
             raise BulkError(f"bulk handle {handle.bulk_id} is not exposed for {need!r} here, or out of range")
         return entry[0][offset : offset + size]
 
-    async def _peer_connection(self, handle: BulkHandle) -> Connection:
+    async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
         conn = self._peers.get(handle.engine_id)
         if conn is not None and not conn.closed:
             return conn
         if handle.address is None:
             raise BulkError("the bulk handle's owner has no address and no connection to us")
-        conn = await self.connection(handle.address)
+        conn = await self.connection(handle.address, timeout_seconds)
         if conn.peer_engine_id != handle.engine_id:
             raise BulkError(f"the engine at {handle.address} no longer owns this bulk handle (it restarted)")
         return conn
@@ -541,14 +559,13 @@ class Engine:
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
-        try:
-            conn = await asyncio.wait_for(self._peer_connection(handle), timeout)
-        except TimeoutError:
-            raise TimeoutError_(f"bulk {kind.name}: connecting to the owner took longer than {timeout:g} s") from None
+        conn = await self._peer_connection(handle, timeout)
         request_id = conn.next_request_id()
         future: asyncio.Future[tuple[int, Any]] = loop.create_future()
         pending = _Pending(future, (0, kind.name))
         pending.dest = dest
+        if conn.closed:
+            raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
         conn.pending[request_id] = pending
         self.progress.inflight += 1
         self.progress.activity()
@@ -561,9 +578,11 @@ class Engine:
             else:
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
             return await future
+        except _DeadlineExpired:
+            if not conn.closed:
+                conn.send(encode_frame(Kind.CANCEL, request_id))
+            raise TimeoutError_(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None
         except asyncio.CancelledError:
-            if future.cancelled() and not timer.cancelled() and loop.time() >= start + timeout:
-                raise TimeoutError_(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None
             if not conn.closed:
                 conn.send(encode_frame(Kind.CANCEL, request_id))
             raise
@@ -608,8 +627,11 @@ class Engine:
         for address, c in list(self._conns.items()):
             if c is conn:
                 del self._conns[address]
-        reason = f"connection to {conn.peer_address or conn.peername} lost" + (f": {exc}" if exc else "")
-        self._fail_pending(conn, ConnectionLost(reason))
+        error = conn.close_reason
+        if error is None:
+            reason = f"connection to {conn.peer_address or conn.peername} lost" + (f": {exc}" if exc else "")
+            error = ConnectionLost(reason)
+        self._fail_pending(conn, error)
         for task in list(conn.serving.values()):
             if isinstance(task, asyncio.Task):
                 task.cancel()  # nobody can receive the answer any more
@@ -644,6 +666,7 @@ class Engine:
                 if isinstance(task, asyncio.Task):
                     task.cancel()
             elif kind == Kind.GOODBYE:
+                conn.close_reason = goodbye_error(conn, frame)
                 conn.close()
             else:
                 raise RemoteProtocolError(f"unexpected frame kind {kind} after the handshake")
@@ -698,9 +721,14 @@ class Engine:
         self._tasks.add(task)
         conn.serving[frame.request_id] = task
         self.progress.inflight += 1
-        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t))
+        deadline = loop.call_at(req.deadline, task.cancel) if req.deadline is not None else None
+        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, deadline))
 
-    def _task_done(self, conn: Connection, request_id: int, task: asyncio.Task[Any]) -> None:
+    def _task_done(
+        self, conn: Connection, request_id: int, task: asyncio.Task[Any], deadline: asyncio.TimerHandle | None
+    ) -> None:
+        if deadline is not None:
+            deadline.cancel()
         self._tasks.discard(task)
         if conn.serving.get(request_id) is task:
             del conn.serving[request_id]
@@ -714,7 +742,12 @@ class Engine:
             result = await aw
         except asyncio.CancelledError:
             if not conn.closed:
-                self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled")
+                if self._closing:
+                    self._reply_error(
+                        conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished"
+                    )
+                else:
+                    self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
             raise
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
@@ -869,9 +902,18 @@ def _push_size(incoming: _IncomingPush) -> int:
         return 0
 
 
+class _DeadlineExpired(Exception):
+    """Set on a pending call's future by its deadline timer (turned into TimeoutError_ by the caller)."""
+
+
 def _expire(future: asyncio.Future[Any]) -> None:
     if not future.done():
-        future.cancel()
+        future.set_exception(_DeadlineExpired())
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a dial nobody awaited any more: its error is not "never retrieved"
 
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:

@@ -135,6 +135,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_engine_id: str | None = None
         self.peer_address: str | None = None
         self.peername: str = "?"
+        self.close_reason: ConnectionLost | None = None  # why the peer closed, when it said so
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES  # the largest body the peer accepts (from HELLO)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed = False
@@ -282,14 +283,8 @@ class Connection(asyncio.BufferedProtocol):
     def _handshake(self, frames: list[Frame]) -> list[Frame]:
         first, rest = frames[0], frames[1:]
         if first.kind == Kind.GOODBYE:
-            reason = _safe_text(first.body)
-            err: ConnectionLost = (
-                AuthenticationFailed(f"{self.peername} refused the handshake: {reason}")
-                if first.status == Status.UNAUTHENTICATED
-                else ConnectionLost(f"{self.peername} closed the connection: {reason}")
-            )
             if not self.ready.done():
-                self.ready.set_exception(err)
+                self.ready.set_exception(goodbye_error(self, first))
             self.close()
             return []
         if first.kind != Kind.HELLO:
@@ -340,6 +335,14 @@ class Connection(asyncio.BufferedProtocol):
 
     def _bulk_sink(self, kind: int, request_id: int, length: int) -> memoryview:
         return self.owner.bulk_sink(self, kind, request_id, length)
+
+
+def goodbye_error(conn: Connection, frame: Frame) -> ConnectionLost:
+    """The error a GOODBYE frame means for the calls pending on its connection."""
+    reason = _safe_text(frame.body)
+    if frame.status == Status.UNAUTHENTICATED:
+        return AuthenticationFailed(f"{conn.peername} refused the connection: {reason}")
+    return ConnectionLost(f"{conn.peername} closed the connection: {reason}")
 
 
 def _safe_text(body: bytes | bytearray | None) -> str:

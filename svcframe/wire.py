@@ -42,6 +42,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import re
 import struct
 import zlib
 from collections.abc import Callable
@@ -175,6 +176,8 @@ def encode_header(
     lamport: int = 0,
 ) -> bytes:
     """Pack one frame header. Raises LocalProtocolError when a field does not fit its width."""
+    if len(trace_id) != 16:
+        raise LocalProtocolError(f"trace_id must be 16 bytes, got {len(trace_id)}")
     try:
         return HEADER.pack(
             MAGIC, WIRE_VERSION, kind, flags, provider_id, rpc, body_length, request_id,
@@ -192,16 +195,39 @@ def encode_frame(kind: int, request_id: int, body: bytes = b"", **fields: int | 
 _packer = msgpack.Packer(use_bin_type=True, strict_types=False, autoreset=True)
 
 
+_TYPES_HINT = "use msgpack types (None, bool, int, float, str, bytes, list, dict with str keys) or a bulk handle"
+
+
 def pack_body(obj: object) -> bytes:
-    """msgpack-encode an RPC argument or result. Raises LocalProtocolError for unsupported types."""
+    """msgpack-encode an RPC argument or result.
+
+    The result is checked with the receiver's own strict decoder, so what every peer would refuse
+    (extension types, non-str map keys) fails here, at the sender.
+
+    Raises:
+        LocalProtocolError: the value cannot be carried.
+    """
     try:
-        return _packer.pack(obj)
+        body = _packer.pack(obj)
     except (TypeError, ValueError, OverflowError) as exc:
         _packer.reset()
-        raise LocalProtocolError(
-            f"cannot encode {type(obj).__name__} as an RPC body: {exc}; use msgpack types "
-            "(None, bool, int, float, str, bytes, list, dict with str keys) or a bulk handle"
-        ) from exc
+        raise LocalProtocolError(f"cannot encode {type(obj).__name__} as an RPC body: {exc}; {_TYPES_HINT}") from exc
+    if _EXT_MARKERS.search(body) or (_MAP_MARKERS.search(body) and body[0] not in _NO_MAPS):
+        try:
+            unpack_body(body)
+        except RemoteProtocolError as exc:
+            raise LocalProtocolError(f"cannot send this RPC body: {exc}; {_TYPES_HINT}") from None
+    return body
+
+
+# msgpack type bytes that may start an extension value (fixext 1-16, ext 8/16/32) or a map.
+_EXT_MARKERS = re.compile(rb"[\xc7-\xc9\xd4-\xd8]")
+_MAP_MARKERS = re.compile(rb"[\x80-\x8f\xde\xdf]")
+# First bytes of scalar bodies (nil, bool, bin, str, float, int): no map can follow.
+_NO_MAPS = frozenset(
+    bytes(range(0x00, 0x80)) + bytes(range(0xA0, 0xC0)) + bytes(range(0xE0, 0x100)) + b"\xc0\xc2\xc3\xc4\xc5\xc6\xca\xcb"
+    + b"\xcc\xcd\xce\xcf\xd0\xd1\xd2\xd3\xd9\xda\xdb"
+)  # fmt: skip
 
 
 def unpack_body(body: bytes | bytearray | memoryview) -> object:
@@ -213,21 +239,44 @@ def unpack_body(body: bytes | bytearray | memoryview) -> object:
     if not body:
         return None
     try:
-        return msgpack.unpackb(
+        value = msgpack.unpackb(
             body,
             raw=False,
             strict_map_key=True,
             use_list=True,
             ext_hook=_refuse_ext,
+            object_pairs_hook=_str_keyed_dict,
         )
     except RemoteProtocolError:
         raise
     except Exception as exc:  # msgpack raises many types (FormatError, ExtraData, ValueError, ...)
         raise RemoteProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") from exc
+    if _EXT_MARKERS.search(body):
+        _refuse_timestamps(value)  # msgpack decodes ext -1 itself, without calling ext_hook
+    return value
 
 
 def _refuse_ext(code: int, data: bytes) -> object:
     raise RemoteProtocolError(f"msgpack extension type {code} is not allowed on the wire")
+
+
+def _str_keyed_dict(pairs: list[tuple[object, object]]) -> dict[str, object]:
+    for key, _ in pairs:
+        if type(key) is not str:
+            raise RemoteProtocolError(f"map key {key!r:.40} is a {type(key).__name__}; only str keys are allowed")
+    return dict(pairs)  # type: ignore[arg-type]
+
+
+def _refuse_timestamps(value: object) -> None:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, msgpack.Timestamp):
+            raise RemoteProtocolError("msgpack extension type -1 (timestamp) is not allowed on the wire")
+        if isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
 
 
 def auth_mac(secret: bytes, nonce: bytes, server_engine_id: str, client_engine_id: str) -> bytes:
@@ -345,6 +394,8 @@ class FrameDecoder:
             start = self._start
             avail = self._end - start
             if avail < HEADER_SIZE:
+                if avail >= 4 and view[start : start + 2] != MAGIC:
+                    raise RemoteProtocolError(self._describe_bad_header(view[start : start + avail]))
                 if avail == 0:
                     self._start = self._end = 0
                 elif start + HEADER_SIZE > len(self._buf):

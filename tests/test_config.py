@@ -33,7 +33,12 @@ def test_defaults_filled_in() -> None:
         ({"providers": [{"name": "1bad", "type": "kv"}]}, "providers[0].name", "pattern"),
         ({"providers": [{"type": "kv"}]}, "providers[0].name", "Field required"),
         (
-            {"providers": [{"name": "a", "type": "kv", "provider_id": 3}, {"name": "b", "type": "kv", "provider_id": 3}]},
+            {
+                "providers": [
+                    {"name": "a", "type": "kv", "provider_id": 3},
+                    {"name": "b", "type": "kv", "provider_id": 3},
+                ]
+            },
             "providers",
             "share provider_id 3",
         ),

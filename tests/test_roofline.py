@@ -154,9 +154,7 @@ def test_combine_scores_weighted_geometric_mean() -> None:
         ({"a": 0.5}, {"a": 1.0, "c": 1.0}, "unknown"),
     ],
 )
-def test_combine_scores_errors(
-    scores: dict[str, float], weights: dict[str, float] | None, match: str
-) -> None:
+def test_combine_scores_errors(scores: dict[str, float], weights: dict[str, float] | None, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         combine_scores(scores, weights)
 

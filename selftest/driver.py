@@ -54,7 +54,7 @@ class SelftestParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workload: Literal["noop", "bulk"] = "noop"
+    workload: Literal["noop", "bulk", "storage"] = "noop"
     provider_id: int = Field(1, ge=0, le=65535, description="self-test provider id on the servers")
     duration_seconds: float = Field(2.0, gt=0)
     warmup_iterations: int = Field(10, ge=0)
@@ -62,6 +62,9 @@ class SelftestParams(BaseModel):
     resp_buffer_size: int = Field(128, ge=0)
     bulk_size: int = Field(1024 * 1024, ge=0, description="bytes per op, bulk workload only")
     bulk_direction: Literal["pull", "push"] = "pull"
+    storage_op: Literal["write", "read"] = Field("write", description="storage workload: what the server does")
+    storage_block_size: int = Field(4096, gt=0, description="bytes per op, storage workload only")
+    storage_fsync: bool = Field(False, description="storage workload: fdatasync after each write")
     clients: int = Field(1, ge=1)
     depth: int = Field(1, ge=1, description="outstanding calls per client")
     client_cores: list[int] | None = Field(None, description="pin client i to client_cores[i % len]")
@@ -127,10 +130,13 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
             direction = params.bulk_direction
             bulk = engine.expose(buf, "r" if direction == "pull" else "w")
         arg = work_arg(params.resp_buffer_size, direction, bulk, bytes(params.req_buffer_size))
+        rpc_name = "work"
+        if params.workload == "storage":  # server-local disk I/O: no payload crosses the network
+            rpc_name, arg = "storage", [params.storage_op, params.storage_block_size, params.storage_fsync]
         call = engine.call
         pid = params.provider_id
         for _ in range(params.warmup_iterations):
-            await call(server, "work", arg, provider_id=pid)
+            await call(server, rpc_name, arg, provider_id=pid)
         await engine.connection(server)
         await loop.run_in_executor(None, barrier.wait, 120.0)  # warmed up; driver samples servers
         await loop.run_in_executor(None, barrier.wait, 120.0)  # go
@@ -148,7 +154,7 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
                 t0 = perf()
                 if t0 >= end:
                     return
-                await call(server, "work", arg, provider_id=pid)
+                await call(server, rpc_name, arg, provider_id=pid)
                 t1 = perf()
                 append(t1 - t0)
                 if interval is not None:
@@ -332,7 +338,7 @@ def summarize(
                 "max_rss_bytes": a["max_rss_bytes"],
             }
         )
-    bytes_per_op = params.bulk_size if params.workload == "bulk" else 0
+    bytes_per_op = {"bulk": params.bulk_size, "storage": params.storage_block_size}.get(params.workload, 0)
     elapsed = max(o["elapsed_seconds"] for o in outs)
     server_ops = total_ops  # warm-up calls precede the first server sample; nothing follows the loop
     return {

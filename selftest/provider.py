@@ -9,6 +9,13 @@ RPCs:
   the client) or ``"push"`` (the server writes into the client's buffer) or None for no bulk. Without
   bulk the handler runs inline (no Task). (Quintain's ``qtn_work_rpc``, without its inverted-direction
   bug: here ``pull`` is a pull.)
+* ``storage``: ``[op, block_size, fsync]`` -> bytes done. The server writes (``op="write"``) or reads
+  (``op="read"``) ``block_size`` bytes at a random ``block_size``-aligned offset of its own file
+  ``<storage_dir>/svcframe-selftest-<pid>-<provider_id>.dat`` (``storage_file_bytes`` long), with
+  ``os.pwrite`` / ``os.preadv`` in a worker thread (``loop.run_in_executor``) so the event loop keeps
+  serving; ``fsync=True`` makes each write durable before the reply. Without fsync the page cache
+  absorbs writes and serves reads, as it does for a real service. The file is removed when the provider
+  closes. (Storage IOPS and bandwidth: the future work of Carns et al. 2025, section 4.3.)
 * ``stat``: no argument -> ``{"user_seconds", "system_seconds", "cpu_seconds", "wall_seconds",
   "max_rss_bytes", "pid"}`` from ``getrusage(RUSAGE_SELF)`` (Quintain's ``qtn_stat_rpc``).
 
@@ -18,8 +25,12 @@ transfer, not the allocator.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import random
 import resource
+import tempfile
 import time
 from typing import Any
 
@@ -41,7 +52,8 @@ def work_arg(
 @register_provider_type
 class SelftestProvider(Provider):
     """Synthetic work for benchmarks. Config: ``max_response_bytes`` (default 64 MiB), ``max_bulk_bytes``
-    (default 1 GiB): requests above them are refused with an error."""
+    (default 1 GiB): requests above them are refused with an error; ``storage_dir`` (default: the system
+    temporary directory) and ``storage_file_bytes`` (default 256 MiB) for the ``storage`` RPC."""
 
     type_name = "selftest"
 
@@ -49,11 +61,18 @@ class SelftestProvider(Provider):
         super().__init__(engine, provider_id, **kwargs)
         self.config.setdefault("max_response_bytes", 64 * 1024 * 1024)
         self.config.setdefault("max_bulk_bytes", 1 << 30)
-        unknown = set(self.config) - {"max_response_bytes", "max_bulk_bytes"}
+        self.config.setdefault("storage_dir", None)
+        self.config.setdefault("storage_file_bytes", 256 * 1024 * 1024)
+        unknown = set(self.config) - {"max_response_bytes", "max_bulk_bytes", "storage_dir", "storage_file_bytes"}
         if unknown:
             raise ConfigError(f"selftest provider: unknown config key(s) {sorted(unknown)}")
+        file_bytes = self.config["storage_file_bytes"]
+        if not isinstance(file_bytes, int) or file_bytes < 4096:
+            raise ConfigError(f"selftest provider: storage_file_bytes must be an integer >= 4096, got {file_bytes!r}")
         self._responses: dict[int, bytes] = {}
         self._buffers: dict[int, bytearray] = {}
+        self._storage_fd: int | None = None
+        self._storage_path: str | None = None
 
     def _response(self, size: int) -> bytes:
         resp = self._responses.get(size)
@@ -86,6 +105,46 @@ class SelftestProvider(Provider):
             self._buffers[size] = buf
         return self._response(resp_size)
 
+    def _storage_file(self) -> int:
+        if self._storage_fd is None:
+            directory = self.config["storage_dir"] or tempfile.gettempdir()
+            path = os.path.join(directory, f"svcframe-selftest-{os.getpid()}-{self.provider_id}.dat")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.ftruncate(fd, self.config["storage_file_bytes"])
+            self._storage_fd, self._storage_path = fd, path
+        return self._storage_fd
+
+    @rpc
+    async def storage(self, req: Request, arg: Any) -> int:
+        op, block_size, fsync = arg
+        if op not in ("write", "read"):
+            raise ValueError(f"storage op {op!r}: expected 'write' or 'read'")
+        file_bytes = self.config["storage_file_bytes"]
+        if not isinstance(block_size, int) or not 0 < block_size <= min(file_bytes, self.config["max_bulk_bytes"]):
+            raise ValueError(f"storage block_size {block_size!r} is outside 1..{min(file_bytes, self.config['max_bulk_bytes'])}")
+        fd = self._storage_file()
+        offset = random.randrange(file_bytes // block_size) * block_size
+        buf = self._buffers.pop(block_size, None) or bytearray(block_size)
+        try:
+            loop = asyncio.get_running_loop()
+            if op == "write":
+                done = await loop.run_in_executor(None, _write_block, fd, buf, offset, bool(fsync))
+            else:
+                done = await loop.run_in_executor(None, os.preadv, fd, [buf], offset)
+        finally:
+            self._buffers[block_size] = buf
+        return int(done)
+
+    async def close(self) -> None:
+        if self._storage_fd is not None:
+            os.close(self._storage_fd)
+            self._storage_fd = None
+        if self._storage_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._storage_path)
+            self._storage_path = None
+        await super().close()
+
     @rpc
     def stat(self, req: Request, _: Any) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -97,3 +156,10 @@ class SelftestProvider(Provider):
             "max_rss_bytes": usage.ru_maxrss * 1024,
             "pid": os.getpid(),
         }
+
+
+def _write_block(fd: int, buf: bytearray, offset: int, fsync: bool) -> int:
+    done = os.pwrite(fd, buf, offset)
+    if fsync:
+        os.fdatasync(fd)
+    return done

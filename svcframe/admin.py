@@ -1,40 +1,73 @@
-"""The admin provider: present in every server at the reserved provider id (0 by default, as Bedrock's).
+"""The admin provider (Bedrock analogue): in every server, at a reserved provider id, and its clients.
 
-RPCs (all take one msgpack argument, shown here as its fields):
+Every server hosts one admin provider at ``admin.provider_id`` (0 by default, as Bedrock's; no other
+provider may use that id, and every server of a service should use the same one). Its RPCs take one
+msgpack argument, shown here as its fields:
 
-=================  ==========================  ==================================================
-RPC                argument                    result
-=================  ==========================  ==================================================
-get_config         -                           the live bootstrap document (re-launchable)
-query_config       expression (JMESPath)       the expression evaluated on the live document
-patch_config       JSON Patch (RFC 6902)       the new live document; live settings only  (mutation)
-status             -                           address, pid, providers, closing
-list_rpcs          -                           the registration table: [{provider_id, name, owner}]
-statistics         {"reset": bool}             engine statistics (progress loop, per-RPC times)
-add_provider       provider description        the provider id assigned             (mutation)
-remove_provider    name                        null                                 (mutation)
-load_library       module name                 provider types it registered         (mutation)
-shutdown           -                           null; the server drains and exits    (mutation)
-=================  ==========================  ==================================================
+==================  ==========================  ==================================================
+RPC                 argument                    result
+==================  ==========================  ==================================================
+get_config          -                           the live bootstrap document (re-launchable)
+query_config        expression (JMESPath)       the expression evaluated on the live document
+status              -                           bound address, pid, providers, closing, plumber
+list_rpcs           -                           the registration table: [{provider_id, name, provider}]
+statistics          {"reset": bool}             engine statistics (progress loop, per-RPC times)
+lookup_provider     ``NAME`` or ``TYPE:ID``     {name, type, provider_id}, or None when absent
+patch_config        JSON Patch (RFC 6902)       the new live document; live settings only  (mutation)
+add_provider        provider description        the provider id assigned                   (mutation)
+remove_provider     name                        null, once in-flight calls completed      (mutation)
+load_library        module name                 provider types the module defines          (mutation)
+shutdown            -                           null; the server drains and exits          (mutation)
+==================  ==========================  ==================================================
 
-Mutations are refused with ``Refused`` when ``admin.allow_mutations`` is false. Queries run JMESPath on
-the server (a query language, never ``eval``).
+Mutations are refused with ``Refused`` when ``admin.allow_mutations`` is false (switch it off live with
+``patch_config``; it cannot be switched on again remotely). Invalid input gives a ``RemoteError`` whose
+``remote_type`` is ``"ConfigError"`` and whose message says what was wrong. Queries run JMESPath on the
+server (a query language, never ``eval``).
+
+*Re-launchable configuration.* ``get_config`` returns what the server was started with, every default
+filled in, plus every change since (providers added or removed with their assigned ids and filled-in
+configs, libraries loaded, patched settings). The listen address stays as configured (``tcp://HOST:0``
+stays port 0), so a server launched from the document is equal to this one, and its ``get_config`` is
+equal too; the address actually bound is in ``status``.
+
+Clients: ``ServiceHandle`` (one server) and ``ServiceGroupHandle`` (every member of a group file, results
+keyed by address). ``lookup_remote`` is the bounded-wait remote lookup the server uses to resolve
+``...@ADDRESS`` dependencies (Bedrock's ``bedrock_lookup_provider`` with ``dependency_resolution_timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engine import Engine, Request
-from .errors import ConfigError, Refused
-from .provider import Provider, load_library, rpc
+from .errors import (
+    AuthenticationFailed,
+    ConfigError,
+    ConnectionLost,
+    NoSuchProvider,
+    Refused,
+    RemoteError,
+    RPCError,
+    TimeoutError_,
+)
+from .provider import PROVIDER_TYPES, Provider, load_library, rpc
 
 if TYPE_CHECKING:
     from .server import Server
 
+#: Time the admin keeps for itself when a caller's deadline bounds a dependency wait: the error must
+#: reach the caller before the caller gives up.
+_REPLY_MARGIN_SECONDS = 0.5
+
 
 class AdminProvider(Provider):
+    """The admin provider of one ``Server`` (type ``"admin"``, name ``"admin"``)."""
+
     type_name = "admin"
 
     def __init__(self, engine: Engine, provider_id: int, *, server: Server) -> None:
@@ -43,8 +76,12 @@ class AdminProvider(Provider):
 
     def _mutation(self, what: str) -> None:
         if not self.server.config.admin.allow_mutations:
-            raise Refused(f"{what} refused: admin.allow_mutations is false in this server's config")
+            raise Refused(
+                f"{what} refused: admin.allow_mutations is false in this server's config "
+                "(read-only RPCs still work; stop the server with SIGTERM)"
+            )
 
+    # -- read-only ---------------------------------------------------------------------------------
     @rpc
     def get_config(self, req: Request, _: Any) -> dict[str, Any]:
         return self.server.live_config()
@@ -80,6 +117,17 @@ class AdminProvider(Provider):
         return stats
 
     @rpc
+    def lookup_provider(self, req: Request, spec: Any) -> dict[str, Any] | None:
+        """``NAME`` or ``TYPE:ID`` -> ``{name, type, provider_id}``, None when no such provider runs."""
+        if not isinstance(spec, str | int):
+            raise ConfigError("lookup_provider takes NAME or TYPE:ID (a string)")
+        provider = self.server.lookup_provider(str(spec))
+        if provider is None:
+            return None
+        return {"name": provider.name, "type": provider.type_name, "provider_id": provider.provider_id}
+
+    # -- mutations ---------------------------------------------------------------------------------
+    @rpc
     def patch_config(self, req: Request, patch: Any) -> dict[str, Any]:
         self._mutation("patch_config")
         if not isinstance(patch, list):
@@ -91,20 +139,26 @@ class AdminProvider(Provider):
         self._mutation("add_provider")
         if not isinstance(description, dict):
             raise ConfigError("add_provider takes a provider description (a JSON object)")
-        return await self.server.add_provider(description)
+        remaining = req.remaining_seconds()
+        timeout = None if remaining is None else max(0.0, remaining - _REPLY_MARGIN_SECONDS)
+        return await self.server.add_provider(description, timeout_seconds=timeout)
 
     @rpc
     async def remove_provider(self, req: Request, name: Any) -> None:
         self._mutation("remove_provider")
-        await self.server.remove_provider(str(name))
+        if not isinstance(name, str):
+            raise ConfigError("remove_provider takes a provider name (a string)")
+        await self.server.remove_provider(name)
 
     @rpc
     def load_library(self, req: Request, module: Any) -> list[str]:
         self._mutation("load_library")
-        types = load_library(str(module))
+        if not isinstance(module, str) or not module:
+            raise ConfigError("load_library takes a module name (a string such as 'providers.kv')")
+        new = load_library(module)
         if module not in self.server.config.libraries:
-            self.server.config.libraries = [*self.server.config.libraries, str(module)]
-        return types
+            self.server.config.libraries = [*self.server.config.libraries, module]
+        return sorted(set(new) | {t for t, cls in PROVIDER_TYPES.items() if cls.__module__ == module})
 
     @rpc
     def shutdown(self, req: Request, _: Any) -> None:
@@ -114,7 +168,17 @@ class AdminProvider(Provider):
 
 
 class ServiceHandle:
-    """Client side of one server's admin provider (Bedrock's ``ServiceHandle``)."""
+    """Client side of one server's admin provider (Bedrock's ``ServiceHandle``).
+
+    Args:
+        engine: a started local engine (a client-only ``Engine(None)`` is enough).
+        address: the server's address.
+        provider_id: the server's admin provider id (``admin.provider_id``, 0 by default).
+        timeout_seconds: deadline of each call (default: the engine's).
+
+    Every method raises the errors of ``Engine.call``: ``Refused`` when mutations are disabled,
+    ``RemoteError`` (``remote_type == "ConfigError"``) for invalid input, ``ConnectionLost``...
+    """
 
     def __init__(self, engine: Engine, address: str, provider_id: int = 0, *, timeout_seconds: float | None = None):
         self.engine = engine
@@ -122,15 +186,24 @@ class ServiceHandle:
         self.provider_id = provider_id
         self.timeout_seconds = timeout_seconds
 
-    async def _call(self, name: str, arg: Any = None) -> Any:
+    def __repr__(self) -> str:
+        return f"ServiceHandle({self.address!r}, provider_id={self.provider_id})"
+
+    async def _call(self, name: str, arg: Any = None, timeout_seconds: float | None = None) -> Any:
         return await self.engine.call(
-            self.address, name, arg, provider_id=self.provider_id, timeout_seconds=self.timeout_seconds
+            self.address,
+            name,
+            arg,
+            provider_id=self.provider_id,
+            timeout_seconds=self.timeout_seconds if timeout_seconds is None else timeout_seconds,
         )
 
     async def get_config(self) -> dict[str, Any]:
+        """The live configuration (re-launchable; see the module docstring)."""
         return await self._call("get_config")  # type: ignore[no-any-return]
 
     async def query_config(self, expression: str) -> Any:
+        """A JMESPath ``expression`` evaluated on the server's live configuration."""
         return await self._call("query_config", expression)
 
     async def status(self) -> dict[str, Any]:
@@ -142,7 +215,12 @@ class ServiceHandle:
     async def statistics(self, reset: bool = False) -> dict[str, Any]:
         return await self._call("statistics", {"reset": reset})  # type: ignore[no-any-return]
 
+    async def lookup_provider(self, spec: str, *, timeout_seconds: float | None = None) -> dict[str, Any] | None:
+        """``{name, type, provider_id}`` of the provider ``NAME`` or ``TYPE:ID`` names, None when absent."""
+        return await self._call("lookup_provider", spec, timeout_seconds)  # type: ignore[no-any-return]
+
     async def patch_config(self, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Apply a JSON Patch to the live configuration (live settings only); returns the new one."""
         return await self._call("patch_config", patch)  # type: ignore[no-any-return]
 
     async def set_progress(self, mode: str, spindown_msec: float | None = None) -> dict[str, Any]:
@@ -153,27 +231,169 @@ class ServiceHandle:
         return await self.patch_config(patch)
 
     async def add_provider(self, description: dict[str, Any]) -> int:
+        """Start a provider from a ``providers[]`` entry; returns its provider id (assigned when absent)."""
         return await self._call("add_provider", description)  # type: ignore[no-any-return]
 
     async def remove_provider(self, name: str) -> None:
+        """Remove a provider: refused at once for new calls, returns when in-flight ones completed."""
         await self._call("remove_provider", name)
 
     async def load_library(self, module: str) -> list[str]:
+        """Import a provider library on the server; returns the provider types it defines."""
         return await self._call("load_library", module)  # type: ignore[no-any-return]
 
     async def shutdown(self) -> None:
+        """Ask the server to drain and exit (it answers first)."""
         await self._call("shutdown")
 
 
-class ServiceGroupHandle:
-    """Fan an admin call out to every member of a group; results keyed by address.
+def read_group_members(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    """``(address, admin provider id)`` of each member of a group file (Flock's shape, as written by
+    ``svcframe launch``: ``{"members": [{"address": ..., "provider_id": ...}, ...], ...}``).
 
-    A member that fails contributes its exception object instead of a result.
+    Raises:
+        ConfigError: the file is missing or not a group file (the message says which and why).
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        members = [(str(m["address"]), int(m.get("provider_id", 0))) for m in data["members"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cannot read group file {path}: {type(exc).__name__}: {exc}") from None
+    if not members:
+        raise ConfigError(f"group file {path} has no members")
+    return members
+
+
+class ServiceGroupHandle:
+    """Fan admin calls out to every member of a group; results keyed by address (Bedrock's
+    ``ServiceGroupHandle``, with every admin call, not only the config ones).
+
+    A member that fails contributes its exception object instead of a result, so one unreachable
+    member never hides the others' answers: check with ``isinstance(result, BaseException)``.
+
+    Args:
+        engine: a started local engine.
+        members: ``(address, admin provider id)`` pairs.
+        timeout_seconds: deadline of each call.
     """
 
     def __init__(self, engine: Engine, members: list[tuple[str, int]], *, timeout_seconds: float | None = None):
+        self.engine = engine
+        self.timeout_seconds = timeout_seconds
+        self.group_file: Path | None = None
         self.handles = [ServiceHandle(engine, a, pid, timeout_seconds=timeout_seconds) for a, pid in members]
 
+    @classmethod
+    def from_group_file(
+        cls, engine: Engine, path: str | os.PathLike[str], *, timeout_seconds: float | None = None
+    ) -> ServiceGroupHandle:
+        """A handle over the members of a group file (see ``read_group_members``; raises ConfigError)."""
+        group = cls(engine, read_group_members(path), timeout_seconds=timeout_seconds)
+        group.group_file = Path(path)
+        return group
+
+    def refresh(self) -> None:
+        """Re-read the group file (after the group changed). Raises ConfigError."""
+        if self.group_file is None:
+            raise ConfigError("this group handle was not made from a group file")
+        members = read_group_members(self.group_file)
+        self.handles = [ServiceHandle(self.engine, a, p, timeout_seconds=self.timeout_seconds) for a, p in members]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [h.address for h in self.handles]
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def __getitem__(self, index: int) -> ServiceHandle:
+        return self.handles[index]
+
     async def call(self, method: str, *args: Any) -> dict[str, Any]:
+        """Run ``ServiceHandle.<method>(*args)`` on every member concurrently; results keyed by address."""
+        if not callable(getattr(ServiceHandle, method, None)) or method.startswith("_"):
+            raise AttributeError(f"ServiceHandle has no admin call {method!r}")
         outs = await asyncio.gather(*(getattr(h, method)(*args) for h in self.handles), return_exceptions=True)
         return {h.address: out for h, out in zip(self.handles, outs, strict=True)}
+
+    async def get_config(self) -> dict[str, Any]:
+        return await self.call("get_config")
+
+    async def query_config(self, expression: str) -> dict[str, Any]:
+        return await self.call("query_config", expression)
+
+    async def status(self) -> dict[str, Any]:
+        return await self.call("status")
+
+    async def list_rpcs(self) -> dict[str, Any]:
+        return await self.call("list_rpcs")
+
+    async def lookup_provider(self, spec: str) -> dict[str, Any]:
+        return await self.call("lookup_provider", spec)
+
+    async def patch_config(self, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        return await self.call("patch_config", patch)
+
+    async def add_provider(self, description: dict[str, Any]) -> dict[str, Any]:
+        return await self.call("add_provider", description)
+
+    async def remove_provider(self, name: str) -> dict[str, Any]:
+        return await self.call("remove_provider", name)
+
+    async def load_library(self, module: str) -> dict[str, Any]:
+        return await self.call("load_library", module)
+
+    async def shutdown(self) -> dict[str, Any]:
+        return await self.call("shutdown")
+
+
+async def lookup_remote(
+    engine: Engine,
+    address: str,
+    spec: str,
+    *,
+    admin_provider_id: int,
+    deadline: float,
+    what: str | None = None,
+) -> dict[str, Any]:
+    """Look ``spec`` (``NAME`` or ``TYPE:ID``) up on the server at ``address``, retrying until ``deadline``
+    (loop time) while the server is unreachable, starting, or does not have it yet.
+
+    Returns:
+        ``{name, type, provider_id}`` of the remote provider.
+
+    Raises:
+        ConfigError: not found by the deadline (with the last reason), or an answer that waiting cannot
+            change (authentication refused, not an svcframe admin provider, malformed spec).
+    """
+    loop = asyncio.get_running_loop()
+    what = what or f"dependency {spec!r}@{address}"
+    waited_from = loop.time()
+    handle = ServiceHandle(engine, address, admin_provider_id)
+    delay = 0.02
+    while True:
+        remaining = deadline - loop.time()
+        try:
+            found = await handle.lookup_provider(spec, timeout_seconds=max(0.1, min(remaining, 5.0)))
+        except AuthenticationFailed as exc:
+            raise ConfigError(f"{what}: {address} refused our connection: {exc}") from exc
+        except RemoteError as exc:
+            raise ConfigError(f"{what}: {address} cannot look it up: {exc.remote_message}") from exc
+        except (ConnectionLost, TimeoutError_, NoSuchProvider, Refused) as exc:  # not up (yet), or going away
+            reason = f"{type(exc).__name__}: {exc}"
+        except RPCError as exc:  # NoSuchRPC: something else listens there
+            raise ConfigError(
+                f"{what}: {address} has no svcframe admin provider at id {admin_provider_id}: {exc}"
+            ) from exc
+        else:
+            if found is not None:
+                return found
+            reason = f"{address} has no provider {spec!r}"
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise ConfigError(
+                f"{what}: not found within {loop.time() - waited_from:.3g} s "
+                f"(admin.dependency_resolution_timeout_seconds); last answer: {reason}"
+            )
+        await asyncio.sleep(min(delay, remaining))
+        delay = min(2 * delay, 0.5)

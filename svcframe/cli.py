@@ -4,11 +4,15 @@ with the reason on stderr.
     svcframe serve CONFIG                         one server process in the foreground
     svcframe launch CONFIG --procs N [--group-file F] [--pin]
     svcframe status|shutdown (ADDRESS | --group F)
-    svcframe config check FILE | schema | get (ADDRESS | --group F) | query ... EXPR
+    svcframe config check FILE | schema | get (ADDRESS | --group F) | query ... EXPR | patch ... PATCH
+    svcframe provider add ... DESCRIPTION | remove ... NAME | list ... [--rpcs] | lookup ... SPEC
+    svcframe library load ... MODULE
     svcframe call ADDRESS RPC [ARG_JSON] --provider-id N
     svcframe selftest run (--group F | --target ADDRESS ...) [--clients C] [--workload noop|bulk] ...
     svcframe roofline collect [-o DIR] [--duration-seconds S] [--repeats R] [--paper]
     svcframe roofline plot MODEL.json [-o DIR]
+    svcframe history [--store DB] | history show RUN [-o PNG]     runs in the results store; "is that normal?"
+    svcframe report RUN [-o FILE.html]                            one self-contained HTML page of a run
 """
 
 from __future__ import annotations
@@ -226,9 +230,15 @@ def config_check(file: str) -> None:
 
 
 @config.command("schema")
-def config_schema_cmd() -> None:
-    """Print the JSON Schema of the bootstrap config."""
-    _echo_json(config_schema())
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write it to this file (the repository keeps it in configs/schema.json).")  # fmt: skip
+def config_schema_cmd(output: str | None) -> None:
+    """Print the JSON Schema of the bootstrap config (generated from the pydantic models)."""
+    if output:
+        Path(output).write_text(json.dumps(config_schema(), indent=2) + "\n")
+        click.echo(f"schema written to {output}", err=True)
+    else:
+        _echo_json(config_schema())
 
 
 @config.command("get")
@@ -264,6 +274,93 @@ def config_patch(args: tuple[str, ...], group: str | None) -> None:
     _echo_json(_run_admin(_targets(tuple(addresses), group), "patch_config", patch))
 
 
+def _json_argument(text: str, what: str) -> Any:
+    """JSON text, or ``@FILE`` for the contents of FILE."""
+    try:
+        return json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+    except (OSError, ValueError) as exc:
+        _fail(f"cannot read {what} ({text[:60]!r}): {exc}")
+        return None
+
+
+# -- providers and libraries ------------------------------------------------------------------------------------
+@main.group()
+def provider() -> None:
+    """Add, remove, list and look up providers of running servers (through their admin provider)."""
+
+
+@provider.command("add")
+@click.argument("args", nargs=-1, required=True)
+@click.option("--group", "-g", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--timeout-seconds", type=float, default=60.0, show_default=True,
+              help="Deadline of the call; bounds the wait for remote dependencies too.")  # fmt: skip
+def provider_add(args: tuple[str, ...], group: str | None, timeout_seconds: float) -> None:
+    """Start a provider from a description (the last argument: JSON text or @FILE, a providers[] entry);
+    print the provider id each server assigned.
+
+    Example: svcframe provider add ADDRESS '{"name": "cache", "type": "kv", "config": {"path": ":memory:"}}'
+    """
+    *addresses, text = args
+    description = _json_argument(text, "the provider description")
+    if not isinstance(description, dict):
+        _fail("the provider description must be a JSON object (a providers[] entry)")
+    _echo_json(_run_admin(_targets(tuple(addresses), group), "add_provider", description, timeout=timeout_seconds))
+
+
+@provider.command("remove")
+@click.argument("args", nargs=-1, required=True)
+@click.option("--group", "-g", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--timeout-seconds", type=float, default=60.0, show_default=True)
+def provider_remove(args: tuple[str, ...], group: str | None, timeout_seconds: float) -> None:
+    """Remove the provider named by the last argument: new calls are refused at once, in-flight calls
+    complete, then its resources are released. Refused while other providers depend on it."""
+    *addresses, name = args
+    _run_admin(_targets(tuple(addresses), group), "remove_provider", name, timeout=timeout_seconds)
+    click.echo(f"provider {name!r} removed", err=True)
+
+
+@provider.command("list")
+@_target_options
+@click.option("--rpcs", is_flag=True, help="Include each provider's registered RPCs.")
+def provider_list(address: tuple[str, ...], group: str | None, rpcs: bool) -> None:
+    """Print each server's providers (name, type, provider id), keyed by address."""
+    targets = _targets(address, group)
+    statuses = _run_admin(targets, "status")
+    out = {a: s["providers"] for a, s in statuses.items()}
+    if rpcs:
+        tables = _run_admin(targets, "list_rpcs")
+        for a, providers in out.items():
+            admin_id = dict(targets).get(a, ADMIN_PROVIDER_ID)
+            providers.insert(0, {"name": "admin", "type": "admin", "provider_id": admin_id})
+            for p in providers:
+                p["rpcs"] = [r["name"] for r in tables[a] if r["provider_id"] == p["provider_id"]]
+    _echo_json(out)
+
+
+@provider.command("lookup")
+@click.argument("args", nargs=-1, required=True)
+@click.option("--group", "-g", type=click.Path(exists=True, dir_okay=False), default=None)
+def provider_lookup(args: tuple[str, ...], group: str | None) -> None:
+    """Look up NAME or TYPE:ID (the last argument) on each server: {name, type, provider_id} or null."""
+    *addresses, spec = args
+    _echo_json(_run_admin(_targets(tuple(addresses), group), "lookup_provider", spec))
+
+
+@main.group()
+def library() -> None:
+    """Load provider libraries into running servers."""
+
+
+@library.command("load")
+@click.argument("args", nargs=-1, required=True)
+@click.option("--group", "-g", type=click.Path(exists=True, dir_okay=False), default=None)
+def library_load(args: tuple[str, ...], group: str | None) -> None:
+    """Import the Python module named by the last argument (e.g. providers.kv) on each server; print the
+    provider types it defines. It is added to the live config's libraries."""
+    *addresses, module = args
+    _echo_json(_run_admin(_targets(tuple(addresses), group), "load_library", module))
+
+
 # -- self-test -------------------------------------------------------------------------------------------------
 @main.group()
 def selftest() -> None:
@@ -289,10 +386,17 @@ def selftest() -> None:
 @click.option("--client-cores", default=None, help="Comma-separated cores to pin clients to.")
 @click.option("--event-loop", type=click.Choice(["auto", *LOOP_FACTORIES]), default=None)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
+@click.option("--keep-provider", is_flag=True,
+              help="Keep a self-test provider this command added (default: remove it after the run).")  # fmt: skip
 def selftest_run(
-    group: str | None, target: tuple[str, ...], params_file: str | None, output: str | None, **flags: Any
-) -> None:
-    """Run one self-test; print the results JSON (or a summary when -o is given)."""
+    group: str | None, target: tuple[str, ...], params_file: str | None, output: str | None, keep_provider: bool,
+    **flags: Any,
+) -> None:  # fmt: skip
+    """Run one self-test; print the results JSON (or a summary when -o is given).
+
+    Servers without a self-test provider get one through their admin provider (library selftest.provider,
+    type selftest) for the run; it is removed afterwards unless --keep-provider.
+    """
     from pydantic import ValidationError
 
     from selftest.driver import SelftestParams, run_selftest, save_results
@@ -309,14 +413,24 @@ def selftest_run(
     except ValidationError as exc:
         _fail(format_validation_error(exc, "selftest parameters"))
         return
-    servers = list(target) + ([m.address for m in read_group_file(group)] if group else [])
-    if not servers:
+    targets = [(a, ADMIN_PROVIDER_ID) for a in target]
+    targets += [(m.address, m.provider_id) for m in read_group_file(group)] if group else []
+    if not targets:
         _fail("give --group FILE or --target ADDRESS")
+    servers = [a for a, _ in targets]
     try:
-        results = run_selftest(params, servers)
+        attachment = _selftest_attach(targets, params.provider_id if "provider_id" in values else None)
     except SvcframeError as exc:
         _fail(str(exc))
         return
+    params = params.model_copy(update={"provider_id": attachment.provider_id})
+    try:
+        results = run_selftest(params, servers, admin_provider_id=targets[0][1])
+    except SvcframeError as exc:
+        _fail(str(exc))
+        return
+    finally:
+        _selftest_detach(attachment, keep_provider)
     if output:
         save_results(results, output)
         agg = results["aggregate"]
@@ -328,6 +442,45 @@ def selftest_run(
         )
     else:
         _echo_json(results)
+
+
+def _selftest_attach(targets: list[tuple[str, int]], provider_id: int | None) -> Any:
+    from selftest.attach import attach
+
+    from .engine import Engine
+    from .loops import run
+
+    async def go() -> Any:
+        async with Engine(None, secret=_read_secret(None)) as engine:
+            return await attach(engine, targets, provider_id)
+
+    attachment = run(go())
+    if attachment.added:
+        click.echo(
+            f"svcframe: added a self-test provider (id {attachment.provider_id}) to "
+            f"{', '.join(attachment.added_addresses)}", err=True,
+        )  # fmt: skip
+    return attachment
+
+
+def _selftest_detach(attachment: Any, keep: bool) -> None:
+    from selftest.attach import detach
+
+    from .engine import Engine
+    from .loops import run
+
+    if not attachment.added:
+        return
+    if keep:
+        click.echo(f"svcframe: kept the self-test provider (id {attachment.provider_id})", err=True)
+        return
+
+    async def go() -> list[str]:
+        async with Engine(None, secret=_read_secret(None)) as engine:
+            return await detach(engine, attachment)
+
+    for problem in run(go()):
+        click.echo(f"svcframe: warning: {problem}", err=True)
 
 
 @selftest.command("bursts")
@@ -380,6 +533,22 @@ def roofline() -> None:
     """Measure and draw the data-service roofline."""
 
 
+def _store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--store", "store_path", type=click.Path(dir_okay=False), default=None,
+        help="Results store (SQLite). Default: $SVCFRAME_RESULTS or ~/.local/share/svcframe/results.sqlite.",
+    )(fn)  # fmt: skip
+
+
+def _open_store(store_path: str | None, *, must_exist: bool = True) -> Any:
+    from selftest.store import ResultsStore, default_store_path
+
+    path = Path(store_path) if store_path else default_store_path()
+    if must_exist and not path.exists():
+        _fail(f"no results store at {path}: run `svcframe roofline collect` first, or give --store PATH")
+    return ResultsStore(path)
+
+
 @roofline.command("collect")
 @click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/roofline", show_default=True)
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -387,71 +556,116 @@ def roofline() -> None:
 @click.option("--duration-seconds", type=float, default=2.0, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Samples of Pc and Ps.")
 @click.option("--paper", is_flag=True, help="The paper's settings: 5-second measurements, five samples.")
-@click.option("--metric", "metrics", multiple=True, type=click.Choice(["rpc_rate", "bandwidth"]))
+@click.option("--metric", "metrics", multiple=True,
+              type=click.Choice(["rpc_rate", "bandwidth", "storage_iops", "storage_bandwidth"]),
+              help="Metric to measure (repeatable; default all four).")  # fmt: skip
 @click.option("--bulk-size", type=int, default=1024 * 1024, show_default=True)
 @click.option("--grid-servers", default="1,2", show_default=True)
 @click.option("--grid-clients", default="1,2,4,8", show_default=True)
+@click.option("--sweep-max-servers", type=int, default=None,
+              help="Server-process sweep 1..N (default: the server cores; 0 = no sweep).")  # fmt: skip
+@click.option("--storage-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the servers' storage files (default: the system temporary directory).")  # fmt: skip
+@click.option("--storage-block-size", type=int, default=4096, show_default=True, help="Bytes per op, storage_iops.")
+@click.option("--storage-bandwidth-block-size", type=int, default=1024 * 1024, show_default=True,
+              help="Bytes per op, storage_bandwidth.")  # fmt: skip
+@click.option("--storage-op", type=click.Choice(["write", "read"]), default="write", show_default=True)
+@click.option("--storage-fsync", is_flag=True, help="fdatasync after every storage write.")
+@click.option("--service", default=None, help="Name history compares under (default: the config's file stem).")
+@click.option("--platform", "platform_name", default=None,
+              help="Platform name for history (default: $SLURM_CLUSTER_NAME or the host name).")  # fmt: skip
+@click.option("--weight", "weights", multiple=True, help="METRIC=W: weight in the combined score (default 1).")
+@_store_option
+@click.option("--no-store", is_flag=True, help="Do not record the run in the results store.")
+@click.option("--resume", default=None, help="Continue an interrupted run (id, 'latest' or -N) from the store.")
 def roofline_collect(
     out: str, config_file: str | None, duration_seconds: float, repeats: int, paper: bool, metrics: tuple[str, ...],
-    bulk_size: int, grid_servers: str, grid_clients: str,
+    bulk_size: int, grid_servers: str, grid_clients: str, sweep_max_servers: int | None, storage_dir: str | None,
+    storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str, storage_fsync: bool,
+    service: str | None, platform_name: str | None, weights: tuple[str, ...], store_path: str | None,
+    no_store: bool, resume: str | None,
 ) -> None:  # fmt: skip
-    """Run the whole suite on this machine: launch, Pc, Ps, validation grid, teardown; write plots + JSON."""
+    """Run the whole suite on this machine: launch, Pc, Ps, server sweep, validation grid, teardown; write
+    plots + JSON and record the run in the results store. Ctrl-C stops cleanly; --resume continues."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from selftest.collect import DEFAULT_CONFIG, CollectOptions, collect, plan
+    from selftest.collect import ALL_METRICS, DEFAULT_CONFIG, CollectOptions, collect, plan
+    from selftest.report import print_collect_summary
+    from selftest.store import default_store_path
 
-    if paper:
-        duration_seconds, repeats = 5.0, 5
-    opts = CollectOptions(
-        out=Path(out), config=Path(config_file) if config_file else DEFAULT_CONFIG,
-        metrics=list(metrics) or ["rpc_rate", "bandwidth"], duration_seconds=duration_seconds, repeats=repeats,
-        bulk_size=bulk_size, grid_servers=[int(x) for x in grid_servers.split(",")],
-        grid_clients=[int(x) for x in grid_clients.split(",")],
-    )  # fmt: skip
-    total = len(plan(opts))
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn(), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("starting", total=total)
-
-        def on_step(description: str, index: int, total: int) -> None:
-            bar.update(task, description=description, completed=index - 1)
-
+    store_file = None if no_store else (Path(store_path) if store_path else default_store_path())
+    resume_id = None
+    if resume is not None:
+        if store_file is None:
+            _fail("--resume needs the results store (drop --no-store)")
         try:
-            doc = collect(opts, on_step)
+            with _open_store(str(store_file)) as st:
+                resume_id = st.resolve(resume)
+                run = st.run(resume_id, with_samples=False)
         except SvcframeError as exc:
             _fail(str(exc))
             return
-        bar.update(task, completed=total, description="done")
-    _print_roofline_summary(doc, Path(out))
+        if run["status"] == "complete":
+            _fail(f"run {resume_id} is already complete")
+        opts = CollectOptions.from_dict(run["options"])
+        opts.store = store_file
+    else:
+        if paper:
+            duration_seconds, repeats = 5.0, 5
+        try:
+            weight_map = {k: float(v) for k, v in (w.split("=", 1) for w in weights)}
+        except ValueError:
+            _fail(f"--weight takes METRIC=NUMBER, got {weights}")
+            return
+        opts = CollectOptions(
+            out=Path(out), config=Path(config_file) if config_file else DEFAULT_CONFIG,
+            metrics=list(metrics) or list(ALL_METRICS), duration_seconds=duration_seconds, repeats=repeats,
+            bulk_size=bulk_size, grid_servers=[int(x) for x in grid_servers.split(",")],
+            grid_clients=[int(x) for x in grid_clients.split(",")], sweep_max_servers=sweep_max_servers,
+            storage_dir=Path(storage_dir) if storage_dir else None, storage_block_size=storage_block_size,
+            storage_bandwidth_block_size=storage_bandwidth_block_size, storage_op=storage_op,
+            storage_fsync=storage_fsync, store=store_file, service=service, platform=platform_name,
+            weights=weight_map or None,
+        )  # fmt: skip
+    try:
+        total = len(plan(opts))
+    except ValueError as exc:
+        _fail(str(exc))
+        return
 
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # tear down as for Ctrl-C
 
-def _print_roofline_summary(doc: dict[str, Any], out: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    old_term = signal.signal(signal.SIGTERM, on_sigterm)
+    columns = (TextColumn("[bold]{task.fields[stage]}[/bold] {task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("ETA"),
+               TimeRemainingColumn())  # fmt: skip
+    try:
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task("launching servers and clients", total=total, stage="start")
 
-    table = Table(title="data-service roofline of this machine")
-    for col in ("metric", "Pc (per client)", "Ps (per server proc)", "ridge X*", "score", "median rel. error"):
-        table.add_column(col)
-    for name, m in doc["metrics"].items():
-        unit = m["metric"]["unit"]
-        scores = m["scores"]["overall"]
-        err = scores.get("median_relative_error")
-        table.add_row(
-            name,
-            f"{m['pc']['min']:.4g}-{m['pc']['max']:.4g} {unit}",
-            f"{m['ps']['min']:.4g}-{m['ps']['max']:.4g} {unit}",
-            f"{m['ridge']['max']:.3g}",
-            f"{scores.get('score') or 0:.3f}",
-            f"{err:.1%}" if err is not None else "-",
-        )
-    console = Console()
-    console.print(table)
-    measured = doc["measurement_seconds"]
-    console.print(f"wall time {doc['wall_seconds']:.0f} s, of which measuring {measured:.0f} s")
-    for name in doc["metrics"]:
-        console.print(f"plot: {out / (name + '.png')}")
-    console.print(f"model: {out / 'roofline.json'}")
+            def on_step(description: str, index: int, todo: int) -> None:
+                stage, _, rest = description.partition(" ")
+                bar.update(task, description=rest, stage=stage, completed=total - todo + index - 1)
+
+            doc = collect(opts, on_step, resume=resume_id)
+            bar.update(task, completed=total, description="done", stage="")
+    except KeyboardInterrupt:
+        hint = ""
+        if store_file is not None and store_file.exists():
+            with _open_store(str(store_file)) as st:
+                runs = st.runs()
+            rid = resume_id if resume_id is not None else (runs[-1]["id"] if runs else None)
+            if rid is not None:
+                hint = f"; resume with: svcframe roofline collect --resume {rid} --store {store_file}"
+        click.echo(f"svcframe: interrupted, servers and clients stopped{hint}", err=True)
+        sys.exit(130)
+    except SvcframeError as exc:
+        _fail(str(exc))
+        return
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    print_collect_summary(doc, Path(opts.out))
 
 
 @roofline.command("plot")
@@ -467,6 +681,205 @@ def roofline_plot(model: str, out: str | None) -> None:
     for name, m in doc["metrics"].items():
         click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))
 
+
+# -- results store: history and reports ---------------------------------------------------------------------------
+@main.group(invoke_without_command=True)
+@_store_option
+@click.option("--service", default=None, help="Only runs of this service.")
+@click.option("--platform", "platform_name", default=None, help="Only runs on this platform.")
+@click.pass_context
+def history(ctx: click.Context, store_path: str | None, service: str | None, platform_name: str | None) -> None:
+    """List the runs of the results store (or `history show RUN`: a run against its history)."""
+    ctx.ensure_object(dict)
+    ctx.obj["store_path"] = store_path
+    if ctx.invoked_subcommand is not None:
+        return
+    from selftest.report import print_history
+
+    with _open_store(store_path) as st:
+        print_history(st.runs(service=service, platform=platform_name), st.path)
+
+
+@history.command("show")
+@click.argument("run_ref", metavar="RUN", default="latest")
+@_store_option
+@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+              help="Box-plot PNG (default: out/history/run-ID.png).")  # fmt: skip
+@click.pass_context
+def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: str | None) -> None:
+    """Is that normal? RUN's Pc, Ps, scores and overhead against the earlier runs of the same service and
+    platform: a table, and box plots of the history with RUN as a marker (UMAMI)."""
+    from selftest.report import print_comparison
+    from selftest.store import compare, plot_history
+
+    try:
+        with _open_store(store_path or ctx.obj.get("store_path")) as st:
+            run = st.run(run_ref, with_samples=False)
+            hist = [h for h in st.history(run["id"]) if h["id"] != run["id"] and h["created"] <= run["created"]]
+        rows = compare(run, hist)
+        dest = Path(out) if out else Path("out/history") / f"run-{run['id']}.png"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        png = plot_history(run, hist, dest)
+    except SvcframeError as exc:
+        _fail(str(exc))
+        return
+    print_comparison(run, rows)
+    click.echo(f"plot: {png}")
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN", default="latest")
+@_store_option
+@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+              help="HTML file (default: out/report/run-ID.html).")  # fmt: skip
+def report(run_ref: str, store_path: str | None, out: str | None) -> None:
+    """Write one self-contained HTML page of a run from the results store: every plot and table."""
+    from selftest.report import write_report
+
+    try:
+        with _open_store(store_path) as st:
+            run = st.run(run_ref)
+            hist = [h for h in st.history(run["id"]) if h["id"] != run["id"] and h["created"] <= run["created"]]
+        dest = Path(out) if out else Path("out/report") / f"run-{run['id']}.html"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        write_report(run, hist, dest)
+    except SvcframeError as exc:
+        _fail(str(exc))
+        return
+    click.echo(f"report: {dest}")
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="Short measurements (for CI: figures printed, no pass/fail).")
+@click.option("--seconds", type=float, default=3.0, show_default=True, help="Length of each measurement.")
+@click.option("--workload", "workloads", multiple=True, type=click.Choice(["seq", "sat", "bulk"]))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default="out/bench.json", show_default=True)
+def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str) -> None:
+    """Measure svcframe against the raw uvloop limit (and pyzmq / grpcio when installed)."""
+    from selftest.bench import BenchOptions, print_table, run_bench
+
+    opts = BenchOptions(quick=quick, seconds=seconds, workloads=workloads or ("seq", "sat", "bulk"))
+    result = run_bench(opts)
+    print_table(result)
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(result, indent=2))
+    click.echo(f"results: {output}")
+
+
+# -- topology and plumber ----------------------------------------------------------------------------------------
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the topology document (the --from FILE format).")
+@click.option("--from", "from_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A described topology (JSON, or hwloc XML through pyhwloc) instead of this host's.")  # fmt: skip
+@click.option("--backend", type=click.Choice(["auto", "hwloc", "sysfs"]), default="auto", show_default=True)
+@click.option("--policies", is_flag=True, help="Also show what every plumber policy pair would choose (dry run).")
+@click.option("--interfaces", multiple=True, help="Interface-name pattern the plumber may choose (repeatable).")
+def topology(as_json: bool, from_file: str | None, backend: str, policies: bool, interfaces: tuple[str, ...]) -> None:
+    """Show packages, NUMA nodes, cores and NICs (with PCI locality), as the plumber sees them."""
+    from .plumber import BUCKET_POLICIES, NIC_POLICIES, select_nic
+    from .topology import discover, format_cpulist, load_topology
+
+    try:
+        topo = load_topology(from_file) if from_file else discover(backend)
+    except SvcframeError as exc:
+        _fail(str(exc))
+        return
+    patterns = list(interfaces) or None
+    matrix = []
+    if policies:
+        for bp in (b for b in BUCKET_POLICIES if b != "passthrough"):
+            for np_ in (n for n in NIC_POLICIES if n != "passthrough"):
+                choice = select_nic(topo, bp, np_, interfaces=patterns, dry_run=True)
+                matrix.append({"bucket_policy": bp, "nic_policy": np_, **choice.to_dict()})
+    if as_json:
+        _echo_json({**topo.to_dict(), **({"policies": matrix} if policies else {})})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"[bold]{topo.host or '(described)'}[/bold] from {topo.source}: {len(topo.packages)} package(s), "
+        f"{len(topo.numa_nodes)} NUMA node(s), {len(topo.cores)} core(s), {len(topo.cpus)} CPU(s)"
+    )
+    places = Table(title="packages and NUMA nodes")
+    for col in ("kind", "os_index", "cpus"):
+        places.add_column(col)
+    for p in topo.packages:
+        places.add_row("package", str(p.os_index), format_cpulist(p.cpus))
+    for n in topo.numa_nodes:
+        places.add_row("numa", str(n.os_index), format_cpulist(n.cpus))
+    console.print(places)
+    candidates = {n.name for n in topo.candidate_nics(patterns)}
+    nics = Table(title="network interfaces")
+    for col in ("name", "addresses", "local cpus", "packages", "numa", "pci", "kind", "up", "plumber candidate"):
+        nics.add_column(col, overflow="fold", no_wrap=col == "name")
+    for n in topo.nics:
+        pkgs = sorted({p.os_index for p in topo.packages if p.cpus & n.local_cpus})
+        nics.add_row(
+            n.name, ", ".join(n.addresses) or "-", format_cpulist(n.local_cpus), ",".join(map(str, pkgs)),
+            "-" if n.numa_node is None else str(n.numa_node), n.pci or "-", "virtual" if n.virtual else "pci",
+            "yes" if n.up else "no", "yes" if n.name in candidates else "no",
+        )  # fmt: skip
+    console.print(nics)
+    if matrix:
+        table = Table(title="plumber choices for this process (dry run: round robin not taken)")
+        for col in ("bucket_policy", "nic_policy", "bucket", "nic", "address"):
+            table.add_column(col)
+        for row in matrix:
+            table.add_row(row["bucket_policy"], row["nic_policy"], row["bucket"] or "-", row["nic"] or "-",
+                          row["address"] or "-")  # fmt: skip
+        console.print(table)
+
+
+@selftest.command("nic-dispersion")
+@click.option("--from", "from_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A described topology instead of this host's (with --loopback-aliases to rehearse it here).")  # fmt: skip
+@click.option("--loopback-aliases", is_flag=True, help="Stand NIC k in by 127.0.0.(k+2).")
+@click.option("--clients", "-c", type=int, default=16, show_default=True)
+@click.option("--scenario", "scenarios", multiple=True, type=click.Choice(["one-core", "two-cores", "unbound"]),
+              help="Client-binding scenario (repeatable; default: all three).")  # fmt: skip
+@click.option("--nic-policy", "nic_policies", multiple=True,
+              type=click.Choice(["byset", "bycore", "random", "roundrobin", "passthrough"]),
+              help="NIC policy to compare (repeatable; default: byset and roundrobin).")  # fmt: skip
+@click.option("--bucket-policy", type=click.Choice(["all", "package", "numa"]), default="all", show_default=True)
+@click.option("--interfaces", multiple=True, help="Interface-name pattern (repeatable).")
+@click.option("--bulk-size", type=int, default=4 * 1024 * 1024, show_default=True)
+@click.option("--duration-seconds", type=float, default=2.0, show_default=True)
+@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/nic-dispersion",
+              show_default=True)  # fmt: skip
+def selftest_nic_dispersion(
+    from_file: str | None, loopback_aliases: bool, clients: int, scenarios: tuple[str, ...],
+    nic_policies: tuple[str, ...], bucket_policy: str, interfaces: tuple[str, ...], bulk_size: int,
+    duration_seconds: float, out: str,
+) -> None:  # fmt: skip
+    """Servers one per NIC, clients under three CPU-binding scenarios and two NIC policies: aggregate
+    bandwidth per scenario and a bar chart (the paper's Figure 2)."""
+    from selftest.nic_dispersion import SCENARIOS, DispersionOptions, run_dispersion, save
+
+    from .topology import discover, load_topology
+
+    opts = DispersionOptions(
+        out=Path(out), clients=clients, scenarios=list(scenarios) or list(SCENARIOS),
+        nic_policies=list(nic_policies) or ["byset", "roundrobin"], bucket_policy=bucket_policy,
+        bulk_size=bulk_size, duration_seconds=duration_seconds, interfaces=list(interfaces) or None,
+        loopback_aliases=loopback_aliases,
+    )  # fmt: skip
+    try:
+        topo = load_topology(from_file) if from_file else discover()
+        doc = run_dispersion(topo, opts, on_step=lambda what: click.echo(f"running {what} ...", err=True))
+    except SvcframeError as exc:
+        _fail(str(exc))
+        return
+    js, png = save(doc, opts.out)
+    for note in doc["notes"]:
+        click.echo(f"note: {note}")
+    names = [n["name"] for n in doc["nics"]]
+    click.echo(f"{'scenario':>10} {'nic_policy':>11} {'GiB/s':>8}  clients per NIC ({', '.join(names)})")
+    for r in doc["runs"]:
+        spread = " ".join(str(r["clients_per_nic"][n]) for n in names)
+        click.echo(f"{r['scenario']:>10} {r['nic_policy']:>11} {r['bandwidth_gib_per_second']:8.3f}  {spread}")
+    click.echo(f"plot: {png}\nresults: {js}")
 
 if __name__ == "__main__":
     main()

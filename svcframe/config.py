@@ -43,11 +43,40 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class PlumberConfig(StrictModel):
-    """NIC selection policy (Mochi plumber names). ``passthrough`` in either slot lets the OS route."""
+class PlumberChoice(StrictModel):
+    """Output only: the NIC the plumber chose when this server started (``svcframe.plumber.NicChoice``).
 
-    bucket_policy: Literal["passthrough", "all", "package", "numa"] = "passthrough"
-    nic_policy: Literal["passthrough", "roundrobin", "random", "bycore", "byset"] = "passthrough"
+    A running server fills it in; in a config given to a server it is ignored and replaced by a fresh
+    choice, so a live configuration stays re-launchable. A patch cannot change it.
+    """
+
+    nic: str | None = None
+    address: str | None = None
+    bucket: str | None = None
+    bucket_nics: list[str] = Field(default_factory=list)
+    index: int | None = None
+    selection: int | None = None
+    reason: str = ""
+    topology: str | None = None
+
+
+class PlumberConfig(StrictModel):
+    """NIC selection (Carns 2025 §4.1.1, Figure 5; Mochi plumber names; see ``svcframe.plumber``).
+
+    Applied when ``engine.address`` has a wildcard host (``tcp://0.0.0.0:PORT``, ``tcp://[::]:PORT``,
+    ``tcp://*:PORT``): the server listens on the chosen NIC's address. ``passthrough`` in either slot lets
+    the OS route. Defaults are the paper's: ``package`` + ``roundrobin``.
+    """
+
+    bucket_policy: Literal["passthrough", "all", "package", "numa"] = "package"
+    nic_policy: Literal["passthrough", "roundrobin", "random", "bycore", "byset"] = "roundrobin"
+    interfaces: list[str] | None = Field(
+        None, description="interface-name patterns (fnmatch) to choose from; None = physical NICs with an address"
+    )
+    topology_file: str | None = Field(
+        None, description="a described topology (JSON or hwloc XML) instead of this host's; tests and rehearsals"
+    )
+    chosen: PlumberChoice | None = Field(None, description="output only: filled in by a running server")
 
 
 class MonitoringConfig(StrictModel):
@@ -86,10 +115,21 @@ class EngineConfig(StrictModel):
 
 
 class AdminConfig(StrictModel):
-    """The built-in admin provider (Bedrock's ``bedrock`` section)."""
+    """The built-in admin provider (Bedrock's ``bedrock`` section). See ``svcframe.admin`` for its RPCs."""
 
-    provider_id: ProviderId = ADMIN_PROVIDER_ID
-    allow_mutations: bool = True
+    provider_id: ProviderId = Field(
+        ADMIN_PROVIDER_ID,
+        description="the admin provider's id; every server of a service should use the same one (Bedrock: 0)",
+    )
+    allow_mutations: bool = Field(
+        True,
+        description="false: patch_config, add_provider, remove_provider, load_library and shutdown are refused",
+    )
+    dependency_resolution_timeout_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="how long a remote dependency (NAME@ADDRESS, TYPE:ID@ADDRESS) is retried before it is an error",
+    )
 
 
 DependencyValue = str | int | list[str | int]

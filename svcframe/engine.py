@@ -26,6 +26,7 @@ import contextvars
 import inspect
 import logging
 import os
+import struct
 import time
 import traceback
 import uuid
@@ -49,12 +50,28 @@ from .errors import (
     RPCError,
     TimeoutError_,
 )
-from .monitoring import Monitor
+from .monitoring import FOLD_AT, Monitor
 from .progress import Progress
+from .tracing import Tracer, new_span_id, new_trace_id
 from .transport import Address, Connection, Identity, dial, goodbye_error, listen, parse_address
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
-    Flag,
+    F_NO_REPLY,
+    F_TRACED,
+    HEADER,
+    K_BULK_DATA_PUSH,
+    K_BULK_DATA_REPLY,
+    K_BULK_PULL,
+    K_BULK_PUSH,
+    K_CANCEL,
+    K_GOODBYE,
+    K_REQUEST,
+    K_RESPONSE,
+    MAGIC,
+    NO_PARENT_PROVIDER,
+    S_OK,
+    WIRE_VERSION,
+    ZERO_TRACE_ID,
     Frame,
     Kind,
     Status,
@@ -68,8 +85,13 @@ from .wire import (
 
 log = logging.getLogger("svcframe.engine")
 
-#: The callpath of the handler running in this context (0 outside any handler).
-current_callpath: contextvars.ContextVar[int] = contextvars.ContextVar("svcframe_callpath", default=0)
+perf_ns = time.perf_counter_ns
+#: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
+_PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
+# A successful response header is constant but for the body length and request id.
+_RESPONSE_OK_PREFIX = MAGIC + bytes([WIRE_VERSION, K_RESPONSE]) + bytes(8)  # flags, provider id, rpc id
+_RESPONSE_TAIL = struct.Struct("<IQIH" + "50x")  # body length, request id, deadline, status; zeros to byte 80
+assert len(_RESPONSE_OK_PREFIX) + _RESPONSE_TAIL.size == HEADER.size
 
 Handler = Callable[["Request", Any], Any]
 
@@ -87,18 +109,45 @@ class Registration:
 
 
 class Request:
-    """What a handler learns about the call it serves (its first argument)."""
+    """What a handler learns about the call it serves (its first argument).
 
-    __slots__ = ("callpath", "conn", "deadline", "engine", "provider_id", "request_id", "rpc_name")
+    Attributes:
+        engine: the engine serving the call (make nested calls and bulk transfers through it).
+        conn: the connection the request arrived on.
+        arrival: loop time (seconds) when the request was received.
+    """
 
-    def __init__(self, engine: Engine, conn: Connection, reg: Registration, frame: Frame, now: float) -> None:
+    __slots__ = ("arrival", "conn", "engine", "frame", "reg")
+
+    def __init__(self, engine: Engine, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> None:
         self.engine = engine
         self.conn = conn
-        self.provider_id = reg.provider_id
-        self.rpc_name = reg.name
-        self.request_id = frame.request_id
-        self.callpath = frame.callpath
-        self.deadline = now + frame.deadline_usec / 1e6 if frame.deadline_usec else None
+        self.reg = reg
+        self.frame = frame
+        self.arrival = arrival
+
+    @property
+    def provider_id(self) -> int:
+        return self.reg.provider_id
+
+    @property
+    def rpc_name(self) -> str:
+        return self.reg.name
+
+    @property
+    def request_id(self) -> int:
+        return self.frame.request_id
+
+    @property
+    def callpath(self) -> int:
+        """The 64-bit chained hash of this call's ancestry."""
+        return self.frame.callpath
+
+    @property
+    def deadline(self) -> float | None:
+        """Loop time (seconds) after which the caller no longer waits; None when it set no deadline."""
+        usec = self.frame.deadline_usec
+        return self.arrival + usec / 1e6 if usec else None
 
     @property
     def peer_address(self) -> str | None:
@@ -107,19 +156,28 @@ class Request:
 
     def remaining_seconds(self) -> float | None:
         """Time left before the caller gives up (None when it set no deadline)."""
-        if self.deadline is None:
-            return None
-        return self.deadline - asyncio.get_running_loop().time()
+        deadline = self.deadline
+        return None if deadline is None else deadline - asyncio.get_running_loop().time()
+
+
+#: The request whose handler runs in this context (None outside any handler). Nested calls read their
+#: parent (callpath, RPC, provider, trace context) from it.
+current_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("svcframe_request", default=None)
+
+
+def current_callpath() -> int:
+    """The callpath of the handler running in this context (0 outside any handler)."""
+    req = current_request.get()
+    return req.frame.callpath if req is not None else 0
 
 
 class _Pending:
     """An outgoing call or bulk transfer waiting for its response."""
 
-    __slots__ = ("cursor", "dest", "future", "key")
+    __slots__ = ("cursor", "dest", "future")
 
-    def __init__(self, future: asyncio.Future[tuple[int, Any]], key: tuple[int, str]) -> None:
+    def __init__(self, future: asyncio.Future[tuple[int, Any]]) -> None:
         self.future = future
-        self.key = key
         self.dest: memoryview | None = None
         self.cursor = 0
 
@@ -196,6 +254,9 @@ class Engine:
         self._next_bulk_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scratch = memoryview(bytearray(0))
+        self._root_callpaths: dict[tuple[int, int], int] = {}
+        self.tracer: Tracer | None = None
+        self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
         self._closing = False
         self._closed = asyncio.Event()
         self._idle = asyncio.Event()
@@ -316,7 +377,19 @@ class Engine:
         rid = self._rpc_ids.get(name)
         if rid is None:
             rid = self._rpc_ids[name] = rpc_id(name)
+            self.monitor.names[rid] = name
         return rid
+
+    def _root_callpath(self, rid: int, provider_id: int) -> int:
+        cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)
+        return cp
+
+    def set_tracing(self, enabled: bool) -> None:
+        """Switch request tracing on or off at runtime (events are kept in ``self.tracer``)."""
+        if enabled and self.tracer is None:
+            self.tracer = Tracer()
+        elif not enabled:
+            self.tracer = None
 
     # -- outgoing calls ------------------------------------------------------------------------------
     async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection:
@@ -400,56 +473,84 @@ class Engine:
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = await self.connection(address, timeout)
+        t0 = perf_ns()
         body = pack_body(arg)
         if len(body) > conn.peer_max_body_bytes:
             raise LocalProtocolError(
                 f"the argument of {name!r} encodes to {len(body)} bytes, over the {conn.peer_max_body_bytes}-byte "
                 f"limit of {address}; pass large data as a bulk handle (engine.expose)"
             )
-        rid = self._rpc_id(name)
+        rid = self._rpc_ids.get(name) or self._rpc_id(name)
+        parent = current_request.get()
+        if parent is None:
+            parent_rpc, parent_provider = 0, NO_PARENT_PROVIDER
+            callpath = self._root_callpaths.get((rid, provider_id)) or self._root_callpath(rid, provider_id)
+        else:
+            pf = parent.frame
+            parent_rpc, parent_provider = pf.rpc_id, pf.provider_id
+            callpath = callpath_extend(pf.callpath, rid, provider_id)
+        tracer = self.tracer
+        flags = 0
+        trace_id, span_id, lamport = ZERO_TRACE_ID, 0, 0
+        if tracer is not None or (parent is not None and parent.frame.flags & F_TRACED):
+            flags = F_TRACED
+            trace_id = parent.frame.trace_id if parent is not None and parent.frame.flags & F_TRACED else new_trace_id()
+            span_id = new_span_id()
+            lamport = tracer.tick() if tracer is not None else 0
         request_id = conn.next_request_id()
         future: asyncio.Future[tuple[int, Any]] = loop.create_future()
-        key = (provider_id, name)
-        pending = _Pending(future, key)
         if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
             raise conn.close_reason or ConnectionLost(f"connection to {address} is closed")
-        conn.pending[request_id] = pending
+        conn.pending[request_id] = _Pending(future)
         remaining = timeout - (loop.time() - start)
         conn.send(
-            encode_frame(
-                Kind.REQUEST, request_id, body, provider_id=provider_id, rpc=rid,
-                deadline_usec=max(1, int(remaining * 1e6)),
-                callpath=callpath_extend(current_callpath.get(), rid, provider_id),
+            HEADER.pack(
+                MAGIC, WIRE_VERSION, K_REQUEST, flags, provider_id, rid, len(body), request_id,
+                max(1, int(remaining * 1e6)), 0, parent_provider, parent_rpc, 0, callpath, trace_id, span_id, lamport,
             )
+            + body
         )  # fmt: skip
+        t1 = perf_ns()
         progress = self.progress
         progress.inflight += 1
         progress.activity()
         timer = loop.call_at(start + timeout, _expire, future)
+        status = -1
         try:
             status, payload = await future
         except _DeadlineExpired:
             if not conn.closed:
-                conn.send(encode_frame(Kind.CANCEL, request_id))  # nobody waits any more: tell the server
+                conn.send(encode_frame(K_CANCEL, request_id))  # nobody waits any more: tell the server
             raise TimeoutError_(
                 f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s"
             ) from None
         except asyncio.CancelledError:
             if not conn.closed:
-                conn.send(encode_frame(Kind.CANCEL, request_id))  # the caller gave up: tell the server
+                conn.send(encode_frame(K_CANCEL, request_id))  # the caller gave up: tell the server
             raise
         finally:
             timer.cancel()
             conn.pending.pop(request_id, None)
             progress.inflight -= 1
             progress.activity()
-            if self.monitor.enabled:
-                stats = self.monitor.origin_stats(key)
-                stats.time.add(loop.time() - start)
-        if status == Status.OK:
+            monitor = self.monitor
+            if monitor.enabled:
+                rec = monitor.origin.get((parent_rpc, parent_provider, rid, provider_id, address))
+                if rec is None:
+                    rec = monitor.origin_record((parent_rpc, parent_provider, rid, provider_id, address))
+                    monitor.names[rid] = name
+                if status != S_OK:
+                    rec.errors += 1
+                buf = rec.buffer
+                buf.extend((perf_ns() - t0, t1 - t0, len(body), len(payload) if status >= 0 and payload else 0))
+                if len(buf) > FOLD_AT:
+                    rec.fold()
+            if flags and tracer is not None:
+                parent_span = parent.frame.span_id if parent is not None else 0
+                tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
+                              parent_span, lamport, address, status)  # fmt: skip
+        if status == S_OK:
             return unpack_body(payload)
-        if self.monitor.enabled:
-            stats.errors += 1
         raise _error_from_status(status, payload, name, provider_id, address)
 
     # -- bulk ----------------------------------------------------------------------------------------
@@ -562,7 +663,7 @@ class Engine:
         conn = await self._peer_connection(handle, timeout)
         request_id = conn.next_request_id()
         future: asyncio.Future[tuple[int, Any]] = loop.create_future()
-        pending = _Pending(future, (0, kind.name))
+        pending = _Pending(future)
         pending.dest = dest
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
@@ -591,8 +692,9 @@ class Engine:
             conn.pending.pop(request_id, None)
             self.progress.inflight -= 1
             self.progress.activity()
-            stat = self.monitor.bulk["pull" if kind == Kind.BULK_PULL else "push"]
-            stat.add(size)
+            self.monitor.record_bulk(
+                "pull" if kind == Kind.BULK_PULL else "push", conn.peer_label, size, int((loop.time() - start) * 1e9)
+            )
 
     async def _send_chunks(
         self,
@@ -645,84 +747,89 @@ class Engine:
 
     def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
         self.progress.activity()
+        arrival_ns = perf_ns()
         for frame in frames:
-            kind = frame.kind
-            if kind == Kind.RESPONSE:
-                p = conn.pending.get(frame.request_id)
+            kind = frame[0]
+            if kind == K_RESPONSE:
+                p = conn.pending.get(frame[4])
                 if p is not None and not p.future.done():
-                    p.future.set_result((frame.status, frame.body))
-            elif kind == Kind.REQUEST:
-                self._on_request(conn, frame)
-            elif kind == Kind.BULK_DATA_PUSH:
+                    p.future.set_result((frame[6], frame[13]))
+            elif kind == K_REQUEST:
+                self._on_request(conn, frame, arrival_ns)
+            elif kind == K_BULK_DATA_PUSH:
                 self._on_push_data(conn, frame)
-            elif kind == Kind.BULK_DATA_REPLY:
+            elif kind == K_BULK_DATA_REPLY:
                 pass  # already written into the destination by bulk_sink
-            elif kind == Kind.BULK_PULL:
+            elif kind == K_BULK_PULL:
                 self._on_pull_request(conn, frame)
-            elif kind == Kind.BULK_PUSH:
+            elif kind == K_BULK_PUSH:
                 self._on_push_request(conn, frame)
-            elif kind == Kind.CANCEL:
+            elif kind == K_CANCEL:
                 task = conn.serving.get(frame.request_id)
                 if isinstance(task, asyncio.Task):
                     task.cancel()
-            elif kind == Kind.GOODBYE:
+            elif kind == K_GOODBYE:
                 conn.close_reason = goodbye_error(conn, frame)
                 conn.close()
             else:
                 raise RemoteProtocolError(f"unexpected frame kind {kind} after the handshake")
 
     def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None:
-        if not frame.flags & Flag.NO_REPLY:
-            conn.send(encode_frame(Kind.RESPONSE, frame.request_id, body, status=status))
+        if not frame.flags & F_NO_REPLY:
+            conn.send(encode_frame(K_RESPONSE, frame.request_id, body, status=status))
 
     def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None:
         self._reply(conn, frame, status, pack_body(message))
 
-    def _on_request(self, conn: Connection, frame: Frame) -> None:
-        reg = self._table.get((frame.provider_id, frame.rpc_id))
-        if reg is None:
-            if frame.provider_id in self._providers:
-                self._reply_error(conn, frame, Status.NO_SUCH_RPC, "")
-            else:
-                self._reply_error(conn, frame, Status.NO_SUCH_PROVIDER, "")
-            return
-        if self._closing:
-            self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server is shutting down")
-            return
-        refused = self._refused.get(frame.provider_id)
-        if refused is not None:
-            self._reply_error(conn, frame, Status.REFUSED, refused)
-            return
+    def _on_request(self, conn: Connection, frame: Frame, arrival_ns: int) -> None:
+        reg = self._table.get((frame[2], frame[3]))
+        if reg is None or self._closing or self._refused:
+            if self._refuse(conn, frame, reg):
+                return
+            assert reg is not None
         try:
-            arg = unpack_body(frame.body or b"")
+            arg = unpack_body(frame[13] or b"")
         except ProtocolError as exc:
             self._reply_error(conn, frame, Status.BAD_REQUEST, str(exc))
             return
         loop = self._loop
         assert loop is not None
-        t0 = time.perf_counter()
+        start_ns = perf_ns()
         req = Request(self, conn, reg, frame, loop.time())
-        token = current_callpath.set(frame.callpath)
+        if frame[1] & F_TRACED and self.tracer is not None:
+            self.tracer.tick(frame.lamport)
+        token = current_request.set(req)
         try:
-            if reg.is_coroutine:
-                result = reg.handler(req, arg)
-            else:
-                result = reg.handler(req, arg)
-                if not inspect.isawaitable(result):
-                    self._finish(conn, frame, reg, t0, result)
-                    return
-            task = loop.create_task(self._run_async(conn, frame, reg, t0, result))
+            result = reg.handler(req, arg)
+            if not reg.is_coroutine and (result is None or type(result) in _PLAIN or not inspect.isawaitable(result)):
+                self._finish(conn, frame, reg, arrival_ns, start_ns, result)
+                return
+            task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, result))
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
             return
         finally:
-            current_callpath.reset(token)
+            current_request.reset(token)
         task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
         self._tasks.add(task)
         conn.serving[frame.request_id] = task
         self.progress.inflight += 1
-        deadline = loop.call_at(req.deadline, task.cancel) if req.deadline is not None else None
-        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, deadline))
+        deadline = req.deadline
+        timer = loop.call_at(deadline, task.cancel) if deadline is not None else None
+        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer))
+
+    def _refuse(self, conn: Connection, frame: Frame, reg: Registration | None) -> bool:
+        """Answer a request that will not run (unknown target, shutting down, provider removed)."""
+        if reg is None:
+            status = Status.NO_SUCH_RPC if frame.provider_id in self._providers else Status.NO_SUCH_PROVIDER
+            self._reply_error(conn, frame, status, "")
+        elif self._closing:
+            self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server is shutting down")
+        elif frame.provider_id in self._refused:
+            self._reply_error(conn, frame, Status.REFUSED, self._refused[frame.provider_id])
+        else:
+            return False
+        return True
 
     def _task_done(
         self, conn: Connection, request_id: int, task: asyncio.Task[Any], deadline: asyncio.TimerHandle | None
@@ -736,7 +843,7 @@ class Engine:
         self.progress.activity()
 
     async def _run_async(
-        self, conn: Connection, frame: Frame, reg: Registration, t0: float, aw: Awaitable[Any]
+        self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, aw: Awaitable[Any]
     ) -> None:
         try:
             result = await aw
@@ -752,9 +859,12 @@ class Engine:
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
         else:
-            self._finish(conn, frame, reg, t0, result)
+            self._finish(conn, frame, reg, arrival_ns, start_ns, result)
 
-    def _finish(self, conn: Connection, frame: Frame, reg: Registration, t0: float, result: Any) -> None:
+    def _finish(
+        self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, result: Any
+    ) -> None:
+        end_ns = perf_ns()
         try:
             body = pack_body(result)
             if len(body) > conn.peer_max_body_bytes:
@@ -765,9 +875,21 @@ class Engine:
         except ProtocolError as exc:
             self._finish_error(conn, frame, reg, exc)
             return
-        self._reply(conn, frame, Status.OK, body)
-        if self.monitor.enabled:
-            self.monitor.target_stats((reg.provider_id, reg.name)).time.add(time.perf_counter() - t0)
+        if not frame[1] & F_NO_REPLY:
+            conn.send(_RESPONSE_OK_PREFIX + _RESPONSE_TAIL.pack(len(body), frame[4], 0, 0) + body)
+        monitor = self.monitor
+        if monitor.enabled:
+            key = (frame[8], frame[7], reg.rpc_id, reg.provider_id, conn.peer_label)
+            rec = monitor.target.get(key) or monitor.target_record(key)
+            buf = rec.buffer
+            sent_ns = perf_ns()
+            buf.extend((start_ns - arrival_ns, end_ns - start_ns, sent_ns - end_ns, len(frame[13] or b""), len(body)))
+            if len(buf) > FOLD_AT:
+                rec.fold()
+        tracer = self.tracer
+        if tracer is not None and frame[1] & F_TRACED:
+            tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3, frame.trace_id,
+                          frame.span_id, tracer.lamport, conn.peer_label)  # fmt: skip
 
     def _finish_error(self, conn: Connection, frame: Frame, reg: Registration, exc: BaseException) -> None:
         if isinstance(exc, Refused):  # a handler may refuse on purpose (e.g. mutations disabled)
@@ -778,7 +900,8 @@ class Engine:
             conn, frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]])
         )
         if self.monitor.enabled:
-            self.monitor.target_stats((reg.provider_id, reg.name)).errors += 1
+            key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
+            (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
 
     # -- serving bulk transfers (no user code runs here) ------------------------------------------------
     def _bulk_request(self, frame: Frame, need: str) -> tuple[memoryview | None, str | None, int]:
@@ -807,7 +930,7 @@ class Engine:
         if view is None:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
             return
-        self.monitor.bulk["served_pull"].add(size)
+        self.monitor.record_bulk("served_pull", conn.peer_label, size, 0)
         if size <= self.bulk_chunk_bytes:
             if size:
                 conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
@@ -835,7 +958,7 @@ class Engine:
             return
         pushes = conn.state.setdefault("pushes", {})
         pushes[frame.request_id] = incoming
-        self.monitor.bulk["served_push"].add(size)
+        self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
 
     def _on_push_data(self, conn: Connection, frame: Frame) -> None:
         pushes = conn.state.get("pushes", {})

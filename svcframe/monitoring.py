@@ -1,92 +1,202 @@
-"""Per-RPC monitoring: counts and time per provider and RPC, at the origin and at the target.
+"""Monitoring: where every call's time goes, per callpath and peer, at low cost.
 
-Steps follow Ramesh et al., SYMBIOSYS, Table III: origin total (call issued to result decoded) and,
-at the target, handler time (handler entered to response queued). Each step is a ``Stat`` (count,
-sum, min, max, in seconds).
+Source: Ramesh et al., SYMBIOSYS (papers/ramesh-symbiosys.txt), Table III (the steps of an RPC) and
+section III (callpath ancestry); Margo's monitoring keys ("parent_rpc:parent_provider:rpc:provider").
+
+Steps recorded (nanoseconds), per key ``(side, parent_rpc_id, parent_provider_id, rpc_id, provider_id, peer)``:
+
+* origin: ``total`` (call issued to result decoded), ``serialize`` (argument packed and framed);
+* target: ``queue`` (request received to handler started), ``handler``, ``respond`` (result packed,
+  framed and queued for sending);
+* both: ``request_bytes``, ``response_bytes`` (body sizes).
+
+Bulk transfers are recorded per direction and peer (bytes and nanoseconds).
+
+Cost: the hot path appends the raw values of one call to one ``array('q')`` with a single ``extend``.
+``fold()`` (on read, or when a buffer fills) turns them into count / sum / min / max and a log-linear
+histogram (4 buckets per power of two, so percentiles are within ±12.5%) with numpy.
 """
 
 from __future__ import annotations
 
+import time
+from array import array
 from typing import Any
 
+import numpy as np
 
-class Stat:
-    """Running count / sum / min / max of one measured step (seconds or bytes)."""
+ORIGIN_STEPS = ("total", "serialize", "request_bytes", "response_bytes")
+TARGET_STEPS = ("queue", "handler", "respond", "request_bytes", "response_bytes")
+BULK_STEPS = ("bytes", "duration")
+TIME_STEPS = {"total", "serialize", "queue", "handler", "respond", "duration"}
+SUB_BUCKETS = 4
+N_BUCKETS = 64 * SUB_BUCKETS + 1
+FOLD_AT = 4096 * 5  # values buffered before folding
 
-    __slots__ = ("count", "max", "min", "sum")
+
+def bucket_of(values: np.ndarray) -> np.ndarray:
+    """Log-linear bucket index of non-negative integers: 0 for 0, then 4 buckets per power of two."""
+    v = np.maximum(values, 0).astype(np.float64)
+    mantissa, exponent = np.frexp(v)  # v = mantissa * 2**exponent, mantissa in [0.5, 1)
+    idx = exponent * SUB_BUCKETS + np.floor((mantissa - 0.5) * 2 * SUB_BUCKETS).astype(np.int64) + 1
+    return np.where(v > 0, np.clip(idx, 1, N_BUCKETS - 1), 0).astype(np.int64)
+
+
+def bucket_value(index: int) -> float:
+    """The midpoint of a bucket (the value percentiles report for it)."""
+    if index == 0:
+        return 0.0
+    exponent, sub = divmod(index - 1, SUB_BUCKETS)
+    low = (0.5 + sub / (2 * SUB_BUCKETS)) * 2.0**exponent
+    high = (0.5 + (sub + 1) / (2 * SUB_BUCKETS)) * 2.0**exponent
+    return (low + high) / 2
+
+
+class Summary:
+    """count / sum / min / max and a histogram of one step."""
+
+    __slots__ = ("count", "hist", "max", "min", "sum")
 
     def __init__(self) -> None:
         self.count = 0
-        self.sum = 0.0
-        self.min = float("inf")
-        self.max = 0.0
+        self.sum = 0
+        self.min = 0
+        self.max = 0
+        self.hist = np.zeros(N_BUCKETS, dtype=np.int64)
 
-    def add(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
+    def add_many(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        lo, hi = int(values.min()), int(values.max())
+        self.min = lo if self.count == 0 else min(self.min, lo)
+        self.max = max(self.max, hi)
+        self.count += int(values.size)
+        self.sum += int(values.sum())
+        self.hist += np.bincount(bucket_of(values), minlength=N_BUCKETS)
 
-    def to_dict(self) -> dict[str, float]:
+    def percentile(self, q: float) -> float:
+        """Approximate q-th percentile (0..100) from the histogram (bucket midpoint, clamped to min/max)."""
+        if self.count == 0:
+            return 0.0
+        rank = q / 100.0 * self.count
+        cumulative = np.cumsum(self.hist)
+        index = int(np.searchsorted(cumulative, max(rank, 1), side="left"))
+        return float(min(max(bucket_value(index), self.min), self.max))
+
+    def to_dict(self, scale: float = 1.0) -> dict[str, float]:
+        """Values multiplied by ``scale`` (1e-3 turns nanoseconds into microseconds)."""
+        if self.count == 0:
+            return {"count": 0, "sum": 0.0, "min": 0.0, "max": 0.0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
         return {
             "count": self.count,
-            "sum": self.sum,
-            "min": self.min if self.count else 0.0,
-            "max": self.max,
-            "mean": self.sum / self.count if self.count else 0.0,
+            "sum": self.sum * scale,
+            "min": self.min * scale,
+            "max": self.max * scale,
+            "mean": self.sum / self.count * scale,
+            "p50": self.percentile(50) * scale,
+            "p90": self.percentile(90) * scale,
+            "p99": self.percentile(99) * scale,
         }
 
 
-class RPCStats:
-    """One RPC's statistics on one side (origin or target)."""
+class Record:
+    """One key's buffered samples and folded summaries."""
 
-    __slots__ = ("bulk_bytes", "errors", "time")
+    __slots__ = ("buffer", "errors", "steps", "summaries")
 
-    def __init__(self) -> None:
-        self.time = Stat()
+    def __init__(self, steps: tuple[str, ...]) -> None:
+        self.steps = steps
+        self.buffer = array("q")
+        self.summaries = {s: Summary() for s in steps}
         self.errors = 0
-        self.bulk_bytes = 0
+
+    def fold(self) -> None:
+        if not self.buffer:
+            return
+        values = np.frombuffer(self.buffer, dtype=np.int64).reshape(-1, len(self.steps))
+        for i, step in enumerate(self.steps):
+            self.summaries[step].add_many(values[:, i])
+        self.buffer = array("q")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"time_seconds": self.time.to_dict(), "errors": self.errors}
+        self.fold()
+        out: dict[str, Any] = {"errors": self.errors}
+        for step, summary in self.summaries.items():
+            if step in TIME_STEPS:
+                out[f"{step}_usec"] = summary.to_dict(1e-3)
+            else:
+                out[step] = summary.to_dict()
+        return out
 
 
 class Monitor:
-    """All statistics of one engine. Keys are ``(provider_id, rpc_name)``."""
+    """All statistics of one engine. ``enabled`` false makes every record call a no-op at the call site."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.origin: dict[tuple[int, str], RPCStats] = {}
-        self.target: dict[tuple[int, str], RPCStats] = {}
-        self.bulk = {"pull": Stat(), "push": Stat(), "served_pull": Stat(), "served_push": Stat()}
+        self.origin: dict[tuple[Any, ...], Record] = {}
+        self.target: dict[tuple[Any, ...], Record] = {}
+        self.bulk: dict[tuple[str, str], Record] = {}
+        self.names: dict[int, str] = {}  # rpc id -> name, for every RPC this engine registered or called
+        self.started = time.time()
 
-    def origin_stats(self, key: tuple[int, str]) -> RPCStats:
-        stats = self.origin.get(key)
-        if stats is None:
-            stats = self.origin[key] = RPCStats()
-        return stats
+    def origin_record(self, key: tuple[Any, ...]) -> Record:
+        rec = self.origin.get(key)
+        if rec is None:
+            rec = self.origin[key] = Record(ORIGIN_STEPS)
+        return rec
 
-    def target_stats(self, key: tuple[int, str]) -> RPCStats:
-        stats = self.target.get(key)
-        if stats is None:
-            stats = self.target[key] = RPCStats()
-        return stats
+    def target_record(self, key: tuple[Any, ...]) -> Record:
+        rec = self.target.get(key)
+        if rec is None:
+            rec = self.target[key] = Record(TARGET_STEPS)
+        return rec
+
+    def record_bulk(self, direction: str, peer: str, nbytes: int, duration_ns: int) -> None:
+        if not self.enabled:
+            return
+        key = (direction, peer)
+        rec = self.bulk.get(key)
+        if rec is None:
+            rec = self.bulk[key] = Record(BULK_STEPS)
+        rec.buffer.extend((nbytes, duration_ns))
 
     def reset(self) -> None:
         self.origin.clear()
         self.target.clear()
-        for stat in self.bulk.values():
-            stat.__init__()  # type: ignore[misc]
+        self.bulk.clear()
+        self.started = time.time()
+
+    def _name(self, rpc: int) -> str:
+        return self.names.get(rpc, f"#{rpc:08x}") if rpc else ""
 
     def to_dict(self) -> dict[str, Any]:
-        def table(side: dict[tuple[int, str], RPCStats]) -> list[dict[str, Any]]:
-            return [{"provider_id": pid, "rpc": name, **stats.to_dict()} for (pid, name), stats in sorted(side.items())]
+        """JSON-ready statistics: ``{"enabled", "since", "origin": [...], "target": [...], "bulk": [...]}``.
+
+        Each origin/target row names its callpath (``parent_rpc``, ``parent_provider_id``, ``rpc``,
+        ``provider_id``; the parent is empty for a call made outside any handler), its ``peer``, and
+        every step as count/sum/min/max/mean/p50/p90/p99 (times in µs, sizes in bytes).
+        """
+
+        def rows(table: dict[tuple[Any, ...], Record]) -> list[dict[str, Any]]:
+            out = []
+            for (parent_rpc, parent_provider, rpc, provider_id, peer), rec in list(table.items()):
+                out.append(
+                    {
+                        "parent_rpc": self._name(parent_rpc),
+                        "parent_provider_id": parent_provider if parent_rpc else None,
+                        "rpc": self._name(rpc),
+                        "provider_id": provider_id,
+                        "peer": peer,
+                        **rec.to_dict(),
+                    }
+                )
+            return out
 
         return {
             "enabled": self.enabled,
-            "origin": table(self.origin),
-            "target": table(self.target),
-            "bulk_bytes": {k: v.to_dict() for k, v in self.bulk.items()},
+            "since": self.started,
+            "origin": rows(self.origin),
+            "target": rows(self.target),
+            "bulk": [{"direction": d, "peer": p, **rec.to_dict()} for (d, p), rec in sorted(self.bulk.items())],
         }

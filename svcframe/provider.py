@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from .engine import Engine, Request
@@ -41,6 +42,28 @@ _RPC_ATTR = "__svcframe_rpc__"
 
 #: Provider types by type name: the registry bootstrap configs name in ``providers[].type``.
 PROVIDER_TYPES: dict[str, type[Provider]] = {}
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """A dependency a provider type expects (Bedrock's ``{name, type, is_required, is_array}``).
+
+    A provider class lists them in ``DEPENDENCIES``; the server then checks a provider's
+    ``dependencies`` against them: an unknown name, a missing required one, or a provider of another
+    type is a ConfigError naming it. A scalar is accepted for an array dependency and a one-element
+    list for a scalar one, as in Bedrock.
+
+    Attributes:
+        name: the key in the provider's ``dependencies`` object.
+        type: the provider type it must resolve to (None: any type).
+        required: whether the key must be given.
+        array: whether it takes a list of providers (resolved to a list).
+    """
+
+    name: str
+    type: str | None = None
+    required: bool = True
+    array: bool = False
 
 
 def rpc(fn: F | None = None, *, name: str | None = None) -> Any:
@@ -102,10 +125,14 @@ class Provider:
         provider_id: 0..65535, unique within the process.
         name: the provider's name in the configuration.
         config: the provider's JSON config (a dict).
-        dependencies: resolved dependencies, by dependency name (providers or provider handles).
+        dependencies: resolved dependencies, by dependency name: a ``Provider`` of this process
+            (``NAME`` / ``TYPE:ID``, optionally ``@local``) or a ``ProviderHandle`` (``...@ADDRESS``);
+            a list of them for an array dependency.
     """
 
     type_name: ClassVar[str] = ""
+    #: The dependencies this type expects; None (the default) accepts any, unchecked.
+    DEPENDENCIES: ClassVar[tuple[Dependency, ...] | None] = None
 
     def __init__(
         self,
@@ -180,6 +207,7 @@ class ProviderHandle:
 
 __all__ = [
     "PROVIDER_TYPES",
+    "Dependency",
     "Provider",
     "ProviderHandle",
     "Request",

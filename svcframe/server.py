@@ -18,7 +18,9 @@ import os
 import signal
 from typing import Any
 
-from .config import ProviderSpec, ServiceConfig
+from pydantic import ValidationError
+
+from .config import ProviderSpec, ServiceConfig, format_validation_error
 from .engine import Engine
 from .errors import ConfigError, SvcframeError
 from .loops import loop_factory
@@ -60,6 +62,7 @@ LIVE_SETTINGS = {
     ("engine", "drain_timeout_seconds"),
     ("engine", "monitoring", "enabled"),
     ("admin", "allow_mutations"),
+    ("admin", "dependency_resolution_timeout_seconds"),
 }
 
 
@@ -86,13 +89,22 @@ class Server:
         self._secret = secret
         self.engine: Engine | None = None
         self.providers: dict[str, Provider] = {}
+        self._adding: dict[str, int] = {}  # name -> provider id of providers being added
+        self._removing: set[str] = set()  # names of providers being removed
         self._shutdown = asyncio.Event()
 
     async def start(self) -> Server:
         """Start everything; on any failure close what was started and raise (ConfigError or the cause)."""
         ec = self.config.engine
+        # The plumber (Carns 2025 §4.1.1): a wildcard host becomes the chosen NIC's address, recorded
+        # (output only) under engine.plumber.chosen; any other address is used as given.
+        from .config import PlumberChoice
+        from .plumber import plumb_address
+
+        plumbed = plumb_address(ec.address, ec.plumber)
+        ec.plumber.chosen = PlumberChoice.model_validate(plumbed.choice.to_dict())
         self.engine = Engine(
-            ec.address,
+            plumbed.listen_address,
             progress_mode=ec.progress_mode,
             progress_spindown_msec=ec.progress_spindown_msec,
             progress_timeout_ub_msec=ec.progress_timeout_ub_msec,
@@ -101,6 +113,7 @@ class Server:
             bulk_chunk_bytes=ec.bulk_chunk_bytes,
             secret=self._secret,
             monitoring=ec.monitoring.enabled,
+            local_host=plumbed.local_host,
         )
         await self.engine.start()
         try:
@@ -126,10 +139,14 @@ class Server:
     # -- providers -----------------------------------------------------------------------------------
     def _free_provider_id(self) -> int:
         used = {p.provider_id for p in self.providers.values()} | {self.config.admin.provider_id}
+        used |= set(self._adding.values())
         return next(i for i in range(1, 65536) if i not in used)
 
-    async def add_provider(self, spec: ProviderSpec | dict[str, Any]) -> int:
+    async def add_provider(self, spec: ProviderSpec | dict[str, Any], *, timeout_seconds: float | None = None) -> int:
         """Create, register and start one provider; returns its provider id.
+
+        Dependencies are resolved first (see ``resolve_dependencies``); remote ones are retried for up to
+        ``admin.dependency_resolution_timeout_seconds`` (or ``timeout_seconds`` when that is shorter).
 
         Raises:
             ConfigError: invalid description, duplicate name or id, unknown type, missing dependency.
@@ -138,43 +155,123 @@ class Server:
         if isinstance(spec, dict):
             try:
                 spec = ProviderSpec.model_validate(spec)
-            except Exception as exc:
-                raise ConfigError(f"invalid provider description: {exc}") from None
-        if spec.name in self.providers:
+            except ValidationError as exc:
+                raise ConfigError(format_validation_error(exc, "provider description")) from None
+        if spec.name in self.providers or spec.name in self._adding:
             raise ConfigError(f"a provider named {spec.name!r} already exists")
         provider_id = spec.provider_id if spec.provider_id is not None else self._free_provider_id()
-        if provider_id == self.config.admin.provider_id or any(
-            p.provider_id == provider_id for p in self.providers.values()
-        ):
-            raise ConfigError(f"provider_id {provider_id} of {spec.name!r} is already in use")
+        if provider_id == self.config.admin.provider_id:
+            raise ConfigError(f"provider_id {provider_id} of {spec.name!r} is reserved for the admin provider")
+        owner = next((p.name for p in self.providers.values() if p.provider_id == provider_id), None)
+        owner = owner or next((n for n, i in self._adding.items() if i == provider_id), None)
+        if owner is not None:
+            raise ConfigError(f"provider_id {provider_id} of {spec.name!r} is already used by {owner!r}")
         cls = provider_type(spec.type)
-        deps = {key: await self._resolve(spec.name, value) for key, value in spec.dependencies.items()}
-        provider = cls(self.engine, provider_id, name=spec.name, config=spec.config, dependencies=deps)
-        provider.register()
+        self._adding[spec.name] = provider_id  # reserved while dependencies resolve and the provider starts
         try:
-            await provider.start()
-        except BaseException:
-            self.engine.deregister_provider(provider_id)
-            raise
+            deps = await self.resolve_dependencies(spec, cls, timeout_seconds=timeout_seconds)
+            provider = cls(self.engine, provider_id, name=spec.name, config=spec.config, dependencies=deps)
+            provider.register()
+            try:
+                await provider.start()
+            except BaseException:
+                self.engine.deregister_provider(provider_id)
+                raise
+        finally:
+            del self._adding[spec.name]
         self.providers[spec.name] = provider
         self.config.providers.append(
             spec.model_copy(update={"provider_id": provider_id, "config": provider.get_config()})
         )
         return provider_id
 
-    async def _resolve(self, owner: str, value: Any) -> Any:
-        if isinstance(value, list):
-            return [await self._resolve(owner, v) for v in value]
-        name, type_name, provider_id, location = parse_dependency(value)
-        if location is None:
-            for provider in self.providers.values():
-                if provider.name == name or (provider.type_name == type_name and provider.provider_id == provider_id):
-                    return provider
-            raise ConfigError(f"provider {owner!r} depends on {value!r}, which is not running in this process")
+    def lookup_provider(self, spec: str) -> Provider | None:
+        """The running provider that ``NAME`` or ``TYPE:ID`` (optionally ``@local``) names, or None.
+
+        Raises:
+            ConfigError: malformed spec, or a remote location (``@ADDRESS``).
+        """
+        name, type_name, provider_id, location = parse_dependency(spec)
+        if location is not None and location != (self.engine.address if self.engine else None):
+            raise ConfigError(f"{spec!r}: lookup_provider takes NAME or TYPE:ID (optionally @local), not a remote one")
+        for provider in self.providers.values():
+            if provider.name == name or (provider.type_name == type_name and provider.provider_id == provider_id):
+                return provider
+        return None
+
+    async def resolve_dependencies(
+        self, spec: ProviderSpec, cls: type[Provider], *, timeout_seconds: float | None = None
+    ) -> dict[str, Any]:
+        """Resolve ``spec.dependencies`` (Bedrock's grammar) against what ``cls.DEPENDENCIES`` declares.
+
+        Local ones (``NAME``, ``TYPE:ID``, optionally ``@local``) must already run in this process:
+        providers start in list order. Remote ones (``...@ADDRESS``) are looked up on that server's admin
+        provider (``lookup_provider``, at this server's admin provider id), retried until the deadline.
+
+        Returns:
+            dependency name -> ``Provider`` (local) or ``ProviderHandle`` (remote); lists for arrays.
+
+        Raises:
+            ConfigError: naming the dependency: undeclared, missing, not found in time, or of the wrong type.
+        """
         assert self.engine is not None
-        if provider_id is None:
-            raise ConfigError(f"provider {owner!r}: remote dependency {value!r} must be given as TYPE:ID@ADDRESS")
-        return ProviderHandle(self.engine, location, provider_id)
+        where = f"provider {spec.name!r} (type {spec.type!r})"
+        declared = {d.name: d for d in cls.DEPENDENCIES} if cls.DEPENDENCIES is not None else None
+        if declared is not None:
+            unknown = sorted(set(spec.dependencies) - set(declared))
+            if unknown:
+                raise ConfigError(
+                    f"{where}: unknown dependency {', '.join(map(repr, unknown))}; "
+                    f"type {spec.type!r} declares {', '.join(map(repr, declared)) or 'none'}"
+                )
+            missing = [d.name for d in declared.values() if d.required and d.name not in spec.dependencies]
+            if missing:
+                raise ConfigError(
+                    f"{where}: missing required dependency {', '.join(map(repr, missing))} "
+                    f"(give it in 'dependencies' as NAME, TYPE:ID, optionally @local or @ADDRESS)"
+                )
+        limit = self.config.admin.dependency_resolution_timeout_seconds
+        if timeout_seconds is not None:
+            limit = min(limit, timeout_seconds)
+        deadline = asyncio.get_running_loop().time() + limit
+        out: dict[str, Any] = {}
+        for key, value in spec.dependencies.items():
+            dep = declared.get(key) if declared is not None else None
+            values = value if isinstance(value, list) else [value]
+            if dep is not None and not dep.array and len(values) != 1:
+                raise ConfigError(f"{where}: dependency {key!r} takes one provider, not {len(values)}")
+            expected = dep.type if dep is not None else None
+            resolved = [await self._resolve(where, key, v, expected, deadline) for v in values]
+            out[key] = resolved if (dep.array if dep is not None else isinstance(value, list)) else resolved[0]
+        return out
+
+    async def _resolve(self, where: str, key: str, value: str | int, expected: str | None, deadline: float) -> Any:
+        assert self.engine is not None
+        what = f"{where}: dependency {key!r} = {str(value)!r}"
+        try:
+            location = parse_dependency(value)[3]
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if location is None or location == self.engine.address:
+            provider = self.lookup_provider(str(value).partition("@")[0])
+            if provider is None:
+                running = ", ".join(f"{p.name} ({p.type_name}:{p.provider_id})" for p in self.providers.values())
+                raise ConfigError(
+                    f"{what}: no such provider in this process (running: {running or 'none'}); "
+                    "providers start in list order, so list it before the providers that depend on it"
+                )
+            found_type, found = provider.type_name, provider
+        else:
+            from .admin import lookup_remote
+
+            info = await lookup_remote(
+                self.engine, location, str(value).partition("@")[0],
+                admin_provider_id=self.config.admin.provider_id, deadline=deadline, what=what,
+            )  # fmt: skip
+            found_type, found = info["type"], ProviderHandle(self.engine, location, int(info["provider_id"]))
+        if expected is not None and found_type != expected:
+            raise ConfigError(f"{what} is a provider of type {found_type!r}; expected type {expected!r}")
+        return found
 
     def dependents(self, name: str) -> list[str]:
         """Names of the local providers that depend on provider ``name``."""
@@ -188,28 +285,43 @@ class Server:
         return out
 
     async def remove_provider(self, name: str, *, drain_timeout_seconds: float | None = None) -> None:
-        """Refuse new calls to the provider at once, let in-flight calls finish, then release it.
+        """Refuse new calls to the provider at once (``Refused``), let in-flight calls finish (for up to
+        ``drain_timeout_seconds``, default ``engine.drain_timeout_seconds``; later ones are cancelled),
+        remove its RPCs (``NoSuchProvider`` from then on), then release its resources (``close()``).
 
         Raises:
-            ConfigError: no such provider, or other providers depend on it (they are named).
+            ConfigError: no such provider, being removed already, or other providers of this process
+                depend on it (they are named).
         """
         assert self.engine is not None
         provider = self.providers.get(name)
         if provider is None:
-            raise ConfigError(f"no provider named {name!r} (running: {', '.join(self.providers) or 'none'})")
+            hint = "; the admin provider cannot be removed" if name == "admin" else ""
+            raise ConfigError(f"no provider named {name!r} (running: {', '.join(self.providers) or 'none'}){hint}")
+        if name in self._removing:
+            raise ConfigError(f"provider {name!r} is already being removed")
         users = self.dependents(name)
         if users:
             raise ConfigError(f"cannot remove {name!r}: {', '.join(users)} depend(s) on it; remove them first")
-        self.engine.refuse_provider(provider.provider_id, f"provider {name!r} is being removed")
-        running = self.engine.inflight_for(provider.provider_id)
-        if running:
-            timeout = (
-                self.config.engine.drain_timeout_seconds if drain_timeout_seconds is None else drain_timeout_seconds
-            )
-            await asyncio.wait(running, timeout=timeout)
-        self.engine.deregister_provider(provider.provider_id)
-        del self.providers[name]
-        self.config.providers = [p for p in self.config.providers if p.name != name]
+        self._removing.add(name)
+        try:
+            self.engine.refuse_provider(provider.provider_id, f"provider {name!r} is being removed")
+            running = self.engine.inflight_for(provider.provider_id)
+            if running:
+                timeout = (
+                    self.config.engine.drain_timeout_seconds if drain_timeout_seconds is None else drain_timeout_seconds
+                )
+                _, late = await asyncio.wait(running, timeout=timeout)
+                if late:
+                    log.warning("removing %s: cancelling %d call(s) still running after %g s", name, len(late), timeout)
+                    for task in late:
+                        task.cancel()
+                    await asyncio.wait(late, timeout=1.0)
+            self.engine.deregister_provider(provider.provider_id)
+            del self.providers[name]
+            self.config.providers = [p for p in self.config.providers if p.name != name]
+        finally:
+            self._removing.discard(name)
         await provider.close()
 
     # -- configuration and lifecycle ----------------------------------------------------------------------
@@ -267,6 +379,7 @@ class Server:
                 {"name": p.name, "type": p.type_name, "provider_id": p.provider_id} for p in self.providers.values()
             ],
             "closing": self.engine.closing,
+            "plumber": self.config.engine.plumber.chosen.model_dump() if self.config.engine.plumber.chosen else None,
         }
 
     def request_shutdown(self) -> None:

@@ -135,6 +135,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_engine_id: str | None = None
         self.peer_address: str | None = None
         self.peername: str = "?"
+        self.peer_label: str = "?"
         self.close_reason: ConnectionLost | None = None  # why the peer closed, when it said so
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES  # the largest body the peer accepts (from HELLO)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -158,7 +159,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
-        self.peername = str(peer) if peer else "local"
+        self.peername = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
+        self.peer_label = self.peername  # the peer's address once known, for statistics
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         if self.server_side:
             self._nonce = secrets.token_bytes(16)
@@ -295,6 +297,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_engine_id = hello["engine_id"]
         addr = hello.get("address")
         self.peer_address = addr if isinstance(addr, str) else None
+        self.peer_label = self.peer_address or f"{self.peername} ({self.peer_engine_id[:8]})"
         limit = hello.get("max_body_bytes")
         if isinstance(limit, int) and limit > 0:
             self.peer_max_body_bytes = limit

@@ -3,24 +3,30 @@
 Nothing here touches sockets or an event loop: bytes go in, frames come out, so the codec can be tested
 and fuzzed with plain bytes. The asyncio transport (``svcframe.transport``) is a thin pump around it.
 
-Frame = 72-byte header + body. Header, little-endian (``HEADER``)::
+Frame = 80-byte header + body. Header, little-endian (``HEADER``)::
 
-    offset size field          meaning
-    0      2    magic          b"SF": rejects HTTP, TLS and other cross-protocol input at the first frame
-    2      1    version        WIRE_VERSION
-    3      1    kind           Kind (request, response, bulk data, ...)
-    4      2    flags          Flag bits
-    6      2    provider_id    target provider (uint16, as Margo)
-    8      4    rpc_id         rpc_id(name): CRC-32 of the RPC name
-    12     4    body_length    bytes of body after the header; checked against the maximum before buffering
-    16     8    request_id     chosen by the sender of a request; echoed by its response and bulk data
-    24     4    deadline_usec  caller's remaining time budget when sent, in microseconds (0 = none)
-    28     2    status         Status of a response (0 = ok)
-    30     2    reserved       must be 0
-    32     8    callpath       64-bit chained hash of the RPC ancestry (SYMBIOSYS-style)
-    40     16   trace_id       W3C trace id (zero when not traced)
-    56     8    span_id        caller's span id (zero when not traced)
-    64     8    lamport        sender's Lamport clock (0 when not traced)
+    offset size field              meaning
+    0      2    magic              b"SF": rejects HTTP, TLS and other cross-protocol input at once
+    2      1    version            WIRE_VERSION
+    3      1    kind               Kind (request, response, bulk data, ...)
+    4      2    flags              Flag bits
+    6      2    provider_id        target provider (uint16, as Margo)
+    8      4    rpc_id             rpc_id(name): CRC-32 of the RPC name
+    12     4    body_length        bytes of body after the header; checked against the maximum before buffering
+    16     8    request_id         chosen by the sender of a request; echoed by its response and bulk data
+    24     4    deadline_usec      caller's remaining time budget when sent, in microseconds (0 = none)
+    28     2    status             Status of a response (0 = ok)
+    30     2    parent_provider_id provider of the handler that made this call (0xFFFF = none)
+    32     4    parent_rpc_id      RPC of the handler that made this call (0 = a call from outside any handler)
+    36     4    reserved           must be 0
+    40     8    callpath           64-bit chained hash of the whole RPC ancestry (SYMBIOSYS-style)
+    48     16   trace_id           W3C trace id (zero when not traced)
+    64     8    span_id            caller's span id (zero when not traced)
+    72     8    lamport            sender's Lamport clock (0 when not traced)
+
+The immediate parent (``parent_rpc_id``, ``parent_provider_id``) keys per-callpath statistics as in
+Margo's monitoring ("parent_rpc:parent_provider:rpc:provider"); the chained hash distinguishes deeper
+ancestries that share a parent.
 
 Bodies: msgpack (strict: no extension types, string map keys only) for ``HELLO``, ``REQUEST``,
 ``RESPONSE``, ``BULK_PULL``, ``BULK_PUSH`` and ``GOODBYE``; raw bytes for ``BULK_DATA_REPLY`` and
@@ -74,9 +80,10 @@ __all__ = [
 
 MAGIC = b"SF"
 WIRE_VERSION = 1
-HEADER = struct.Struct("<2sBBHHIIQIHHQ16sQQ")
-HEADER_SIZE = HEADER.size  # 72
-assert HEADER_SIZE == 72
+HEADER = struct.Struct("<2sBBHHIIQIHHIIQ16sQQ")
+HEADER_SIZE = HEADER.size  # 80
+assert HEADER_SIZE == 80
+NO_PARENT_PROVIDER = 0xFFFF
 
 #: Default cap on an inline (msgpack) body: 4 MiB, like gRPC's default receive limit. Large payloads
 #: belong in bulk transfers, which are chunked and never limited by this.
@@ -133,11 +140,23 @@ class Frame(NamedTuple):
     request_id: int
     deadline_usec: int
     status: int
+    parent_provider_id: int
+    parent_rpc_id: int
     callpath: int
     trace_id: bytes
     span_id: int
     lamport: int
     body: bytes | bytearray | None
+
+
+_new_tuple = tuple.__new__  # builds a Frame without running NamedTuple's Python-level __new__
+
+# Plain-int copies of the kinds, flags and statuses for the hot paths (IntEnum/IntFlag operations run
+# Python code; comparisons with these ints do not).
+K_HELLO, K_REQUEST, K_RESPONSE, K_CANCEL = 1, 2, 3, 4
+K_BULK_PULL, K_BULK_PUSH, K_BULK_DATA_REPLY, K_BULK_DATA_PUSH, K_GOODBYE = 5, 6, 7, 8, 9
+F_TRACED, F_IDEMPOTENT, F_NO_REPLY = 1, 2, 4
+S_OK = 0
 
 
 def rpc_id(name: str) -> int:
@@ -170,6 +189,8 @@ def encode_header(
     flags: int = 0,
     status: int = 0,
     deadline_usec: int = 0,
+    parent_provider_id: int = NO_PARENT_PROVIDER,
+    parent_rpc: int = 0,
     callpath: int = 0,
     trace_id: bytes = ZERO_TRACE_ID,
     span_id: int = 0,
@@ -180,8 +201,8 @@ def encode_header(
         raise LocalProtocolError(f"trace_id must be 16 bytes, got {len(trace_id)}")
     try:
         return HEADER.pack(
-            MAGIC, WIRE_VERSION, kind, flags, provider_id, rpc, body_length, request_id,
-            deadline_usec, status, 0, callpath, trace_id, span_id, lamport,
+            MAGIC, WIRE_VERSION, kind, flags, provider_id, rpc, body_length, request_id, deadline_usec, status,
+            parent_provider_id, parent_rpc, 0, callpath, trace_id, span_id, lamport,
         )  # fmt: skip
     except struct.error as exc:
         raise LocalProtocolError(f"frame header field out of range: {exc}") from exc
@@ -401,18 +422,18 @@ class FrameDecoder:
                 elif start + HEADER_SIZE > len(self._buf):
                     self._compact()
                 return
-            (magic, version, kind, flags, provider_id, rpc, length, request_id,
-             deadline, status, reserved, callpath, trace_id, span_id, lamport) = HEADER.unpack_from(view, start)  # fmt: skip
+            (magic, version, kind, flags, provider_id, rpc, length, request_id, deadline, status,
+             parent_provider, parent_rpc, reserved, callpath, trace_id, span_id, lamport) = HEADER.unpack_from(view, start)  # fmt: skip
             if magic != MAGIC or version != WIRE_VERSION or reserved or not 0 < kind <= _KIND_MAX:
                 raise RemoteProtocolError(self._describe_bad_header(view[start : start + HEADER_SIZE]))
-            fields = (kind, flags, provider_id, rpc, request_id, deadline, status, callpath,
-                      trace_id, span_id, lamport)  # fmt: skip
             if length > self.max_body_bytes:
                 raise FrameTooLarge(
                     f"frame announces a {length}-byte body, over the {self.max_body_bytes}-byte limit "
                     "(send large payloads with a bulk transfer, or raise engine.max_body_bytes)"
                 )
             body_start = start + HEADER_SIZE
+            fields = (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider, parent_rpc,
+                      callpath, trace_id, span_id, lamport)  # fmt: skip
             if kind in _BULK_DATA_KINDS:
                 if frames:
                     return  # the frames before it may set up its sink: dispatch them first (see more())
@@ -425,9 +446,8 @@ class FrameDecoder:
                 continue
             body_end = body_start + length
             if body_end <= self._end:
-                body = bytes(view[body_start:body_end]) if length else b""
                 self._start = body_end
-                frames.append(Frame(*fields, body))
+                frames.append(_new_tuple(Frame, (*fields, bytes(view[body_start:body_end]) if length else b"")))
                 continue
             if length + HEADER_SIZE <= len(self._buf):
                 if body_end > len(self._buf):
@@ -453,7 +473,7 @@ class FrameDecoder:
         self._direct = self._direct_frame = None
         assert dest is not None and fields is not None
         # A large inline body keeps its own bytearray (msgpack decodes it without another copy).
-        return Frame(*fields, None if fields[0] in _BULK_DATA_KINDS else dest.obj)
+        return _new_tuple(Frame, (*fields, None if fields[0] in _BULK_DATA_KINDS else dest.obj))
 
     @staticmethod
     def _describe_bad_header(header: memoryview) -> str:
@@ -466,6 +486,6 @@ class FrameDecoder:
             return f"bad frame magic {raw[:2]!r} (expected {MAGIC!r}): not a svcframe peer"
         if raw[2] != WIRE_VERSION:
             return f"unsupported wire version {raw[2]} (this is version {WIRE_VERSION})"
-        if raw[30:32] != b"\0\0":
+        if raw[36:40] != b"\0\0\0\0":
             return "reserved header bits are set"
         return f"unknown frame kind {raw[3]}"

@@ -362,7 +362,7 @@ MALFORMED = {
     "malformed-hello": encode_frame(Kind.HELLO, 0, b"\xc1"),
     "bulk-data-nobody-expects": client_hello() + encode_frame(Kind.BULK_DATA_PUSH, 5, b"abc"),
     "oversized-after-hello": client_hello()
-    + HEADER.pack(b"SF", 1, Kind.REQUEST, 0, 1, 0, 2**32 - 1, 1, 0, 0, 0, 0, bytes(16), 0, 0),
+    + HEADER.pack(b"SF", 1, Kind.REQUEST, 0, 1, 0, 2**32 - 1, 1, 0, 0, 0, 0, 0, 0, bytes(16), 0, 0),
 }
 
 
@@ -502,22 +502,22 @@ async def test_server_close_lets_running_handlers_finish(address: str, make_engi
 
 async def test_nested_call_extends_the_callpath(server: Engine, client: Engine) -> None:
     def inner(req: Request, arg: Any) -> Any:
-        return {"ctx": current_callpath.get(), "req": req.callpath}
+        return {"ctx": current_callpath(), "req": req.callpath}
 
     async def outer(req: Request, arg: Any) -> Any:
         child = await req.engine.call(req.engine.address, "inner", None, provider_id=1)  # type: ignore[arg-type]
-        return {"ctx": current_callpath.get(), "req": req.callpath, "child": child}
+        return {"ctx": current_callpath(), "req": req.callpath, "child": child}
 
     server.register(1, "inner", inner)
     server.register(1, "outer", outer)
-    assert current_callpath.get() == 0
+    assert current_callpath() == 0
     got = await call1(client, server, "outer")
     assert got["ctx"] == got["req"] != 0
     assert got["child"]["ctx"] == got["child"]["req"] != 0
     assert got["child"]["req"] != got["req"]
     direct = await call1(client, server, "inner")
     assert direct["req"] != got["child"]["req"]  # same RPC, different ancestry
-    assert current_callpath.get() == 0
+    assert current_callpath() == 0
 
 
 async def test_shared_secret_accepts_the_same_secret(address: str, make_engine: MakeEngine) -> None:
@@ -574,12 +574,19 @@ async def test_statistics_count_calls_at_origin_and_target(server: Engine, clien
     for _ in range(3):
         with pytest.raises(RemoteError):
             await call1(client, server, "boom")
-    for side, engine in (("origin", client), ("target", server)):
-        assert rpc_stats(engine, side, "echo")["time_seconds"]["count"] == 7
-        assert rpc_stats(engine, side, "aecho")["time_seconds"]["count"] == 5
+    for side, engine, step in (("origin", client, "total_usec"), ("target", server, "handler_usec")):
+        assert rpc_stats(engine, side, "echo")[step]["count"] == 7
+        assert rpc_stats(engine, side, "aecho")[step]["count"] == 5
         assert rpc_stats(engine, side, "echo")["errors"] == 0
         assert rpc_stats(engine, side, "boom")["errors"] == 3
-    assert rpc_stats(client, "origin", "boom")["time_seconds"]["count"] == 3
+        assert rpc_stats(engine, side, "echo")["parent_rpc"] == ""  # called from outside any handler
+    assert rpc_stats(client, "origin", "boom")["total_usec"]["count"] == 3
+    origin, target = rpc_stats(client, "origin", "echo"), rpc_stats(server, "target", "echo")
+    assert origin["peer"] == server.address
+    # the steps nest: the handler and its queueing happen inside the caller's round trip
+    assert target["handler_usec"]["max"] < origin["total_usec"]["max"]
+    assert 0 < origin["serialize_usec"]["min"] <= origin["serialize_usec"]["p50"] <= origin["total_usec"]["p50"]
+    assert target["request_bytes"]["min"] > 0 and origin["response_bytes"]["count"] == 7
     stats = server.statistics()
     assert stats["address"] == server.address and stats["connections"] == 1
     assert stats["handlers_running"] == 0

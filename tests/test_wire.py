@@ -72,11 +72,11 @@ class Sink:
 def expected_frame(kind: int, request_id: int, body: bytes, **fields: int | bytes) -> Frame:
     f: dict[str, int | bytes] = {
         "provider_id": 0, "rpc": 0, "flags": 0, "status": 0, "deadline_usec": 0, "callpath": 0,
-        "trace_id": bytes(16), "span_id": 0, "lamport": 0, **fields,
+        "parent_provider_id": 0xFFFF, "parent_rpc": 0, "trace_id": bytes(16), "span_id": 0, "lamport": 0, **fields,
     }  # fmt: skip
     return Frame(
         kind, f["flags"], f["provider_id"], f["rpc"], request_id, f["deadline_usec"], f["status"],  # type: ignore[arg-type]
-        f["callpath"], f["trace_id"], f["span_id"], f["lamport"],  # type: ignore[arg-type]
+        f["parent_provider_id"], f["parent_rpc"], f["callpath"], f["trace_id"], f["span_id"], f["lamport"],  # type: ignore[arg-type]
         None if kind in BULK_KINDS else body,
     )  # fmt: skip
 
@@ -128,9 +128,11 @@ def test_every_kind_round_trips_with_minimal_fields_and_empty_body(kind: Kind) -
     assert len(sink.received) == (1 if kind in BULK_KINDS else 0)
 
 
-def test_header_is_72_bytes_little_endian() -> None:
-    header = encode_header(Kind.REQUEST, 0x0102030405060708, 9, provider_id=0x0A0B)
-    assert len(header) == HEADER_SIZE == 72
+def test_header_is_80_bytes_little_endian() -> None:
+    header = encode_header(Kind.REQUEST, 0x0102030405060708, 9, provider_id=0x0A0B, parent_rpc=0x11223344)
+    assert len(header) == HEADER_SIZE == 80
+    assert header[32:36] == (0x11223344).to_bytes(4, "little")
+    assert header[30:32] == b"\xff\xff"  # no parent provider
     assert header[:2] == MAGIC and header[2] == WIRE_VERSION and header[3] == Kind.REQUEST
     assert header[6:8] == b"\x0b\x0a"
     assert header[12:16] == (9).to_bytes(4, "little")
@@ -139,7 +141,8 @@ def test_header_is_72_bytes_little_endian() -> None:
 
 OUT_OF_RANGE = [
     *[(name, 1 << (8 * size)) for name, size in [("provider_id", 2), ("rpc", 4), ("flags", 2), ("status", 2),
-      ("deadline_usec", 4), ("callpath", 8), ("span_id", 8), ("lamport", 8)]],
+      ("deadline_usec", 4), ("callpath", 8), ("span_id", 8), ("lamport", 8), ("parent_provider_id", 2),
+      ("parent_rpc", 4)]],
     ("provider_id", -1), ("request_id", 2**64), ("body_length", 2**32), ("kind", 256),
     ("trace_id", b"\xff" * 17),  # does not fit its 16-byte field: must not be silently truncated
 ]  # fmt: skip
@@ -415,7 +418,7 @@ def test_tls_client_hello_is_rejected_with_a_helpful_message() -> None:
         (lambda h: h[:3] + b"\x00" + h[4:], "kind"),
         (lambda h: h[:3] + b"\x0a" + h[4:], "kind"),
         (lambda h: h[:3] + b"\xff" + h[4:], "kind"),
-        (lambda h: h[:30] + b"\x00\x01" + h[32:], "reserved"),
+        (lambda h: h[:36] + b"\x00\x01\x00\x00" + h[40:], "reserved"),
     ],
     ids=["magic", "version", "kind0", "kind10", "kind255", "reserved"],
 )

@@ -1,0 +1,392 @@
+"""``svcframe bench``: svcframe against the raw uvloop limit (and other Python RPC stacks), in one run.
+
+Workloads (server process pinned to one core, clients on the others; loopback):
+
+* ``seq``: one client, one outstanding noop call: ops/s, p50 and p99 µs; svcframe in every progress
+  mode (server and client switched together), the raw echo in block mode (a plain asyncio loop).
+* ``sat``: client processes with many calls in flight: aggregate ops/s, the server's CPU µs per call
+  (from its process CPU time, psutil) and its CPU utilisation, so an under-driven server is visible.
+* ``bulk``: pull and push of 64 KiB and 4 MiB over tcp and unix sockets: GiB/s.
+
+Every figure is also given as a ratio to the raw limit measured in the same run. Results go to a JSON
+file. No figure here is a pass/fail test: speed targets are read from this output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from svcframe.config import load_config
+from svcframe.launch import Launch, usable_cores
+
+from .bench_peers import raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
+from .driver import SelftestParams, environment, latency_summary, run_selftest
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
+MODES = ("block", "spindown", "busy")
+BULK_SIZES = (64 * 1024, 4 * 1024 * 1024)
+
+
+@dataclass
+class BenchOptions:
+    quick: bool = False
+    seconds: float = 3.0
+    sat_clients: int = 2
+    sat_depth: int = 32
+    workloads: tuple[str, ...] = ("seq", "sat", "bulk")
+    peers: tuple[str, ...] = ("raw", "zmq", "grpc")
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.seconds = min(self.seconds, 0.6)
+
+
+def _cores() -> tuple[int, list[int]]:
+    cores = usable_cores()
+    if len(cores) < 2:
+        return cores[0], cores
+    return cores[0], cores[1:]
+
+
+class PeerServer:
+    """A reference server process (raw / zmq / grpc) pinned to a core."""
+
+    def __init__(self, kind: str, core: int, unix: str | None = None) -> None:
+        r, w = os.pipe()
+        cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
+        if unix:
+            cmd += ["--unix", unix]
+        self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE)
+        os.close(w)
+        with os.fdopen(r) as f:
+            line = f.readline()
+        if not line:
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            self.proc.wait()
+            raise RuntimeError(f"{kind} server failed to start: {err[-500:]}")
+        info = json.loads(line)
+        self.address = info["address"]
+        self.pid = info["pid"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+    def __enter__(self) -> PeerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def _row(workload: str, impl: str, **values: Any) -> dict[str, Any]:
+    return {"workload": workload, "impl": impl, **values}
+
+
+# -- seq ----------------------------------------------------------------------------------------------------
+async def _timed_loop(call: Any, seconds: float) -> dict[str, Any]:
+    for _ in range(200):
+        await call()
+    lat = []
+    perf = time.perf_counter
+    start = perf()
+    end = start + seconds
+    while True:
+        t0 = perf()
+        if t0 >= end:
+            break
+        await call()
+        lat.append(perf() - t0)
+    elapsed = perf() - start
+    summary = latency_summary([x * 1e6 for x in lat])
+    return {"ops_per_second": len(lat) / elapsed, "p50_usec": summary["p50"], "p99_usec": summary["p99"]}
+
+
+def bench_seq(opts: BenchOptions, server_core: int) -> list[dict[str, Any]]:
+    from svcframe.admin import ServiceHandle
+    from svcframe.engine import Engine
+    from svcframe.loops import run
+
+    rows = []
+    with PeerServer("raw", server_core) as raw:
+
+        async def raw_seq() -> dict[str, Any]:
+            client = await raw_connect(raw.address)
+            frame = raw_noop_frame()
+            out = await _timed_loop(lambda: client.request(frame), opts.seconds)
+            client.transport.close()
+            return out
+
+        rows.append(_row("seq", "raw uvloop echo", mode="block", **run(raw_seq())))
+    cfg = load_config(CONFIG)
+    with Launch(cfg, 1, cores=[server_core]) as job:
+        address = job.members[0].address
+
+        async def sf_seq(mode: str) -> dict[str, Any]:
+            async with Engine(None, progress_mode=mode) as engine:
+                await ServiceHandle(engine, address).set_progress(mode)
+                arg = [0, None, None, b""]
+                return await _timed_loop(lambda: engine.call(address, "work", arg, provider_id=1), opts.seconds)
+
+        for mode in MODES:
+            rows.append(_row("seq", "svcframe", mode=mode, **run(sf_seq(mode))))
+    rows += _seq_optional(opts, server_core)
+    return rows
+
+
+def _seq_optional(opts: BenchOptions, server_core: int) -> list[dict[str, Any]]:
+    from svcframe.loops import run
+
+    rows = []
+    if "zmq" in opts.peers and _importable("zmq"):
+        with PeerServer("zmq", server_core) as srv:
+
+            async def zmq_seq() -> dict[str, Any]:
+                import msgpack
+                import zmq
+                import zmq.asyncio
+
+                ctx = zmq.asyncio.Context()
+                sock = ctx.socket(zmq.DEALER)
+                sock.connect(srv.address)
+                body = msgpack.packb(None)
+
+                async def call() -> None:
+                    await sock.send(body)
+                    msgpack.unpackb(await sock.recv())
+
+                try:
+                    return await _timed_loop(call, opts.seconds)
+                finally:
+                    sock.close(0)
+                    ctx.term()
+
+            rows.append(_row("seq", "pyzmq + msgpack", mode="block", **run(zmq_seq(), "asyncio")))
+    if "grpc" in opts.peers and _importable("grpc"):
+        with PeerServer("grpc", server_core) as srv:
+
+            async def grpc_seq() -> dict[str, Any]:
+                import grpc
+
+                async with grpc.aio.insecure_channel(srv.address) as channel:
+                    noop = channel.unary_unary("/bench.Bench/Noop")
+                    return await _timed_loop(lambda: noop(b""), opts.seconds)
+
+            rows.append(_row("seq", "grpcio asyncio unary", mode="block", **run(grpc_seq(), "asyncio")))
+    return rows
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+# -- sat ----------------------------------------------------------------------------------------------------
+def _raw_sat_client(address: str, depth: int, seconds: float, core: int, barrier: Any, out: Any) -> None:
+    from svcframe.loops import run
+
+    os.sched_setaffinity(0, [core])
+
+    async def go() -> int:
+        client = await raw_connect(address)
+        frame = raw_noop_frame()
+        for _ in range(100):
+            await client.request(frame)
+        await asyncio.get_running_loop().run_in_executor(None, barrier.wait, 60)
+        done = 0
+        end = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < end:
+                await client.request(frame)
+                done += 1
+
+        await asyncio.gather(*(worker() for _ in range(depth)))
+        client.transport.close()
+        return done
+
+    out.put(run(go()))
+
+
+def bench_sat(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    ctx = mp.get_context("spawn")
+    with PeerServer("raw", server_core) as raw:
+        barrier = ctx.Barrier(opts.sat_clients + 1)
+        out = ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_raw_sat_client,
+                args=(raw.address, opts.sat_depth, opts.seconds, client_cores[i % len(client_cores)], barrier, out),
+            )
+            for i in range(opts.sat_clients)
+        ]
+        for p in procs:
+            p.start()
+        barrier.wait(60)
+        cpu0, t0 = _cpu_seconds(raw.pid), time.monotonic()
+        total = sum(out.get(timeout=opts.seconds + 60) for _ in procs)
+        cpu1, t1 = _cpu_seconds(raw.pid), time.monotonic()
+        for p in procs:
+            p.join()
+        rows.append(
+            _row(
+                "sat", "raw uvloop echo", ops_per_second=total / opts.seconds,
+                server_cpu_usec_per_call=(cpu1 - cpu0) / total * 1e6, server_utilization=(cpu1 - cpu0) / (t1 - t0),
+            )
+        )  # fmt: skip
+    with Launch(load_config(CONFIG), 1, cores=[server_core]) as job:
+        params = SelftestParams(
+            clients=opts.sat_clients, depth=opts.sat_depth, duration_seconds=opts.seconds, client_cores=client_cores,
+            warmup_iterations=100,
+        )  # fmt: skip
+        agg = run_selftest(params, [job.members[0].address])["aggregate"]
+        rows.append(
+            _row(
+                "sat", "svcframe", ops_per_second=agg["rate_ops_per_second"],
+                server_cpu_usec_per_call=agg["server_cpu_usec_per_op"], server_utilization=agg["server_utilization"],
+            )
+        )  # fmt: skip
+    return rows
+
+
+# -- bulk ---------------------------------------------------------------------------------------------------
+def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
+    from svcframe.loops import run
+
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="sfb", dir="/tmp")
+    for transport in ("tcp", "unix"):
+        unix = f"{tmp}/raw.sock" if transport == "unix" else None
+        with PeerServer("raw", server_core, unix=unix) as raw:
+            for size in BULK_SIZES:
+                for direction in ("pull", "push"):
+                    gib = run(_raw_bulk(raw.address, size, direction, opts.seconds))
+                    rows.append(_row("bulk", "raw uvloop stream", transport=transport, size=size,
+                                     direction=direction, gib_per_second=gib))  # fmt: skip
+        cfg = load_config(CONFIG)
+        if transport == "unix":
+            cfg.engine.address = f"unix://{tmp}/sf.sock"
+        with Launch(cfg, 1, cores=[server_core]) as job:
+            for size in BULK_SIZES:
+                for direction in ("pull", "push"):
+                    params = SelftestParams(
+                        workload="bulk", bulk_size=size, bulk_direction=direction, clients=1,
+                        duration_seconds=opts.seconds, client_cores=client_cores[:1], warmup_iterations=20,
+                    )  # fmt: skip
+                    agg = run_selftest(params, [job.members[0].address])["aggregate"]
+                    rows.append(_row("bulk", "svcframe", transport=transport, size=size, direction=direction,
+                                     gib_per_second=agg["bandwidth_gib_per_second"]))  # fmt: skip
+    return rows
+
+
+async def _raw_bulk(address: str, size: int, direction: str, seconds: float) -> float:
+    client = await raw_connect(address)
+    buf = memoryview(bytearray(size))
+    if direction == "pull":
+        frame = raw_pull_frame(size)
+
+        async def op() -> None:
+            await client.request(frame, buf)
+    else:
+        header = raw_push_header(size)
+
+        async def op() -> None:
+            fut = client.request(header)
+            client.transport.write(buf)
+            await fut
+
+    for _ in range(10):
+        await op()
+    n = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        await op()
+        n += 1
+    elapsed = time.perf_counter() - start
+    client.transport.close()
+    return n * size / elapsed / 2**30
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+def run_bench(opts: BenchOptions) -> dict[str, Any]:
+    """Run the selected workloads; return ``{"options", "environment", "rows", "ratios"}``."""
+    server_core, client_cores = _cores()
+    os.sched_setaffinity(0, client_cores)  # this process is the seq/bulk client
+    rows: list[dict[str, Any]] = []
+    if "seq" in opts.workloads:
+        rows += bench_seq(opts, server_core)
+    if "sat" in opts.workloads:
+        rows += bench_sat(opts, server_core, client_cores)
+    if "bulk" in opts.workloads:
+        rows += bench_bulk(opts, server_core, client_cores)
+    add_ratios(rows)
+    return {"kind": "svcframe-bench", "options": asdict(opts), "environment": environment(), "rows": rows}
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Give every row its ratio to the raw limit of the same workload (and transport/size/direction)."""
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["workload"], r.get("transport"), r.get("size"), r.get("direction"))
+
+    raw = {key(r): r for r in rows if r["impl"].startswith("raw")}
+    for r in rows:
+        base = raw.get(key(r))
+        if base is None:
+            continue
+        if r["workload"] == "seq":
+            r["ratio_to_raw"] = r["ops_per_second"] / base["ops_per_second"]
+        elif r["workload"] == "sat":
+            r["ratio_to_raw"] = r["ops_per_second"] / base["ops_per_second"]
+            r["cpu_per_call_vs_raw"] = r["server_cpu_usec_per_call"] / base["server_cpu_usec_per_call"]
+        else:
+            r["ratio_to_raw"] = r["gib_per_second"] / base["gib_per_second"]
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="svcframe bench (server on one core, clients on the others, loopback)")
+    for col in ("workload", "implementation", "setting", "figure", "ratio to raw"):
+        table.add_column(col)
+    for r in result["rows"]:
+        ratio = f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else ""
+        if r["workload"] == "seq":
+            setting = r["mode"]
+            figure = f"{r['ops_per_second']:,.0f} ops/s  p50 {r['p50_usec']:.0f} µs  p99 {r['p99_usec']:.0f} µs"
+        elif r["workload"] == "sat":
+            setting = ""
+            figure = (
+                f"{r['ops_per_second']:,.0f} ops/s  server {r['server_cpu_usec_per_call']:.2f} µs/call  "
+                f"util {100 * r['server_utilization']:.0f}%"
+            )
+        else:
+            setting = f"{r['transport']} {r['direction']} {r['size'] // 1024} KiB"
+            figure = f"{r['gib_per_second']:.2f} GiB/s"
+        table.add_row(r["workload"], r["impl"], setting, figure, ratio)
+    Console(width=max(Console().width, 130)).print(table)

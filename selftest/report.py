@@ -1,0 +1,327 @@
+"""Reports of roofline runs: terminal summaries (rich) and one self-contained HTML page per run.
+
+``write_report(run, history, path)`` renders a run of the results store (``selftest/store.py``) as a single
+HTML file with no external resource: every plot is a PNG embedded as a base64 ``data:`` URI, every table
+plain HTML. It holds the rooflines of each metric (Carns et al. 2025, Figures 13 and 14), the
+server-process sweep (Figures 9 and 10), the validation scores per sample and per region (Zhu, Neuwirth
+et al. eqs. 10-12), the cross-metric combined score, the "is that normal?" comparison against the
+history of the same service and platform (UMAMI, ``papers/darshan-tokio-slides.txt``), the split of wall
+time between measurement and everything else, every raw measurement, and the parameters, environment,
+hardware and software versions of the run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .roofline import REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Roofline, plot
+from .store import compare, plot_history
+from .sweep import plot_sweep
+
+OVERHEAD_PARTS = (
+    ("measurement_seconds", "measurement intervals"),
+    ("launch_seconds", "server launch + readiness"),
+    ("client_start_seconds", "client processes start"),
+    ("coordination_seconds", "per-measurement warm-up, barriers, CPU samples"),
+    ("store_seconds", "saving results"),
+    ("analysis_seconds", "model + plots"),
+    ("teardown_seconds", "teardown"),
+    ("other_seconds", "other"),
+)
+"""Parts of the overhead split, in print order: (key in ``doc["overhead"]``, label)."""
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    return str(v)
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Terminal
+# ----------------------------------------------------------------------------------------------------------
+
+
+def overhead_rows(overhead: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+    """``(label, seconds, percent of wall)`` for each part of the split, measurement first."""
+    wall = float(overhead.get("wall_seconds") or 0.0)
+    return [
+        (label, float(overhead.get(key) or 0.0), 100.0 * float(overhead.get(key) or 0.0) / wall if wall else 0.0)
+        for key, label in OVERHEAD_PARTS
+    ]
+
+
+def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
+    """The terminal summary of ``collect``: per-metric parameters, scores and errors per region, the
+    combined score, the wall-time split, and where plots, model and store are."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="data-service roofline of this machine")
+    for col in ("metric", "Pc (per client)", "Ps (per server proc)", "ridge X*", "score",
+                "median / worst rel. error: server-bound", "client-bound"):  # fmt: skip
+        table.add_column(col)
+    for name, m in doc["metrics"].items():
+        unit = m["metric"]["unit"]
+        scores = m["scores"]
+
+        def err(region: str, scores: Mapping[str, Any] = scores) -> str:
+            s = scores["regions"][region]
+            if not s["count"]:
+                return "-"
+            return f"{s['median_relative_error']:.0%} / {s['worst_relative_error']:.0%} (n={s['count']})"
+
+        table.add_row(
+            name,
+            f"{m['pc']['min']:.4g}-{m['pc']['max']:.4g} {unit}",
+            f"{m['ps']['min']:.4g}-{m['ps']['max']:.4g} {unit}",
+            f"{m['ridge']['max']:.3g}",
+            f"{scores['overall'].get('score') or 0:.3f}",
+            err(REGION_SERVER_BOUND),
+            err(REGION_CLIENT_BOUND),
+        )
+    console = Console()
+    console.print(table)
+    combined = doc.get("combined_score")
+    if combined is not None:
+        weights = ", ".join(f"{k}={v:g}" for k, v in (doc.get("weights") or {}).items())
+        console.print(f"combined score (weighted geometric mean over metrics; {weights}): [bold]{combined:.3f}[/bold]")
+    overhead = doc.get("overhead") or {}
+    if overhead:
+        split = Table(title=f"wall time {overhead['wall_seconds']:.1f} s")
+        for col in ("part", "seconds", "share"):
+            split.add_column(col, justify="right" if col != "part" else "left")
+        for label, seconds, pct in overhead_rows(overhead):
+            split.add_row(label, f"{seconds:.2f}", f"{pct:.1f}%")
+        console.print(split)
+        console.print(f"outside measurement intervals: [bold]{100 * overhead['outside_fraction']:.1f}%[/bold]"
+                      + (f" (resumed: {overhead['resumed_measurements']} measurements from the store)"
+                         if overhead.get("resumed_measurements") else ""))  # fmt: skip
+    else:
+        console.print(f"wall time {doc['wall_seconds']:.0f} s, of which measuring {doc['measurement_seconds']:.0f} s")
+    for name in doc["metrics"]:
+        console.print(f"plot: {out / (name + '.png')}")
+    if doc.get("sweep"):
+        console.print(f"plot: {out / 'sweep.png'}")
+    console.print(f"model: {out / 'roofline.json'}")
+    if doc.get("run_id") is not None:
+        console.print(f"stored as run {doc['run_id']} in {doc['store']}: svcframe report {doc['run_id']}, "
+                      f"svcframe history show {doc['run_id']}")  # fmt: skip
+
+
+def print_history(runs: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """A rich table of runs: id, start, status, service, platform, samples, wall time, combined score."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"runs in {path}")
+    for col in ("run", "started", "status", "service", "platform", "samples", "metrics", "wall s",
+                "outside meas.", "combined score"):  # fmt: skip
+        table.add_column(col)
+    for r in runs:
+        summary = r.get("summary") or {}
+        overhead = summary.get("overhead") or {}
+        score = summary.get("combined_score")
+        frac = overhead.get("outside_fraction")
+        table.add_row(
+            str(r["id"]), _when(r["created"]), r["status"], r["service"], r["platform"],
+            f"{r.get('sample_count', 0)}/{len(r.get('plan') or [])}",
+            ",".join((r.get("options") or {}).get("metrics") or []),
+            f"{summary['wall_seconds']:.0f}" if summary.get("wall_seconds") else "-",
+            f"{100 * frac:.1f}%" if frac is not None else "-",
+            f"{score:.3f}" if score is not None else "-",
+        )  # fmt: skip
+    Console().print(table)
+    if not runs:
+        Console().print("no runs yet: svcframe roofline collect")
+
+
+def print_comparison(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+    """A rich table of :func:`selftest.store.compare` rows: value, history quartiles, percentile, verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"run {run['id']} against the history of {run['service']} on {run['platform']}")
+    for col in ("quantity", "this run", "history n", "min", "median", "max", "percentile", "is that normal?"):
+        table.add_column(col)
+    colors = {"normal": "green", "low": "red", "high": "yellow", "no history": "dim", "too little history": "dim"}
+    for r in rows:
+        unit = f" {r['unit']}" if r["unit"] else ""
+        table.add_row(
+            r["quantity"], f"{_fmt(r['value'])}{unit}", str(r["count"]), _fmt(r["min"]), _fmt(r["median"]),
+            _fmt(r["max"]), "-" if r["percentile"] is None else f"{r['percentile']:.0f}",
+            f"[{colors[r['verdict']]}]{r['verdict']}[/]",
+        )  # fmt: skip
+    Console().print(table)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# HTML
+# ----------------------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .5em 0 1em; font-size: .9em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+img { max-width: 100%; display: block; margin: .5em 0; border: 1px solid #eee; }
+.low { color: #b00; } .high { color: #a60; } .normal { color: #070; }
+.note { color: #666; font-size: .9em; }
+"""
+
+
+def _img(png: Path, alt: str) -> str:
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
+    head = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{html.escape(_fmt(c))}</td>' for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _kv(d: Mapping[str, Any]) -> str:
+    return _table(["key", "value"], [(k, v if not isinstance(v, dict | list) else str(v)) for k, v in d.items()])
+
+
+def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], workdir: Path) -> str:
+    """The HTML text of :func:`write_report`; plots are drawn into ``workdir`` then embedded."""
+    model = run.get("model") or {}
+    summary = run.get("summary") or {}
+    rid = run["id"]
+    parts = [
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>svcframe roofline run {rid}</title>"
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>Data-service roofline: run {rid} ({html.escape(run['service'])} on {html.escape(run['platform'])})</h1>",
+        f"<p>status <b>{html.escape(run['status'])}</b>, started {_when(run['created'])}, last update "
+        f"{_when(run['updated'])}, host {html.escape(run['host'])}; {len(run.get('samples') or [])} of "
+        f"{len(run.get('plan') or [])} planned measurements stored.</p>",
+    ]
+    metrics = model.get("metrics") or {}
+    if not metrics:
+        parts.append("<p class='note'>This run did not complete: no model. Resume it with "
+                     f"<code>svcframe roofline collect --resume {rid}</code>.</p>")  # fmt: skip
+    if metrics:
+        parts.append("<h2>Summary</h2>")
+        rows = []
+        for name, m in metrics.items():
+            sc = m["scores"]
+            unit = m["metric"]["unit"]
+            reg = sc["regions"]
+            rows.append((
+                name, f"{_fmt(m['pc']['min'])}-{_fmt(m['pc']['max'])} {unit}",
+                f"{_fmt(m['ps']['min'])}-{_fmt(m['ps']['max'])} {unit}", m["ridge"]["max"], sc["overall"]["score"],
+                reg[REGION_SERVER_BOUND]["median_relative_error"], reg[REGION_SERVER_BOUND]["worst_relative_error"],
+                reg[REGION_CLIENT_BOUND]["median_relative_error"], reg[REGION_CLIENT_BOUND]["worst_relative_error"],
+            ))  # fmt: skip
+        parts.append(_table(["metric", "Pc (per client process)", "Ps (per server process)", "ridge X*", "score",
+                             "server-bound median |rel. err|", "worst", "client-bound median |rel. err|", "worst"],
+                            rows))  # fmt: skip
+        if summary.get("combined_score") is not None:
+            weights = ", ".join(f"{k}={v:g}" for k, v in (summary.get("weights") or {}).items())
+            parts.append(f"<p>Combined score over metrics (weighted geometric mean, Zhu, Neuwirth et al. eq. 12; "
+                         f"weights {html.escape(weights)}): <b>{summary['combined_score']:.3f}</b>. A sample's score "
+                         f"is 1/(1+|log10(R(X)/measured)|) (eqs. 10-11); R(X) = min(Pc, Ps·min(X, 1)).</p>")  # fmt: skip
+        parts.append("<h2>Rooflines</h2><p class='note'>x: service ratio X = server processes / client processes "
+                     "(log); y: rate per client process; lines: ceilings from the Pc and Ps ranges; points: "
+                     "validation samples (Carns et al. 2025, Figures 13-14).</p>")  # fmt: skip
+        for name, m in metrics.items():
+            png = plot(Roofline.from_dict(m), workdir / f"{name}.png", title=f"{m['metric']['label']} — roofline")
+            parts.append(f"<h3>{html.escape(name)}</h3>" + _img(png, f"{name} roofline"))
+        sweep = model.get("sweep") or {}
+        if any(sweep.values()):
+            png = plot_sweep(sweep, workdir / "sweep.png")
+            parts.append("<h2>Server-process sweep</h2><p class='note'>Aggregate rate of one server node against its "
+                         "server processes, saturated by client processes (Carns et al. 2025, Figures 9-10).</p>"
+                         + _img(png, "server-process sweep"))  # fmt: skip
+            parts.append(_table(["metric", "server processes", "client processes", "samples", "min", "median", "max"],
+                                [(m, p["servers"], p["clients"], p["samples"], p["min"], p["median"], p["max"])
+                                 for m, pts in sweep.items() for p in pts]))  # fmt: skip
+        parts.append("<h2>Validation samples</h2>")
+        vrows = []
+        for name, m in metrics.items():
+            for s in m["scores"]["samples"]:
+                vrows.append((name, s["servers"], s["clients"], s["service_ratio"], s["rate_per_client"],
+                              s["attainable"], s["efficiency"], s["relative_error"], s["score"], s["region"]))  # fmt: skip
+        parts.append(_table(["metric", "servers", "clients", "X", "measured per client", "R(X)", "efficiency",
+                             "rel. error", "score", "region"], vrows))  # fmt: skip
+        if history:
+            rows_c = compare(run, history)
+            png = plot_history(run, history, workdir / "history.png")
+            parts.append(f"<h2>Is that normal?</h2><p class='note'>This run against {len(history)} earlier complete "
+                         "run(s) of the same service and platform (box: history, whiskers 1.5 IQR; red: this run), "
+                         "as UMAMI shows a job against its history.</p>" + _img(png, "history box plots"))  # fmt: skip
+            trs = []
+            for r in rows_c:
+                pct = "-" if r["percentile"] is None else f"{r['percentile']:.0f}"
+                trs.append(
+                    f"<tr><td class='l'>{html.escape(r['quantity'])}</td><td>{_fmt(r['value'])} "
+                    f"{html.escape(r['unit'])}</td><td>{r['count']}</td><td>{_fmt(r['median'])}</td><td>{pct}</td>"
+                    f"<td class='{r['verdict'].replace(' ', '-')}'>{html.escape(r['verdict'])}</td></tr>"
+                )
+            parts.append("<table><thead><tr><th class='l'>quantity</th><th>this run</th><th>history n</th>"
+                         f"<th>history median</th><th>percentile</th><th>verdict</th></tr></thead><tbody>{''.join(trs)}"
+                         "</tbody></table>")  # fmt: skip
+        else:
+            parts.append("<h2>Is that normal?</h2><p class='note'>No earlier complete run of this service on this "
+                         "platform yet.</p>")  # fmt: skip
+    overhead = summary.get("overhead") or {}
+    if overhead:
+        parts.append("<h2>Where the wall time went</h2>")
+        parts.append(_table(["part", "seconds", "% of wall"],
+                            [(label, round(sec, 3), round(pct, 1)) for label, sec, pct in overhead_rows(overhead)]))  # fmt: skip
+        parts.append(f"<p>{100 * overhead['outside_fraction']:.1f}% of {overhead['wall_seconds']:.1f} s outside "
+                     "measurement intervals.</p>")  # fmt: skip
+    samples = run.get("samples") or []
+    parts.append("<h2>Every measurement</h2>")
+    parts.append(_table(["#", "stage", "metric", "servers", "clients", "per client", "aggregate", "p50 latency µs",
+                         "server CPU µs/op", "measured at"],
+                        [(i + 1, s["stage"], s["metric"], s["servers"], s["clients"], s.get("per_client"),
+                          s.get("aggregate"), s.get("latency_p50_usec"), s.get("server_cpu_usec_per_op"),
+                          _when(s.get("created"))) for i, s in enumerate(samples)], left=3))  # fmt: skip
+    parts.append("<h2>Parameters</h2>" + _kv(run.get("options") or {}))
+    parts.append("<h2>Hardware</h2>" + _kv(run.get("hardware") or {}))
+    parts.append("<h2>Software</h2>" + _kv(run.get("software") or {}))
+    parts.append("<h2>Environment</h2>" + _kv(run.get("environment") or {}))
+    parts.append(f"<p class='note'>Generated by svcframe report at {_when(time.time())}.</p></body></html>")
+    return "\n".join(parts)
+
+
+def write_report(
+    run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]
+) -> Path:
+    """Write the self-contained HTML page of a run.
+
+    Args:
+        run: a run from :meth:`selftest.store.ResultsStore.run` (with samples); an incomplete run gives a
+            page of its stored samples and parameters.
+        history: earlier complete runs of the same service and platform (may be empty).
+        path: the HTML file to write (its directory must exist).
+
+    Returns:
+        ``path`` as a :class:`Path`.
+    """
+    with tempfile.TemporaryDirectory(prefix="svcframe-report-") as tmp:
+        text = render_report(run, history, Path(tmp))
+    out = Path(path)
+    out.write_text(text, encoding="utf-8")
+    return out

@@ -1,0 +1,165 @@
+"""``roofline collect`` beyond Pc/Ps/grid: server sweep, storage metrics, combined score, the wall-time
+split, the client pool, and Ctrl-C + resume from the results store."""
+
+from __future__ import annotations
+
+import math
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from selftest.collect import CollectOptions, collect, plan, step_keys
+from selftest.driver import SelftestError, SelftestParams
+from selftest.pool import ClientPool
+from selftest.roofline import combine_scores
+from selftest.store import ResultsStore
+from svcframe.config import load_config
+from svcframe.launch import Launch
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_storage_scores_and_overhead(tmp_path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    opts = CollectOptions(
+        out=tmp_path / "rl", metrics=["rpc_rate", "storage_iops"], duration_seconds=0.2, repeats=1,
+        warmup_iterations=5, grid_servers=[1], grid_clients=[1, 2], saturation_depth=2, sweep_max_servers=2,
+        storage_dir=disk, store=tmp_path / "r.sqlite", weights={"rpc_rate": 2.0},
+    )  # fmt: skip
+    steps = plan(opts)
+    assert {s[0] for s in steps} == {"Pc", "Ps", "sweep", "grid"}
+    assert len(set(step_keys(steps))) == len(steps)
+    seen: list[str] = []
+    doc = collect(opts, lambda desc, i, n: seen.append(desc))
+    assert len(seen) == len(steps)
+
+    # (c) the sweep: 1..2 server processes for both metrics; its Ps point comes from the Ps samples
+    for metric in opts.metrics:
+        points = doc["sweep"][metric]
+        assert [p["servers"] for p in points] == [1, 2]
+        assert all(p["min"] <= p["median"] <= p["max"] and p["max"] > 0 for p in points)
+    assert (tmp_path / "rl" / "sweep.png").read_bytes()[:8] == PNG
+
+    # (d) storage IOPS: a roofline like the others; the servers' files are gone after teardown
+    iops = doc["metrics"]["storage_iops"]
+    assert iops["metric"]["unit"] == "ops/s" and iops["pc"]["min"] > 0 and len(iops["samples"]) == 2
+    assert list(disk.iterdir()) == []
+
+    # scores: per metric (geometric mean of samples) and across metrics, weighted (eq. 12)
+    per_metric = {m: d["scores"]["overall"]["score"] for m, d in doc["metrics"].items()}
+    expected = combine_scores(per_metric, {"rpc_rate": 2.0, "storage_iops": 1.0})
+    assert doc["combined_score"] == pytest.approx(expected)
+    assert 0 < doc["combined_score"] <= 1
+    for d in doc["metrics"].values():
+        regions = d["scores"]["regions"]
+        assert sum(r["count"] for r in regions.values()) == len(d["samples"])
+
+    # the wall-time split adds up, and measurement is the sum of the measurement intervals
+    o = doc["overhead"]
+    parts = [v for k, v in o.items() if k.endswith("_seconds") and k != "wall_seconds"]
+    assert math.fsum(parts) == pytest.approx(o["wall_seconds"], rel=0.02)
+    assert o["measurement_seconds"] == pytest.approx(sum(r["elapsed_seconds"] for r in doc["runs"]))
+    assert o["measurement_seconds"] >= 0.2 * len(steps) * 0.99
+    assert o["outside_fraction"] == pytest.approx(1 - o["measurement_seconds"] / o["wall_seconds"])
+    assert o["launch_seconds"] > 0 and o["teardown_seconds"] > 0
+
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        run = store.run(doc["run_id"])
+        assert run["status"] == "complete" and len(run["samples"]) == len(steps)
+        assert run["summary"]["combined_score"] == pytest.approx(expected)
+
+
+def test_client_pool_reuses_processes_and_recovers_from_a_failed_run() -> None:
+    with Launch(load_config(CONFIG), 1) as job, ClientPool(2) as pool:
+        address = [job.members[0].address]
+        pids = set(pool.pids())
+        first = pool.run(SelftestParams(clients=2, duration_seconds=0.2, warmup_iterations=2), address)
+        with pytest.raises(SelftestError, match="no provider with id 9"):
+            pool.run(SelftestParams(clients=2, duration_seconds=0.2, provider_id=9), address)
+        again = pool.run(SelftestParams(clients=2, duration_seconds=0.2, warmup_iterations=2), address)
+        assert set(pool.pids()) == pids  # the same processes served every run
+        assert first["aggregate"]["ops"] > 0 and again["aggregate"]["ops"] > 0
+        assert pool.statistics()["runs"] == 2
+        bigger = pool.run(SelftestParams(clients=3, duration_seconds=0.2, warmup_iterations=2), address)
+        assert len(bigger["clients"]) == 3 and pids < set(pool.pids())
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def _samples(db, within: float = 60.0, at_least: int = 1) -> int:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            con = sqlite3.connect(db)
+            try:
+                n = con.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+            finally:
+                con.close()
+        except sqlite3.OperationalError:  # not created yet
+            n = 0
+        if n >= at_least:
+            return n
+        time.sleep(0.05)
+    pytest.fail(f"no {at_least} sample(s) stored within {within} s")
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_ctrl_c_tears_down_and_resume_completes_the_run(tmp_path) -> None:
+    db = tmp_path / "r.sqlite"
+    cmd = [sys.executable, "-m", "svcframe", "roofline", "collect", "-o", str(tmp_path / "out"), "--store", str(db),
+           "--metric", "rpc_rate", "--duration-seconds", "0.4", "--repeats", "2", "--grid-servers", "1",
+           "--grid-clients", "1,2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _samples(db, at_least=1)
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert children  # servers and client workers
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "resume with: svcframe roofline collect --resume 1" in err
+    deadline = time.monotonic() + 10
+    while _alive(children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive(children) == [], "servers or clients outlived the interrupted collect"
+    with ResultsStore(db) as store:
+        run = store.run(1)
+        assert run["status"] == "interrupted"
+        before = {s["key"]: s["created"] for s in run["samples"]}
+        assert 0 < len(before) < len(run["plan"])
+
+    resumed = subprocess.run([sys.executable, "-m", "svcframe", "roofline", "collect", "--store", str(db),
+                              "--resume", "latest"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed: {len(before)} measurements" in resumed.stdout
+    with ResultsStore(db) as store:
+        run = store.run(1)
+        assert run["status"] == "complete"
+        assert [s["key"] for s in run["samples"]] == run["plan"]  # each measured once, in plan order
+        assert {k: c for k, c in ((s["key"], s["created"]) for s in run["samples"]) if k in before} == before
+        assert run["summary"]["overhead"]["resumed_measurements"] == len(before)
+    again = subprocess.run([sys.executable, "-m", "svcframe", "roofline", "collect", "--store", str(db), "--resume",
+                            "1"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode != 0 and "already complete" in again.stderr

@@ -1,0 +1,148 @@
+"""``svcframe report RUN``: one self-contained HTML page, checked as a browser renders it (headless Chromium)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from selftest.collect import CollectOptions, collect
+from selftest.report import write_report
+from selftest.store import ResultsStore
+
+PNG = b"\x89PNG\r\n\x1a\n"
+CLI = [sys.executable, "-m", "svcframe"]
+
+# Injected first into <head>: records script errors, failed resource loads (capture phase) and
+# console.error calls, then on load writes the images' state into the DOM for --dump-dom to show.
+PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message || (e.target && e.target.tagName) || e.type)), true);
+const __ce = console.error; console.error = (...a) => { window.__errors.push(a.join(" ")); __ce(...a); };
+window.addEventListener("load", () => {
+  const im = [...document.images];
+  document.documentElement.setAttribute("data-probe", JSON.stringify({
+    images: im.length, broken: im.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt),
+    errors: window.__errors, h2: [...document.querySelectorAll("h2")].map(h => h.textContent)}));
+});
+</script>"""
+
+
+class _Refs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.imgs: list[dict[str, str | None]] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a)
+        for key in ("src", "href"):
+            value = a.get(key) or ""
+            if value and not value.startswith(("data:", "#")):
+                self.external.append(value)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A results store holding two real tiny collections (the second has the first as history)."""
+    tmp = tmp_path_factory.mktemp("report")
+    db = tmp / "r.sqlite"
+    for name in ("a", "b"):
+        collect(CollectOptions(out=tmp / name, metrics=["rpc_rate", "bandwidth"], duration_seconds=0.2, repeats=1,
+                               warmup_iterations=5, bulk_size=64 * 1024, grid_servers=[1], grid_clients=[1, 2],
+                               saturation_depth=2, sweep_max_servers=2, store=db))  # fmt: skip
+    return tmp, db
+
+
+@pytest.fixture(scope="module")
+def page(stored) -> Path:
+    tmp, db = stored
+    out = tmp / "page.html"
+    proc = subprocess.run([*CLI, "report", "latest", "--store", str(db), "-o", str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert str(out) in proc.stdout
+    return out
+
+
+def test_page_is_self_contained_with_every_plot_and_table(page) -> None:
+    text = page.read_text()
+    refs = _Refs()
+    refs.feed(text)
+    assert refs.external == []  # nothing to fetch: no http(s), no relative files
+    # two rooflines, the sweep, the history box plots
+    assert len(refs.imgs) == 4
+    for img in refs.imgs:
+        src = img["src"] or ""
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == PNG
+    for section in ("Summary", "Rooflines", "Server-process sweep", "Validation samples", "Is that normal?",
+                    "Where the wall time went", "Every measurement", "Parameters", "Hardware", "Software"):
+        assert f"<h2>{html.escape(section)}</h2>" in text, section
+    assert "Combined score over metrics" in text
+
+
+def test_incomplete_run_still_reports(stored, tmp_path) -> None:
+    _, db = stored
+    with ResultsStore(db) as store:
+        rid = store.create_run(kind="svcframe-roofline", service="selftest", platform="p", host="h", options={},
+                               environment={}, hardware={}, software={}, plan=["x#0"])  # fmt: skip
+        store.set_status(rid, "interrupted")
+        out = write_report(store.run(rid), [], tmp_path / "partial.html")
+    text = out.read_text()
+    assert "did not complete" in text and f"--resume {rid}" in text
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--enable-logging=stderr", "--v=0"]  # fmt: skip
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (Debian: apt-get install chromium)")
+def test_page_renders_in_headless_chromium(page, tmp_path) -> None:
+    probed = tmp_path / "probed.html"
+    text = page.read_text()
+    probed.write_text(text.replace("<head>", "<head>" + PROBE, 1))
+    browser = _chromium()
+    assert browser is not None
+    dom = subprocess.run(
+        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000",
+         "--dump-dom", probed.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    start = dom.stdout.index('data-probe="') + len('data-probe="')
+    probe = json.loads(html.unescape(dom.stdout[start : dom.stdout.index('"', start)]))
+    assert probe["images"] == 4
+    assert probe["broken"] == [], f"images that did not decode: {probe['broken']}"
+    assert probe["errors"] == [], f"errors in the page: {probe['errors']}"
+    assert "Rooflines" in probe["h2"]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], f"console messages: {console}"
+
+    shot = tmp_path / "shot.png"
+    snap = subprocess.run(
+        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=1200,1600",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert snap.returncode == 0, snap.stderr[-2000:]
+    from PIL import Image
+
+    with Image.open(shot) as im:
+        assert im.size == (1200, 1600)
+        colors = im.convert("L").getcolors(maxcolors=1 << 16)
+        assert colors is None or len(colors) > 50  # text and plots, not a blank page

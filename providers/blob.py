@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import os
 import uuid
@@ -99,7 +100,7 @@ def _write_chunk(f: BinaryIO, digest: Any, data: memoryview) -> None:
     digest.update(data)
 
 
-def _read_chunk(f: BinaryIO, buf: bytearray, size: int) -> memoryview:
+def _read_chunk(f: io.BufferedReader, buf: bytearray, size: int) -> memoryview:
     view = memoryview(buf)[:size]
     got = f.readinto(view)
     if got != size:
@@ -305,7 +306,7 @@ class BlobProvider(Provider):
                     f"expose a writable buffer of at least {entry['size']} bytes"
                 )
             try:
-                f: BinaryIO = await self._io(open, self.path / entry["file"], "rb")
+                f: io.BufferedReader = await self._io(open, self.path / entry["file"], "rb")
             except FileNotFoundError:
                 continue
             try:
@@ -315,7 +316,7 @@ class BlobProvider(Provider):
             return {"name": name, "size": entry["size"], "sha256": entry["sha256"]}
         raise OSError(f"blob {name!r}: its data file keeps disappearing (replaced concurrently?)")
 
-    async def _transfer_out(self, req: Request, handle: BulkHandle, size: int, f: BinaryIO) -> None:
+    async def _transfer_out(self, req: Request, handle: BulkHandle, size: int, f: io.BufferedReader) -> None:
         """Read chunk i+1 while chunk i is pushed (two buffers)."""
         chunk = min(self.chunk_bytes, max(size, 1))
         buffers = (bytearray(chunk), bytearray(chunk))

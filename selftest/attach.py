@@ -110,16 +110,16 @@ async def attach(
     failures = [(h, o) for (h, _), o in zip(missing, outs, strict=True) if isinstance(o, BaseException)]
     if failures:
         await detach(engine, attachment)
-        handle, exc = failures[0]
-        if isinstance(exc, Refused):
+        handle, error = failures[0]
+        if isinstance(error, Refused):
             raise SelftestError(
-                f"{handle.address} has no self-test provider and refuses to add one ({_short(exc)}); "
+                f"{handle.address} has no self-test provider and refuses to add one ({_short(error)}); "
                 f"list it in the server's config (library {SELFTEST_LIBRARY!r}, type {SELFTEST_TYPE!r}) "
                 "or allow admin mutations"
-            ) from exc
-        if isinstance(exc, RPCError):
-            raise SelftestError(f"cannot add the self-test provider at {handle.address}: {_short(exc)}") from exc
-        raise exc
+            ) from error
+        if isinstance(error, RPCError):
+            raise SelftestError(f"cannot add the self-test provider at {handle.address}: {_short(error)}") from error
+        raise error
     return attachment
 
 

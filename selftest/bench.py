@@ -7,6 +7,7 @@ Workloads (server process pinned to one core, clients on the others; loopback):
 * ``sat``: client processes with many calls in flight: aggregate ops/s, the server's CPU µs per call
   (from its process CPU time, psutil) and its CPU utilisation, so an under-driven server is visible.
 * ``bulk``: pull and push of 64 KiB and 4 MiB over tcp and unix sockets: GiB/s.
+* ``overhead``: the ``sat`` noop rate with monitoring off, default (statistics) and full tracing.
 
 Every figure is also given as a ratio to the raw limit measured in the same run. Results go to a JSON
 file. No figure here is a pass/fail test: speed targets are read from this output.
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 
 from svcframe.config import load_config
@@ -45,7 +47,7 @@ class BenchOptions:
     seconds: float = 3.0
     sat_clients: int = 2
     sat_depth: int = 32
-    workloads: tuple[str, ...] = ("seq", "sat", "bulk")
+    workloads: tuple[str, ...] = ("seq", "sat", "bulk", "overhead")
     peers: tuple[str, ...] = ("raw", "zmq", "grpc")
 
     def __post_init__(self) -> None:
@@ -331,6 +333,51 @@ async def _raw_bulk(address: str, size: int, direction: str, seconds: float) -> 
     return n * size / elapsed / 2**30
 
 
+# -- monitoring overhead -------------------------------------------------------------------------------------
+def bench_overhead(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
+    """Saturated noop rate with monitoring off, default (statistics on) and full tracing, on one server.
+
+    Each setting is measured ``repeats`` times, interleaved, and the median kept, so drift in the
+    machine's load does not favour one setting.
+    """
+    from svcframe.admin import ServiceHandle
+    from svcframe.engine import Engine
+    from svcframe.loops import run
+
+    settings = {"off": (False, False), "default": (True, False), "tracing": (True, True)}
+    rates: dict[str, list[float]] = {k: [] for k in settings}
+    with Launch(load_config(CONFIG), 1, cores=[server_core]) as job:
+        address = job.members[0].address
+
+        async def configure(enabled: bool, tracing: bool) -> None:
+            async with Engine(None) as engine:
+                await ServiceHandle(engine, address).patch_config([
+                    {"op": "replace", "path": "/engine/monitoring/enabled", "value": enabled},
+                    {"op": "replace", "path": "/engine/monitoring/tracing", "value": tracing},
+                ])  # fmt: skip
+
+        repeats = 1 if opts.quick else 3
+        for _ in range(repeats):
+            for name, (enabled, tracing) in settings.items():
+                run(configure(enabled, tracing))
+                params = SelftestParams(
+                    clients=opts.sat_clients, depth=opts.sat_depth, duration_seconds=opts.seconds,
+                    client_cores=client_cores, warmup_iterations=100,
+                )  # fmt: skip
+                rates[name].append(run_selftest(params, [address])["aggregate"]["rate_ops_per_second"])
+    base = float(np.median(rates["off"]))
+    return [
+        _row(
+            "overhead",
+            f"svcframe, monitoring {name}",
+            ops_per_second=float(np.median(r)),
+            ratio_to_off=float(np.median(r)) / base,
+            samples=r,
+        )
+        for name, r in rates.items()
+    ]
+
+
 # -- the run ------------------------------------------------------------------------------------------------
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
     """Run the selected workloads; return ``{"options", "environment", "rows", "ratios"}``."""
@@ -343,6 +390,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         rows += bench_sat(opts, server_core, client_cores)
     if "bulk" in opts.workloads:
         rows += bench_bulk(opts, server_core, client_cores)
+    if "overhead" in opts.workloads:
+        rows += bench_overhead(opts, server_core, client_cores)
     add_ratios(rows)
     return {"kind": "svcframe-bench", "options": asdict(opts), "environment": environment(), "rows": rows}
 
@@ -385,6 +434,9 @@ def print_table(result: dict[str, Any]) -> None:
                 f"{r['ops_per_second']:,.0f} ops/s  server {r['server_cpu_usec_per_call']:.2f} µs/call  "
                 f"util {100 * r['server_utilization']:.0f}%"
             )
+        elif r["workload"] == "overhead":
+            setting = ""
+            figure = f"{r['ops_per_second']:,.0f} ops/s  ({r['ratio_to_off']:.3f} of monitoring off)"
         else:
             setting = f"{r['transport']} {r['direction']} {r['size'] // 1024} KiB"
             figure = f"{r['gib_per_second']:.2f} GiB/s"

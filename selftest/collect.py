@@ -74,7 +74,7 @@ class CollectOptions:
     metrics: list[str] = field(default_factory=lambda: ["rpc_rate", "bandwidth"])
     duration_seconds: float = 2.0
     repeats: int = 3
-    warmup_iterations: int = 50
+    warmup_iterations: int = 10
     bulk_size: int = 1024 * 1024
     saturation_depth: int = 16
     grid_servers: list[int] = field(default_factory=lambda: [1, 2])

@@ -9,6 +9,11 @@ outstanding (1 = synchronous, like Quintain). The sequence:
 3. each client runs its timed loop for ``duration_seconds`` and measures its own elapsed time;
 4. the driver samples server CPU again and merges everything into ONE results document.
 
+Workloads: ``noop`` (the ``work`` RPC with request/response buffers), ``bulk`` (``work`` with a bulk pull or
+push of ``bulk_size`` bytes) and ``storage`` (the ``storage`` RPC: the server writes or reads
+``storage_block_size`` bytes at a random offset of a file on its own disk; ``selftest/provider.py``).
+``selftest/pool.py`` runs the same sequence on client processes started once for many runs.
+
 Rates divide by the measured elapsed time, never by the nominal duration (Quintain bug 4). Server CPU
 is sampled on every server (Quintain only sampled the first).
 
@@ -263,6 +268,7 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
         except Exception:
             raise SelftestError(_client_failure(results, "clients did not finish warm-up")) from None
         before = runner.run(_server_stats(engine, servers, params.provider_id))
+        runner.run(_server_statistics(engine, servers, admin_provider_id, reset=True))
         wall0 = time.monotonic()
         try:
             barrier.wait(warmup_timeout)  # go
@@ -280,6 +286,7 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
             outs.append(out)
         wall1 = time.monotonic()
         after = runner.run(_server_stats(engine, servers, params.provider_id))
+        statistics = runner.run(_server_statistics(engine, servers, admin_provider_id, reset=False))
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -287,7 +294,19 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
                 p.kill()
         runner.run(engine.close())
         runner.close()
-    return summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
+    results = summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
+    from svcframe.diagnosis import diagnose
+
+    results["diagnosis"] = {a: diagnose(st) for a, st in statistics.items() if st is not None}
+    return results
+
+
+async def _server_statistics(engine: Any, servers: list[str], admin_id: int, *, reset: bool) -> dict[str, Any]:
+    """Each server's engine statistics (None where the admin provider is not reachable)."""
+    outs = await asyncio.gather(
+        *(engine.call(s, "statistics", {"reset": reset}, provider_id=admin_id) for s in servers), return_exceptions=True
+    )
+    return {s: (None if isinstance(o, BaseException) else o) for s, o in zip(servers, outs, strict=True)}
 
 
 def _client_failure(results: Any, what: str) -> str:

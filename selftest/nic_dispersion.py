@@ -21,6 +21,8 @@ Here, on whatever NICs the topology has (``run_dispersion``):
   (``run_selftest``), and the aggregate bandwidth of each run is reported and drawn as a bar chart.
 
 With one NIC every scenario and policy maps every client to it: the run still happens and says so.
+``servers`` (``--server NIC=ADDRESS``) uses servers already running, one per NIC (for example launched in
+another network namespace with ``tcp://*:0`` and round robin), instead of launching them here.
 ``loopback_aliases`` stands NIC *k* in by ``127.0.0.(k+2)`` (a rehearsal of a described topology, such
 as the Aurora-like node, on one host): the mapping is the real one; the bandwidth is the host's.
 """
@@ -129,6 +131,7 @@ class DispersionOptions:
     interfaces: list[str] | None = None
     loopback_aliases: bool = False
     config: Path = DEFAULT_CONFIG
+    servers: dict[str, str] | None = None
 
 
 def _server_config(base: ServiceConfig, address: str, core: int | None) -> ServiceConfig:
@@ -159,6 +162,11 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
         if s not in SCENARIOS:
             raise ConfigError(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)}")
     nics = topology.candidate_nics(opts.interfaces)
+    if opts.servers is not None:
+        unknown = sorted(set(opts.servers) - {n.name for n in nics})
+        if unknown:
+            raise ConfigError(f"--server names {', '.join(unknown)}, not candidate NICs of {topology.source}")
+        nics = [n for n in nics if n.name in opts.servers]
     if not nics:
         raise ConfigError(
             f"no NIC to run on in {topology.source} (none up with an address); describe one with --from FILE "
@@ -167,7 +175,10 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
     notes = []
     if len(nics) == 1:
         notes.append(f"only one NIC ({nics[0].name}): every scenario and policy uses it, so no dispersion can show")
-    if opts.loopback_aliases:
+    if opts.servers is not None:
+        addresses = {n.name: n.address_for(None) or "-" for n in nics}
+        notes.append("servers given (--server): already running, one per NIC")
+    elif opts.loopback_aliases:
         addresses = {n.name: f"127.0.0.{k + 2}" for k, n in enumerate(nics)}
         notes.append("loopback aliases: NIC k is stood in for by 127.0.0.(k+2); bandwidth is this host's loopback")
     else:
@@ -181,9 +192,11 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
     cores = usable_cores()
     jobs: list[Any] = []
     runs = []
+    servers: dict[str, str] = dict(opts.servers or {})
     try:
-        servers: dict[str, str] = {}
         for k, n in enumerate(nics):
+            if n.name in servers:
+                continue
             job = Launch(_server_config(base, addresses[n.name], cores[k % len(cores)] if cores else None), 1)
             jobs.append(job)
             servers[n.name] = job.start()[0].address
@@ -263,7 +276,7 @@ def plot_dispersion(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     ax.set_ylabel("aggregate bandwidth (GiB/s)")
     clients = doc["options"]["clients"]
     ax.set_title(f"NIC dispersion: {clients} clients, {len(doc['nics'])} NIC(s) ({doc['topology']['source']})")
-    ax.legend(loc="lower left")
+    fig.legend(loc="outside lower center", ncols=max(len(policies), 1))
     ax.margins(y=0.15)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,10 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
@@ -230,8 +234,8 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
             rows.append((
                 name, f"{_fmt(m['pc']['min'])}-{_fmt(m['pc']['max'])} {unit}",
                 f"{_fmt(m['ps']['min'])}-{_fmt(m['ps']['max'])} {unit}", m["ridge"]["max"], sc["overall"]["score"],
-                reg[REGION_SERVER_BOUND]["median_relative_error"], reg[REGION_SERVER_BOUND]["worst_relative_error"],
-                reg[REGION_CLIENT_BOUND]["median_relative_error"], reg[REGION_CLIENT_BOUND]["worst_relative_error"],
+                *(_pct(reg[r][k]) for r in (REGION_SERVER_BOUND, REGION_CLIENT_BOUND)
+                  for k in ("median_relative_error", "worst_relative_error")),
             ))  # fmt: skip
         parts.append(_table(["metric", "Pc (per client process)", "Ps (per server process)", "ridge X*", "score",
                              "server-bound median |rel. err|", "worst", "client-bound median |rel. err|", "worst"],

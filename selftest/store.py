@@ -399,8 +399,8 @@ def plot_history(
     when = datetime.fromtimestamp(float(run.get("created", 0.0)))
     for (ax_t, ax_b), label in zip(axes, labels, strict=True):
         value, unit = mine[label]
-        pts = [(datetime.fromtimestamp(float(h["created"])), quantities(h).get(label)) for h in others]
-        pts = [(t, q[0]) for t, q in pts if q is not None]
+        found = [(datetime.fromtimestamp(float(h["created"])), quantities(h).get(label)) for h in others]
+        pts = [(t, q[0]) for t, q in found if q is not None]
         ylabel = f"{label}\n({unit})" if unit else label
         if pts:
             ax_t.plot([t for t, _ in pts], [v for _, v in pts], "o-", color="tab:gray", alpha=0.7, label="history")

@@ -102,10 +102,17 @@ def plot_sweep(
             xs = np.array([x.min(), x.max()])
             ax.plot(xs, first["median"] / first["servers"] * xs, "--", color="tab:gray", label="linear scaling")
         ax.set_xlabel("server processes on the server node")
-        ax.set_ylabel(f"aggregate {name} ({unit})")
+        lowered = name[0].lower() + name[1:] if len(name) > 1 and name[1].islower() else name
+        ax.set_ylabel(f"aggregate {lowered} ({unit})")
         ax.set_title(f"{name}: {pts[-1]['clients']} saturating client processes", fontsize="medium")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if len(pts) <= 16:
+            ax.set_xticks([p["servers"] for p in pts])
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlim(0.5, x.max() + 0.5)
+        if len(pts) == 1:
+            ax.text(0.5, 0.97, "one server core: --sweep-max-servers N sweeps further (oversubscribed)",
+                    transform=ax.transAxes, ha="center", va="top", fontsize="x-small", color="tab:gray")  # fmt: skip
         ax.set_ylim(0, max(p["max"] for p in pts) * 1.2)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower right", fontsize="small")

@@ -11,7 +11,8 @@ get_config          -                           the live bootstrap document (re-
 query_config        expression (JMESPath)       the expression evaluated on the live document
 status              -                           bound address, pid, providers, closing, plumber
 list_rpcs           -                           the registration table: [{provider_id, name, provider}]
-statistics          {"reset": bool}             engine statistics (progress loop, per-RPC times)
+statistics          {"reset": bool}             engine statistics (progress loop, per-callpath steps, samples)
+trace_events        {"clear": bool}             recorded Chrome Trace events (engine.monitoring.tracing)
 lookup_provider     ``NAME`` or ``TYPE:ID``     {name, type, provider_id}, or None when absent
 patch_config        JSON Patch (RFC 6902)       the new live document; live settings only  (mutation)
 add_provider        provider description        the provider id assigned                   (mutation)
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +61,8 @@ from .provider import PROVIDER_TYPES, Provider, load_library, rpc
 
 if TYPE_CHECKING:
     from .server import Server
+
+log = logging.getLogger("svcframe.admin")
 
 #: Time the admin keeps for itself when a caller's deadline bounds a dependency wait: the error must
 #: reach the caller before the caller gives up.
@@ -82,8 +86,8 @@ class AdminProvider(Provider):
             )
 
     # -- read-only ---------------------------------------------------------------------------------
-    @rpc
-    def get_config(self, req: Request, _: Any) -> dict[str, Any]:
+    @rpc(name="get_config")  # not Provider.get_config (this provider's own config), hence the method name
+    def get_live_config(self, req: Request, _: Any) -> dict[str, Any]:
         return self.server.live_config()
 
     @rpc
@@ -115,6 +119,14 @@ class AdminProvider(Provider):
         if isinstance(arg, dict) and arg.get("reset"):
             self.engine.monitor.reset()
         return stats
+
+    @rpc
+    def trace_events(self, req: Request, arg: Any) -> list[dict[str, Any]]:
+        """Chrome Trace events recorded so far (empty when tracing is off); ``{"clear": true}`` empties them."""
+        tracer = self.engine.tracer
+        if tracer is None:
+            return []
+        return tracer.take(clear=bool(isinstance(arg, dict) and arg.get("clear")))
 
     @rpc
     def lookup_provider(self, req: Request, spec: Any) -> dict[str, Any] | None:
@@ -198,6 +210,14 @@ class ServiceHandle:
             timeout_seconds=self.timeout_seconds if timeout_seconds is None else timeout_seconds,
         )
 
+    async def trace_events(self, clear: bool = False) -> list[dict[str, Any]]:
+        """The server's recorded trace events (Chrome Trace Event dicts)."""
+        return await self._call("trace_events", {"clear": clear})  # type: ignore[no-any-return]
+
+    async def set_tracing(self, enabled: bool) -> dict[str, Any]:
+        """Switch request tracing on or off live (a patch of engine.monitoring.tracing)."""
+        return await self.patch_config([{"op": "replace", "path": "/engine/monitoring/tracing", "value": enabled}])
+
     async def get_config(self) -> dict[str, Any]:
         """The live configuration (re-launchable; see the module docstring)."""
         return await self._call("get_config")  # type: ignore[no-any-return]
@@ -225,7 +245,7 @@ class ServiceHandle:
 
     async def set_progress(self, mode: str, spindown_msec: float | None = None) -> dict[str, Any]:
         """Switch the server's progress mode (and optionally its spindown window) live."""
-        patch = [{"op": "replace", "path": "/engine/progress_mode", "value": mode}]
+        patch: list[dict[str, Any]] = [{"op": "replace", "path": "/engine/progress_mode", "value": mode}]
         if spindown_msec is not None:
             patch.append({"op": "replace", "path": "/engine/progress_spindown_msec", "value": spindown_msec})
         return await self.patch_config(patch)
@@ -390,6 +410,8 @@ async def lookup_remote(
                 return found
             reason = f"{address} has no provider {spec!r}"
         remaining = deadline - loop.time()
+        if delay == 0.02 and remaining > 0:  # say once that we wait, and why
+            log.warning("%s: not available yet (%s); retrying for up to %.3g s", what, reason, remaining)
         if remaining <= 0:
             raise ConfigError(
                 f"{what}: not found within {loop.time() - waited_from:.3g} s "

@@ -17,11 +17,13 @@ with the reason on stderr.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,8 +106,18 @@ def main(verbose: int) -> None:
 @click.option("--ready-fd", type=int, default=None, help="Write one readiness JSON line to this fd.")
 @click.option("--secret-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--address", default=None, help="Override engine.address.")
-def serve(config: str, ready_fd: int | None, secret_file: str | None, address: str | None) -> None:
-    """Run one server from a JSON bootstrap CONFIG until SIGTERM / Ctrl-C / admin shutdown."""
+@click.option("--group-file", "-g", type=click.Path(dir_okay=False), default=None,
+              help="Under srun/mpiexec: rank 0 writes this group file once every rank is ready.")  # fmt: skip
+@click.option("--group-timeout-seconds", type=float, default=120.0, show_default=True,
+              help="How long rank 0 waits for the other ranks.")  # fmt: skip
+def serve(
+    config: str, ready_fd: int | None, secret_file: str | None, address: str | None, group_file: str | None,
+    group_timeout_seconds: float,
+) -> None:  # fmt: skip
+    """Run one server from a JSON bootstrap CONFIG until SIGTERM / Ctrl-C / admin shutdown.
+
+    Under a launcher (srun, mpiexec) each process learns its rank from the environment (or mpi4py); with
+    --group-file the group is published when all ranks accept calls (svcframe/ranks.py)."""
     from .server import run_server
 
     try:
@@ -117,7 +129,28 @@ def serve(config: str, ready_fd: int | None, secret_file: str | None, address: s
             os.write(ready_fd, (json.dumps({"ok": False, "error": str(exc)}) + "\n").encode())
         _fail(str(exc))
         return
-    sys.exit(run_server(cfg, ready_fd=ready_fd, secret=_read_secret(secret_file)))
+    on_ready = None
+    if group_file is not None:
+        from . import ranks
+
+        try:
+            info = ranks.detect()
+        except SvcframeError as exc:
+            _fail(str(exc))
+            return
+        cfg.engine.address = ranks.rank_address(cfg.engine.address, info)
+        comm = ranks.mpi_comm() if info.size > 1 else None
+        if comm is not None and (comm.Get_size(), comm.Get_rank()) != (info.size, info.rank):
+            comm = None  # mpi4py is built against another MPI than the launcher's: use the filesystem
+
+        async def on_ready(server: Any) -> None:
+            member = ranks.member_record(info, server.address, cfg.admin.provider_id)
+            members = await ranks.publish_group(group_file, member, info, engine=server.engine, comm=comm,
+                                                timeout_seconds=group_timeout_seconds)  # fmt: skip
+            if members is not None:
+                click.echo(f"svcframe: group of {len(members)} published to {group_file}", err=True)
+
+    sys.exit(run_server(cfg, ready_fd=ready_fd, secret=_read_secret(secret_file), on_ready=on_ready))
 
 
 @main.command()
@@ -243,9 +276,20 @@ def config_schema_cmd(output: str | None) -> None:
 
 @config.command("get")
 @_target_options
-def config_get(address: tuple[str, ...], group: str | None) -> None:
-    """Print the live configuration of each server, keyed by address."""
-    _echo_json(_run_admin(_targets(address, group), "get_config"))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the one server's configuration to this file, ready for `svcframe serve`.")  # fmt: skip
+def config_get(address: tuple[str, ...], group: str | None, output: str | None) -> None:
+    """Print the live configuration of each server, keyed by address (re-launchable: defaults filled in,
+    every change since start, the configured listen address; the bound one is in `svcframe status`)."""
+    targets = _targets(address, group)
+    if output and len(targets) != 1:
+        _fail(f"--output takes the configuration of one server; {len(targets)} were given")
+    configs = _run_admin(targets, "get_config")
+    if output:
+        Path(output).write_text(json.dumps(next(iter(configs.values())), indent=2) + "\n")
+        click.echo(f"configuration of {targets[0][0]} written to {output}", err=True)
+    else:
+        _echo_json(configs)
 
 
 @config.command("query")
@@ -440,6 +484,10 @@ def selftest_run(
             f"({agg['bandwidth_gib_per_second']:.3f} GiB/s), p50 {lat['p50']:.1f} us, p99 {lat['p99']:.1f} us, "
             f"server CPU {agg['server_cpu_usec_per_op']:.1f} us/op; results in {output}"
         )
+        from .diagnosis import format_diagnosis
+
+        for address, findings in results.get("diagnosis", {}).items():
+            click.echo(f"diagnosis of {address}:\n{format_diagnosis(findings)}")
     else:
         _echo_json(results)
 
@@ -749,16 +797,160 @@ def report(run_ref: str, store_path: str | None, out: str | None) -> None:
     click.echo(f"report: {dest}")
 
 
+# -- monitoring -----------------------------------------------------------------------------------------------
+def _stats_rows(previous: dict[str, Any] | None, current: dict[str, Any], seconds: float) -> list[tuple[Any, ...]]:
+    """Per address and callpath: calls/s since the previous snapshot, and latency percentiles (µs)."""
+    rows = []
+    for address, stats in current.items():
+        before = {}
+        if previous and address in previous:
+            for side in ("origin", "target"):
+                for r in previous[address]["rpcs"][side]:
+                    before[(side, r["parent_rpc"], r["rpc"], r["provider_id"], r["peer"])] = r
+        for side, step in (("target", "handler_usec"), ("origin", "total_usec")):
+            for r in stats["rpcs"][side]:
+                key = (side, r["parent_rpc"], r["rpc"], r["provider_id"], r["peer"])
+                count = r[step]["count"]
+                old = before.get(key, {}).get(step, {}).get("count", 0) if previous else 0
+                rate = (count - old) / seconds if previous and seconds > 0 else 0.0
+                parent = f"{r['parent_rpc']}[{r['parent_provider_id']}] -> " if r["parent_rpc"] else ""
+                rows.append((address, side, f"{parent}{r['rpc']}[{r['provider_id']}]", r["peer"], rate, count,
+                             r[step]["p50"], r[step]["p99"], r.get("queue_usec", {}).get("p50"), r["errors"]))  # fmt: skip
+    return rows
+
+
+def _stats_table(rows: list[tuple[Any, ...]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="svcframe monitor (target: handler time; origin: round trip)")
+    for col in ("server", "side", "callpath", "peer", "calls/s", "calls", "p50 µs", "p99 µs", "queue p50 µs", "errors"):
+        table.add_column(col)
+    for a, side, cp, peer, rate, count, p50, p99, queue, errors in rows:
+        table.add_row(a, side, cp, peer, f"{rate:,.0f}", str(count), f"{p50:.1f}", f"{p99:.1f}",
+                      "" if queue is None else f"{queue:.1f}", str(errors))  # fmt: skip
+    return table
+
+
+@main.command()
+@_target_options
+@click.option("--interval-seconds", type=float, default=1.0, show_default=True)
+@click.option("--count", type=int, default=0, help="Stop after this many refreshes (0 = until Ctrl-C).")
+def monitor(address: tuple[str, ...], group: str | None, interval_seconds: float, count: int) -> None:
+    """Live per-callpath rates and latency percentiles of servers, refreshed every interval."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from .engine import Engine
+    from .loops import run
+
+    targets = _targets(address, group)
+
+    async def go() -> None:
+        import asyncio
+
+        from .admin import ServiceGroupHandle
+
+        async with Engine(None, secret=_read_secret(None), default_timeout_seconds=10.0) as engine:
+            handle = ServiceGroupHandle(engine, targets)
+            previous, t_prev = None, time.monotonic()
+            with Live(console=Console(width=max(Console().width, 140)), auto_refresh=False) as live:
+                n = 0
+                while count == 0 or n <= count:
+                    current = {a: r for a, r in (await handle.call("statistics")).items() if not isinstance(r, Exception)}
+                    now = time.monotonic()
+                    live.update(_stats_table(_stats_rows(previous, current, now - t_prev)), refresh=True)
+                    previous, t_prev = current, now
+                    n += 1
+                    if count == 0 or n <= count:
+                        await asyncio.sleep(interval_seconds)  # the refresh period
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run(go())
+
+
+@main.group()
+def stats() -> None:
+    """Statistics of running servers: dump (JSON or Prometheus text) and diagnose."""
+
+
+@stats.command("dump")
+@_target_options
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option("--format", "fmt", type=click.Choice(["json", "prometheus"]), default="json", show_default=True)
+@click.option("--reset", is_flag=True, help="Reset the statistics after reading them.")
+def stats_dump(address: tuple[str, ...], group: str | None, output: str | None, fmt: str, reset: bool) -> None:
+    """Every server's statistics, keyed by address (JSON), or in the Prometheus text format."""
+    results = _run_admin(_targets(address, group), "statistics", reset)
+    if fmt == "json":
+        text = json.dumps(results, indent=2)
+    else:
+        from .monitoring import to_prometheus
+
+        text = b"".join(to_prometheus(st, {"server": a}) for a, st in results.items()).decode()
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"statistics of {len(results)} server(s) written to {output}", err=True)
+    else:
+        click.echo(text)
+
+
+@stats.command("diagnose")
+@_target_options
+def stats_diagnose(address: tuple[str, ...], group: str | None) -> None:
+    """Name the dominant callpaths of each server and the step where their time goes."""
+    from .diagnosis import diagnose, format_diagnosis
+
+    for a, st in _run_admin(_targets(address, group), "statistics").items():
+        click.echo(f"{a}:")
+        click.echo(format_diagnosis(diagnose(st)))
+
+
+@main.group()
+def trace() -> None:
+    """Request tracing: switch it on or off live, and export Chrome Trace JSON (Perfetto UI)."""
+
+
+@trace.command("on")
+@_target_options
+def trace_on(address: tuple[str, ...], group: str | None) -> None:
+    """Start recording traces of every call on these servers."""
+    _run_admin(_targets(address, group), "set_tracing", True)
+    click.echo("tracing on", err=True)
+
+
+@trace.command("off")
+@_target_options
+def trace_off(address: tuple[str, ...], group: str | None) -> None:
+    """Stop recording traces."""
+    _run_admin(_targets(address, group), "set_tracing", False)
+    click.echo("tracing off", err=True)
+
+
+@trace.command("dump")
+@_target_options
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default="trace.json", show_default=True)
+@click.option("--clear", is_flag=True, help="Empty the servers' trace buffers after reading.")
+def trace_dump(address: tuple[str, ...], group: str | None, output: str, clear: bool) -> None:
+    """Merge the servers' trace events into one Chrome Trace file (open it at ui.perfetto.dev)."""
+    from .tracing import write_chrome_trace
+
+    results = _run_admin(_targets(address, group), "trace_events", clear)
+    events = [e for evs in results.values() for e in evs]
+    names = {e["pid"]: a for a, evs in results.items() for e in evs[:1]}
+    write_chrome_trace(output, events, process_names=names)
+    click.echo(f"{len(events)} events from {len(results)} server(s) written to {output}", err=True)
+
+
 @main.command()
 @click.option("--quick", is_flag=True, help="Short measurements (for CI: figures printed, no pass/fail).")
 @click.option("--seconds", type=float, default=3.0, show_default=True, help="Length of each measurement.")
-@click.option("--workload", "workloads", multiple=True, type=click.Choice(["seq", "sat", "bulk"]))
+@click.option("--workload", "workloads", multiple=True, type=click.Choice(["seq", "sat", "bulk", "overhead"]))
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="out/bench.json", show_default=True)
 def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str) -> None:
     """Measure svcframe against the raw uvloop limit (and pyzmq / grpcio when installed)."""
     from selftest.bench import BenchOptions, print_table, run_bench
 
-    opts = BenchOptions(quick=quick, seconds=seconds, workloads=workloads or ("seq", "sat", "bulk"))
+    opts = BenchOptions(quick=quick, seconds=seconds, workloads=workloads or ("seq", "sat", "bulk", "overhead"))
     result = run_bench(opts)
     print_table(result)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
@@ -846,12 +1038,14 @@ def topology(as_json: bool, from_file: str | None, backend: str, policies: bool,
 @click.option("--interfaces", multiple=True, help="Interface-name pattern (repeatable).")
 @click.option("--bulk-size", type=int, default=4 * 1024 * 1024, show_default=True)
 @click.option("--duration-seconds", type=float, default=2.0, show_default=True)
+@click.option("--server", "server_map", multiple=True, metavar="NIC=ADDRESS",
+              help="Use a running server for NIC instead of launching one (repeatable).")  # fmt: skip
 @click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/nic-dispersion",
               show_default=True)  # fmt: skip
 def selftest_nic_dispersion(
     from_file: str | None, loopback_aliases: bool, clients: int, scenarios: tuple[str, ...],
     nic_policies: tuple[str, ...], bucket_policy: str, interfaces: tuple[str, ...], bulk_size: int,
-    duration_seconds: float, out: str,
+    duration_seconds: float, server_map: tuple[str, ...], out: str,
 ) -> None:  # fmt: skip
     """Servers one per NIC, clients under three CPU-binding scenarios and two NIC policies: aggregate
     bandwidth per scenario and a bar chart (the paper's Figure 2)."""
@@ -864,7 +1058,10 @@ def selftest_nic_dispersion(
         nic_policies=list(nic_policies) or ["byset", "roundrobin"], bucket_policy=bucket_policy,
         bulk_size=bulk_size, duration_seconds=duration_seconds, interfaces=list(interfaces) or None,
         loopback_aliases=loopback_aliases,
+        servers=dict(item.split("=", 1) for item in server_map if "=" in item) if server_map else None,
     )  # fmt: skip
+    if any("=" not in item for item in server_map):
+        _fail("--server takes NIC=ADDRESS, e.g. --server nic0=tcp://10.99.1.1:40000")
     try:
         topo = load_topology(from_file) if from_file else discover()
         doc = run_dispersion(topo, opts, on_step=lambda what: click.echo(f"running {what} ...", err=True))

@@ -80,7 +80,11 @@ class PlumberConfig(StrictModel):
 
 
 class MonitoringConfig(StrictModel):
+    """Statistics (on by default), request tracing (off by default) and process samples."""
+
     enabled: bool = True
+    tracing: bool = False
+    sample_interval_seconds: float = Field(1.0, gt=0)
 
 
 class EngineConfig(StrictModel):

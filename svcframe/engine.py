@@ -50,7 +50,7 @@ from .errors import (
     RPCError,
     TimeoutError_,
 )
-from .monitoring import FOLD_AT, Monitor
+from .monitoring import FOLD_AT, Monitor, ProcessSampler
 from .progress import Progress
 from .tracing import Tracer, new_span_id, new_trace_id
 from .transport import Address, Connection, Identity, dial, goodbye_error, listen, parse_address
@@ -203,7 +203,9 @@ class Engine:
         max_body_bytes: largest inline frame body accepted (default 4 MiB).
         bulk_chunk_bytes: size of the data frames bulk transfers are cut into.
         secret: shared secret for connection authentication (None = no authentication).
-        monitoring: keep per-RPC statistics.
+        monitoring: keep per-callpath statistics (see svcframe.monitoring).
+        sample_interval_seconds: how often to sample loop lag, tasks, in-flight calls, CPU and RSS
+            (None = never).
 
     Raises:
         ConfigError: an invalid address or setting.
@@ -221,6 +223,7 @@ class Engine:
         bulk_chunk_bytes: int = 1024 * 1024,
         secret: bytes | None = None,
         monitoring: bool = True,
+        sample_interval_seconds: float | None = 1.0,
         local_host: str | None = None,
     ) -> None:
         self._listen_address = parse_address(address) if address else None
@@ -238,6 +241,7 @@ class Engine:
         self.bulk_chunk_bytes = bulk_chunk_bytes
         self.local_host = local_host
         self.monitor = Monitor(monitoring)
+        self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
         self._secret = secret
         self._table: dict[tuple[int, int], Registration] = {}
         self._providers: dict[int, set[str]] = {}
@@ -282,6 +286,10 @@ class Engine:
         if self._listen_address is not None:
             self._server, self._bound = await listen(self._listen_address, self._accept)
         self.progress.start(self._loop)
+        if self.sampler is not None:
+            self.sampler.start(
+                self._loop, lambda: self.progress.inflight + sum(len(c.pending) for c in self._all_conns)
+            )
         return self
 
     async def __aenter__(self) -> Engine:
@@ -333,6 +341,8 @@ class Engine:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._bound.path)
         self.progress.stop()
+        if self.sampler is not None:
+            self.sampler.stop()
         self._closed.set()
 
     # -- registration table --------------------------------------------------------------------------
@@ -887,9 +897,11 @@ class Engine:
             if len(buf) > FOLD_AT:
                 rec.fold()
         tracer = self.tracer
-        if tracer is not None and frame[1] & F_TRACED:
-            tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3, frame.trace_id,
-                          frame.span_id, tracer.lamport, conn.peer_label)  # fmt: skip
+        if tracer is not None:  # an untraced caller starts a new trace here
+            traced = frame[1] & F_TRACED
+            tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
+                          frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
+                          tracer.lamport, conn.peer_label)  # fmt: skip
 
     def _finish_error(self, conn: Connection, frame: Frame, reg: Registration, exc: BaseException) -> None:
         if isinstance(exc, Refused):  # a handler may refuse on purpose (e.g. mutations disabled)
@@ -1013,6 +1025,8 @@ class Engine:
             "exposed_bulk_buffers": len(self._exposed),
             "progress": self.progress.statistics(),
             "rpcs": self.monitor.to_dict(),
+            "samples": list(self.sampler.samples) if self.sampler is not None else [],
+            "tracing": self.tracer is not None,
         }
 
 

@@ -196,7 +196,124 @@ class Monitor:
         return {
             "enabled": self.enabled,
             "since": self.started,
+            "names": {f"{k:08x}": v for k, v in self.names.items()},
             "origin": rows(self.origin),
             "target": rows(self.target),
             "bulk": [{"direction": d, "peer": p, **rec.to_dict()} for (d, p), rec in sorted(self.bulk.items())],
         }
+
+
+class ProcessSampler:
+    """Samples the process beside the statistics every ``interval_seconds``: event-loop lag, tasks
+    pending, calls in flight, CPU utilisation and RSS (psutil). Keeps the last ``keep`` samples.
+
+    Loop lag is how late the sampler's own timer fired (seconds): a loop blocked by a slow callback
+    shows it directly.
+    """
+
+    def __init__(self, interval_seconds: float = 1.0, keep: int = 600) -> None:
+        from collections import deque
+
+        import psutil
+
+        self.interval_seconds = interval_seconds
+        self.samples: deque[dict[str, float]] = deque(maxlen=keep)
+        self._proc = psutil.Process()
+        self._handle: Any = None
+        self._loop: Any = None
+        self._inflight: Any = None
+        self._due = 0.0
+        self._cpu = 0.0
+        self._wall = 0.0
+
+    def start(self, loop: Any, inflight: Any) -> None:
+        """Begin sampling on ``loop``; ``inflight()`` returns the number of operations in flight."""
+        self._loop, self._inflight = loop, inflight
+        self._cpu, self._wall = self._cpu_seconds(), time.monotonic()
+        self._schedule()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _cpu_seconds(self) -> float:
+        t = self._proc.cpu_times()
+        return t.user + t.system
+
+    def _schedule(self) -> None:
+        self._due = self._loop.time() + self.interval_seconds
+        self._handle = self._loop.call_at(self._due, self._sample)
+
+    def _sample(self) -> None:
+        import asyncio
+
+        now = self._loop.time()
+        cpu, wall = self._cpu_seconds(), time.monotonic()
+        self.samples.append(
+            {
+                "time": time.time(),
+                "loop_lag_seconds": max(0.0, now - self._due),
+                "tasks": len(asyncio.all_tasks(self._loop)),
+                "inflight": self._inflight(),
+                "cpu_utilization": (cpu - self._cpu) / (wall - self._wall) if wall > self._wall else 0.0,
+                "rss_bytes": self._proc.memory_info().rss,
+            }
+        )
+        self._cpu, self._wall = cpu, wall
+        self._schedule()
+
+
+def to_prometheus(stats: dict[str, Any], labels: dict[str, str] | None = None) -> bytes:
+    """Engine statistics (``Engine.statistics()``) in the Prometheus text exposition format.
+
+    Latency steps become summaries (``_count``, ``_sum`` and p50/p90/p99 quantiles, seconds); payload
+    sizes too (bytes). Labels: rpc, provider_id, parent_rpc, side; never request ids or peers' ports
+    (keep label cardinality low).
+    """
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+    base = dict(labels or {})
+
+    class _Collector:
+        def collect(self) -> Any:
+            names = ["side", "rpc", "provider_id", "parent_rpc", *base]
+            steps: dict[str, SummaryMetricFamily] = {}
+            errors = CounterMetricFamily("svcframe_rpc_errors", "RPCs that ended in an error", labels=names)
+            rpcs = stats.get("rpcs", {})
+            # one series per label set: rows of the same callpath from different peers are summed
+            merged: dict[tuple[str, ...], dict[str, list[float]]] = {}
+            for side in ("origin", "target"):
+                for row in rpcs.get(side, []):
+                    values = (side, row["rpc"], str(row["provider_id"]), row["parent_rpc"], *base.values())
+                    acc = merged.setdefault(values, {"errors": [0.0, 0.0]})
+                    acc["errors"][0] += row["errors"]
+                    for key, summary in row.items():
+                        if isinstance(summary, dict) and "count" in summary:
+                            pair = acc.setdefault(key, [0.0, 0.0])
+                            pair[0] += summary["count"]
+                            pair[1] += summary["sum"]
+            for values, acc in merged.items():
+                errors.add_metric(list(values), acc.pop("errors")[0])
+                for key, (count, total) in acc.items():
+                    is_time = key.endswith("_usec")
+                    name = f"svcframe_rpc_{key.removesuffix('_usec')}_{'seconds' if is_time else 'bytes'}"
+                    family = steps.get(name)
+                    if family is None:
+                        family = steps[name] = SummaryMetricFamily(name, f"RPC step {key}", labels=names)
+                    family.add_metric(list(values), count, total * (1e-6 if is_time else 1.0))
+            yield from steps.values()
+            yield errors
+            progress = stats.get("progress", {})
+            for key in ("polls", "blocks", "wakeups"):
+                c = CounterMetricFamily(f"svcframe_progress_{key}", f"progress loop {key}", labels=list(base))
+                c.add_metric(list(base.values()), progress.get(key, 0))
+                yield c
+            g = GaugeMetricFamily("svcframe_connections", "open connections", labels=list(base))
+            g.add_metric(list(base.values()), stats.get("connections", 0))
+            yield g
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())  # type: ignore[arg-type]
+    return generate_latest(registry)

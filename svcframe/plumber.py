@@ -263,7 +263,9 @@ def control_dir(directory: str | os.PathLike[str] | None = None) -> Path:
         path.mkdir(mode=0o700, parents=True)
     st = path.lstat()
     if path.is_symlink() or not path.is_dir():
-        raise ConfigError(f"plumber control directory {path} is not a plain directory; remove it or set {CONTROL_DIR_ENV}")
+        raise ConfigError(
+            f"plumber control directory {path} is not a plain directory; remove it or set {CONTROL_DIR_ENV}"
+        )
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise ConfigError(
             f"plumber control directory {path} must belong to uid {os.getuid()} with mode 0700 "
@@ -383,9 +385,11 @@ def select_nic(
     nic = bucket.nics[pick.index]
     address = nic.address_for(family)
     names = tuple(n.name for n in bucket.nics)
-    reason = f"{bucket.name} (process on CPU {placement.current_cpu}) holds {', '.join(names)}; {pick.how} -> {nic.name}"
+    reason = (
+        f"{bucket.name} (process on CPU {placement.current_cpu}) holds {', '.join(names)}; {pick.how} -> {nic.name}"
+    )
     if address is None:
-        wanted = {socket.AF_INET: "IPv4 ", socket.AF_INET6: "IPv6 "}.get(family or 0, "")
+        wanted = "IPv4 " if family == socket.AF_INET else "IPv6 " if family == socket.AF_INET6 else ""
         reason += f", which has no {wanted}address: the OS routes"
     return NicChoice(
         bucket_policy, nic_policy, nic.name, address, bucket.name, names, pick.index, reason, topology.source,

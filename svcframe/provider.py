@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, overload
 
 from .engine import Engine, Request
 from .errors import ConfigError
@@ -66,6 +66,10 @@ class Dependency:
     array: bool = False
 
 
+@overload
+def rpc(fn: F, *, name: str | None = None) -> F: ...
+@overload
+def rpc(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
 def rpc(fn: F | None = None, *, name: str | None = None) -> Any:
     """Mark a provider method ``(self, req, arg) -> result`` as an RPC (``name`` defaults to its name)."""
 

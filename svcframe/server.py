@@ -12,10 +12,12 @@ and shuts down cleanly on SIGTERM / SIGINT or an admin ``shutdown`` (drain, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -61,6 +63,7 @@ LIVE_SETTINGS = {
     ("engine", "default_timeout_seconds"),
     ("engine", "drain_timeout_seconds"),
     ("engine", "monitoring", "enabled"),
+    ("engine", "monitoring", "tracing"),
     ("admin", "allow_mutations"),
     ("admin", "dependency_resolution_timeout_seconds"),
 }
@@ -113,8 +116,10 @@ class Server:
             bulk_chunk_bytes=ec.bulk_chunk_bytes,
             secret=self._secret,
             monitoring=ec.monitoring.enabled,
+            sample_interval_seconds=ec.monitoring.sample_interval_seconds,
             local_host=plumbed.local_host,
         )
+        self.engine.set_tracing(ec.monitoring.tracing)
         await self.engine.start()
         try:
             for library in self.config.libraries:
@@ -260,7 +265,8 @@ class Server:
                     f"{what}: no such provider in this process (running: {running or 'none'}); "
                     "providers start in list order, so list it before the providers that depend on it"
                 )
-            found_type, found = provider.type_name, provider
+            found: Provider | ProviderHandle = provider
+            found_type = provider.type_name
         else:
             from .admin import lookup_remote
 
@@ -366,6 +372,7 @@ class Server:
         self.engine.progress.configure(ec.progress_mode, ec.progress_spindown_msec, ec.progress_timeout_ub_msec)
         self.engine.default_timeout_seconds = ec.default_timeout_seconds
         self.engine.monitor.enabled = ec.monitoring.enabled
+        self.engine.set_tracing(ec.monitoring.tracing)
         self.config.engine = ec
         self.config.admin = new.admin
         return self.live_config()
@@ -403,7 +410,12 @@ class Server:
         self.providers.clear()
 
 
-async def _main(config: ServiceConfig, ready_fd: int | None, secret: bytes | None) -> None:
+async def _main(
+    config: ServiceConfig,
+    ready_fd: int | None,
+    secret: bytes | None,
+    on_ready: Callable[[Server], Awaitable[None]] | None = None,
+) -> bool:
     server = Server(config, secret=secret)
     loop = asyncio.get_running_loop()
     try:
@@ -415,10 +427,30 @@ async def _main(config: ServiceConfig, ready_fd: int | None, secret: bytes | Non
         loop.add_signal_handler(sig, server.request_shutdown)
     try:
         _report(ready_fd, {"ok": True, "address": server.address, "pid": os.getpid()})
+        # e.g. the group-file barrier under srun/mpiexec (svcframe/ranks.py); it must not delay serving
+        hook = asyncio.create_task(_run_hook(on_ready, server)) if on_ready is not None else None
         await server.serve()
+        if hook is not None:
+            hook.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                return await hook
+        return True
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _run_hook(on_ready: Callable[[Server], Awaitable[None]], server: Server) -> bool:
+    """Run the hook; False (and a shutdown) if it raised."""
+    try:
+        await on_ready(server)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.error("%s; shutting down", exc, exc_info=not isinstance(exc, SvcframeError))
+        server.request_shutdown()
+        return False
+    return True
 
 
 def _report(fd: int | None, message: dict[str, Any]) -> None:
@@ -430,14 +462,23 @@ def _report(fd: int | None, message: dict[str, Any]) -> None:
     os.close(fd)
 
 
-def run_server(config: ServiceConfig, *, ready_fd: int | None = None, secret: bytes | None = None) -> int:
-    """A server process's main. Returns the exit code (0 after a clean shutdown, 1 on a start-up error)."""
+def run_server(
+    config: ServiceConfig,
+    *,
+    ready_fd: int | None = None,
+    secret: bytes | None = None,
+    on_ready: Callable[[Server], Awaitable[None]] | None = None,
+) -> int:
+    """A server process's main. Returns the exit code (0 after a clean shutdown, 1 on a start-up error).
+
+    ``on_ready(server)`` runs as a task once the server accepts calls (cancelled at shutdown; an exception
+    in it is logged and shuts the server down)."""
     if config.engine.cpu_affinity:
         os.sched_setaffinity(0, config.engine.cpu_affinity)
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.engine.event_loop)) as runner:
-            runner.run(_main(config, ready_fd, secret))
+            ok = runner.run(_main(config, ready_fd, secret, on_ready))
     except (SvcframeError, OSError) as exc:
         log.error("server failed to start: %s", exc)
         return 1
-    return 0
+    return 0 if ok else 1

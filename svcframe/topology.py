@@ -140,8 +140,10 @@ class Nic:
         """The first address of ``family`` (``socket.AF_INET`` / ``AF_INET6``; None = IPv4 first), or None."""
         for addr in self.addresses:
             version = ipaddress.ip_address(addr).version
-            if family is None or (family == socket.AF_INET and version == 4) or (
-                family == socket.AF_INET6 and version == 6
+            if (
+                family is None
+                or (family == socket.AF_INET and version == 4)
+                or (family == socket.AF_INET6 and version == 6)
             ):
                 return addr
         return None
@@ -252,7 +254,9 @@ class Topology:
             packages = tuple(Package(int(p["os_index"]), parse_cpulist(str(p["cpus"]))) for p in data["packages"])
             all_cpus = frozenset().union(*(p.cpus for p in packages))
             path = "numa_nodes"
-            numa = tuple(NumaNode(int(n["os_index"]), parse_cpulist(str(n["cpus"]))) for n in data.get("numa_nodes") or [])
+            numa = tuple(
+                NumaNode(int(n["os_index"]), parse_cpulist(str(n["cpus"]))) for n in data.get("numa_nodes") or []
+            )
             if not numa:
                 numa = tuple(NumaNode(p.os_index, p.cpus) for p in packages)
             path = "cores"
@@ -480,7 +484,9 @@ def from_hwloc(xml_path: str | os.PathLike[str] | None = None) -> Topology:
                     pci = f"{a.domain:04x}:{a.bus:02x}:{a.dev:02x}.{a.func:x}"
                 anc = anc.parent
             local = frozenset(anc.cpuset) if anc is not None and anc.cpuset is not None else all_cpus
-            node_ids = [i for i in (anc.nodeset if anc is not None and anc.nodeset is not None else []) if i in nodes_by_index]
+            node_ids = [
+                i for i in (anc.nodeset if anc is not None and anc.nodeset is not None else []) if i in nodes_by_index
+            ]
             nics.append(
                 Nic(dev.name, (), local or all_cpus, node_ids[0] if len(node_ids) == 1 else None, pci, False, True)
             )

@@ -20,8 +20,10 @@ from svcframe.admin import ServiceGroupHandle, ServiceHandle, read_group_members
 from svcframe.config import parse_config
 from svcframe.engine import Engine
 from svcframe.errors import ConfigError, NoSuchProvider, Refused, RemoteError
-from svcframe.launch import Launch, Member
+from svcframe.launch import Launch, LaunchError, Member
 from svcframe.loops import run
+from svcframe.provider import Dependency, Provider, register_provider_type
+from svcframe.server import Server
 
 WAIT_SECONDS = 10.0
 
@@ -432,3 +434,47 @@ def test_shutdown_drains_and_exits_zero() -> None:
     with Launch(parse_config({}), 1) as job:
         assert admin(job.members[0].address, "shutdown") is None
         assert job.wait(WAIT_SECONDS) == {0: 0}
+
+
+def test_missing_dependency_at_start_is_a_clear_launch_error(workdir: Path) -> None:
+    cfg = parse_config({
+        "libraries": ["providers.blob"],
+        "providers": [{"name": "orphan", "type": "blob", "config": {"path": str(workdir / "orphan")},
+                       "dependencies": {"index": "missing_kv"}}],
+    })  # fmt: skip
+    with pytest.raises(LaunchError, match=r"provider 'orphan' \(type 'blob'\): dependency 'index' = 'missing_kv'"):
+        Launch(cfg, 1).start()
+
+
+@register_provider_type
+class _Fanout(Provider):
+    """Declares an array dependency on kv providers and an optional one of any type."""
+
+    type_name = "test_fanout"
+    DEPENDENCIES = (Dependency("shards", type="kv", array=True), Dependency("extra", required=False))
+
+
+def test_array_and_optional_dependencies_in_process() -> None:
+    async def go() -> None:
+        cfg = parse_config({
+            "engine": {"address": "tcp://127.0.0.1:0"},
+            "libraries": ["providers.kv"],
+            "providers": [
+                {"name": "s1", "type": "kv", "config": {"path": ":memory:"}},
+                {"name": "s2", "type": "kv", "config": {"path": ":memory:"}},
+                {"name": "many", "type": "test_fanout", "dependencies": {"shards": ["s1", "kv:2"]}},
+                {"name": "one", "type": "test_fanout", "dependencies": {"shards": "s1", "extra": "many"}},
+            ],
+        })  # fmt: skip
+        server = await Server(cfg).start()
+        try:
+            s1, s2, many, one = (server.providers[n] for n in ("s1", "s2", "many", "one"))
+            assert many.dependencies == {"shards": [s1, s2]}
+            assert one.dependencies == {"shards": [s1], "extra": many}  # a scalar is a one-element array
+            assert server.dependents("s1") == ["many", "one"]
+            with pytest.raises(ConfigError, match="'shards' = 'one' is a provider of type 'test_fanout'"):
+                await server.add_provider({"name": "bad", "type": "test_fanout", "dependencies": {"shards": ["one"]}})
+        finally:
+            await server.close()
+
+    run(go())

@@ -78,7 +78,8 @@ def test_modes_switch_live_and_idle_cpu(server) -> None:
         measured[mode] = proc.cpu_percent(interval=1.2)  # a measurement window, not a wait
     assert measured["spindown"] < 10.0
     assert measured["block"] < 10.0
-    assert measured["busy"] > 40.0  # busy polling keeps the core occupied
+    # busy polling occupies the core (it yields to other runnable processes, so under load it gets a share)
+    assert measured["busy"] > max(25.0, 3 * max(measured["block"], measured["spindown"]))
 
 
 def test_bursts_short_run(server, tmp_path) -> None:

@@ -56,7 +56,10 @@ def test_buckets_aurora_like() -> None:
     assert [n.name for n in everything.nics] == [f"hsn{i}" for i in range(8)]
     pkgs = buckets(AURORA, "package")
     assert [b.name for b in pkgs] == ["package 0", "package 1"]
-    assert [[n.name for n in b.nics] for b in pkgs] == [["hsn0", "hsn1", "hsn2", "hsn3"], ["hsn4", "hsn5", "hsn6", "hsn7"]]
+    assert [[n.name for n in b.nics] for b in pkgs] == [
+        ["hsn0", "hsn1", "hsn2", "hsn3"],
+        ["hsn4", "hsn5", "hsn6", "hsn7"],
+    ]
     numa = buckets(AURORA, "numa")
     assert [[n.name for n in b.nics] for b in numa] == [[n.name for n in b.nics] for b in pkgs]
     with pytest.raises(ConfigError):
@@ -174,7 +177,9 @@ def test_byset_spreads_only_single_core_processes() -> None:
     """Mercury's cpuset rule: fine with one core per process, four NICs overloaded and four idle with two
     cores per process, one NIC for everyone when unbound (Carns 2025 §4.1.1, Figure 2)."""
     assert _names(plan_choices(AURORA, "one-core", "byset", 16)) == Counter({f"hsn{i}": 2 for i in range(8)})
-    assert _names(plan_choices(AURORA, "two-cores", "byset", 16)) == Counter({"hsn0": 4, "hsn2": 4, "hsn4": 4, "hsn6": 4})
+    assert _names(plan_choices(AURORA, "two-cores", "byset", 16)) == Counter(
+        {"hsn0": 4, "hsn2": 4, "hsn4": 4, "hsn6": 4}
+    )
     assert _names(plan_choices(AURORA, "unbound", "byset", 16)) == Counter({"hsn0": 16})
 
 
@@ -363,3 +368,27 @@ async def test_default_server_stays_on_loopback() -> None:
         assert chosen["nic"] is None and "used as given" in chosen["reason"]
     finally:
         await server.close()
+
+
+# -- the Figure 2 self-test ------------------------------------------------------------------------------------
+def test_nic_dispersion_command(tmp_path: Path) -> None:
+    """``svcframe selftest nic-dispersion`` on a described two-NIC node rehearsed on loopback aliases: one
+    server per NIC, the plumber's mapping per scenario and policy, bandwidth measured, a chart written."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "svcframe", "selftest", "nic-dispersion", "--from", _loopback_node(tmp_path),
+           "--loopback-aliases", "--clients", "2", "--scenario", "unbound", "--duration-seconds", "0.2",
+           "--bulk-size", "65536", "-o", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads((out / "nic-dispersion.json").read_text())
+    assert [n["name"] for n in doc["nics"]] == ["nic0", "nic1"]
+    assert [n["server"].rsplit(":", 1)[0] for n in doc["nics"]] == ["tcp://127.0.0.2", "tcp://127.0.0.3"]
+    runs = {r["nic_policy"]: r for r in doc["runs"]}
+    assert runs["byset"]["clients_per_nic"] == {"nic0": 2, "nic1": 0}  # unbound: one cpuset, one NIC
+    assert runs["roundrobin"]["clients_per_nic"] == {"nic0": 1, "nic1": 1}
+    for r in runs.values():
+        assert r["bandwidth_gib_per_second"] > 0
+        servers = [c["server"] for c in r["results"]["clients"]]
+        assert servers == [doc["nics"][int(c["nic"][-1])]["server"] for c in r["choices"]]  # client -> its NIC
+    assert (out / "nic-dispersion.png").stat().st_size > 0
+    assert "unbound" in run.stdout and "roundrobin" in run.stdout

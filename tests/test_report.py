@@ -56,10 +56,10 @@ def stored(tmp_path_factory):
     """A results store holding two real tiny collections (the second has the first as history)."""
     tmp = tmp_path_factory.mktemp("report")
     db = tmp / "r.sqlite"
-    for name in ("a", "b"):
-        collect(CollectOptions(out=tmp / name, metrics=["rpc_rate", "bandwidth"], duration_seconds=0.2, repeats=1,
+    for name, metrics, sweep in (("a", ["rpc_rate"], 0), ("b", ["rpc_rate", "bandwidth"], 2)):
+        collect(CollectOptions(out=tmp / name, metrics=metrics, duration_seconds=0.2, repeats=1,
                                warmup_iterations=5, bulk_size=64 * 1024, grid_servers=[1], grid_clients=[1, 2],
-                               saturation_depth=2, sweep_max_servers=2, store=db))  # fmt: skip
+                               saturation_depth=2, sweep_max_servers=sweep, store=db))  # fmt: skip
     return tmp, db
 
 

@@ -113,9 +113,8 @@ async def attach(
         handle, error = failures[0]
         if isinstance(error, Refused):
             raise SelftestError(
-                f"{handle.address} has no self-test provider and refuses to add one ({_short(error)}); "
-                f"list it in the server's config (library {SELFTEST_LIBRARY!r}, type {SELFTEST_TYPE!r}) "
-                "or allow admin mutations"
+                f"{handle.address} has no self-test provider and refuses to add one: {_short(error)}; "
+                f"or host it in the server's config (library {SELFTEST_LIBRARY!r}, type {SELFTEST_TYPE!r})"
             ) from error
         if isinstance(error, RPCError):
             raise SelftestError(f"cannot add the self-test provider at {handle.address}: {_short(error)}") from error

@@ -21,7 +21,8 @@ load_library        module name                 provider types the module define
 shutdown            -                           null; the server drains and exits          (mutation)
 ==================  ==========================  ==================================================
 
-Mutations are refused with ``Refused`` when ``admin.allow_mutations`` is false (switch it off live with
+Mutations need an authenticated connection (a shared secret on both ends, see svcframe.wire.auth_mac)
+unless ``admin.require_authentication`` is false. Mutations are refused with ``Refused`` when ``admin.allow_mutations`` is false (switch it off live with
 ``patch_config``; it cannot be switched on again remotely). Invalid input gives a ``RemoteError`` whose
 ``remote_type`` is ``"ConfigError"`` and whose message says what was wrong. Queries run JMESPath on the
 server (a query language, never ``eval``).
@@ -78,11 +79,18 @@ class AdminProvider(Provider):
         super().__init__(engine, provider_id, name="admin")
         self.server = server
 
-    def _mutation(self, what: str) -> None:
-        if not self.server.config.admin.allow_mutations:
+    def _mutation(self, what: str, req: Request) -> None:
+        admin = self.server.config.admin
+        if not admin.allow_mutations:
             raise Refused(
                 f"{what} refused: admin.allow_mutations is false in this server's config "
                 "(read-only RPCs still work; stop the server with SIGTERM)"
+            )
+        if admin.require_authentication and not req.conn.authenticated:
+            raise Refused(
+                f"{what} refused: admin mutations and library loading need an authenticated connection; start "
+                "the server and the client with the same shared secret (SVCFRAME_SECRET or "
+                "engine.auth.secret_file), or set admin.require_authentication to false on a trusted machine"
             )
 
     # -- read-only ---------------------------------------------------------------------------------
@@ -141,14 +149,14 @@ class AdminProvider(Provider):
     # -- mutations ---------------------------------------------------------------------------------
     @rpc
     def patch_config(self, req: Request, patch: Any) -> dict[str, Any]:
-        self._mutation("patch_config")
+        self._mutation("patch_config", req)
         if not isinstance(patch, list):
             raise ConfigError("patch_config takes a JSON Patch: a list of operations")
         return self.server.patch_config(patch)
 
     @rpc
     async def add_provider(self, req: Request, description: Any) -> int:
-        self._mutation("add_provider")
+        self._mutation("add_provider", req)
         if not isinstance(description, dict):
             raise ConfigError("add_provider takes a provider description (a JSON object)")
         remaining = req.remaining_seconds()
@@ -157,14 +165,14 @@ class AdminProvider(Provider):
 
     @rpc
     async def remove_provider(self, req: Request, name: Any) -> None:
-        self._mutation("remove_provider")
+        self._mutation("remove_provider", req)
         if not isinstance(name, str):
             raise ConfigError("remove_provider takes a provider name (a string)")
         await self.server.remove_provider(name)
 
     @rpc
     def load_library(self, req: Request, module: Any) -> list[str]:
-        self._mutation("load_library")
+        self._mutation("load_library", req)
         if not isinstance(module, str) or not module:
             raise ConfigError("load_library takes a module name (a string such as 'providers.kv')")
         new = load_library(module)
@@ -174,7 +182,7 @@ class AdminProvider(Provider):
 
     @rpc
     def shutdown(self, req: Request, _: Any) -> None:
-        self._mutation("shutdown")
+        self._mutation("shutdown", req)
         # Answer first: the response leaves with this batch, then the server drains and exits.
         asyncio.get_running_loop().call_soon(self.server.request_shutdown)
 

@@ -87,6 +87,17 @@ class MonitoringConfig(StrictModel):
     sample_interval_seconds: float = Field(1.0, gt=0)
 
 
+class AuthConfig(StrictModel):
+    """Where the shared secret comes from (never the secret itself: it must not appear in any config).
+
+    The secret authenticates every connection with an HMAC challenge at set-up (svcframe.wire.auth_mac).
+    A ``svcframe serve --secret-file`` option or the ``SVCFRAME_SECRET`` environment variable also work.
+    """
+
+    secret_file: str | None = Field(None, description="a file holding the shared secret")
+    secret_env: str = Field("SVCFRAME_SECRET", description="an environment variable holding the shared secret")
+
+
 class EngineConfig(StrictModel):
     """The engine section (Margo analogue). Times carry their unit in their name."""
 
@@ -100,6 +111,18 @@ class EngineConfig(StrictModel):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=4096, le=1 << 30)
     bulk_chunk_bytes: int = Field(1024 * 1024, ge=4096, le=1 << 30)
     cpu_affinity: list[int] | None = Field(None, description="pin the server process to these cores")
+    max_inflight_per_connection: int = Field(
+        1024, ge=1, description="running handlers per connection before its further requests wait (backpressure)"
+    )
+    max_output_bytes: int = Field(
+        16 * 1024 * 1024, ge=65536, description="a peer that lets this much output pile up is disconnected"
+    )
+    idle_timeout_seconds: float = Field(300.0, ge=0, description="close accepted connections idle this long (0 = never)")
+    handshake_timeout_seconds: float = Field(10.0, gt=0)
+    auth: AuthConfig = AuthConfig()
+    trusted_network: bool = Field(
+        False, description="allow listening on a non-loopback address without a shared secret"
+    )
     monitoring: MonitoringConfig = MonitoringConfig()
     plumber: PlumberConfig = PlumberConfig()
 
@@ -124,6 +147,10 @@ class AdminConfig(StrictModel):
     provider_id: ProviderId = Field(
         ADMIN_PROVIDER_ID,
         description="the admin provider's id; every server of a service should use the same one (Bedrock: 0)",
+    )
+    require_authentication: bool = Field(
+        True,
+        description="admin mutations and library loading need an authenticated connection (a shared secret)",
     )
     allow_mutations: bool = Field(
         True,

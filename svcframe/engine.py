@@ -26,6 +26,7 @@ import contextvars
 import inspect
 import logging
 import os
+import random
 import struct
 import time
 import traceback
@@ -36,6 +37,7 @@ from typing import Any
 
 from .bulk import MODES, READ, WRITE, BulkHandle, as_byte_view
 from .errors import (
+    AuthenticationFailed,
     BulkError,
     Cancelled,
     ConfigError,
@@ -53,9 +55,20 @@ from .errors import (
 from .monitoring import FOLD_AT, Monitor, ProcessSampler
 from .progress import Progress
 from .tracing import Tracer, new_span_id, new_trace_id
-from .transport import Address, Connection, Identity, dial, goodbye_error, listen, parse_address
+from .transport import (
+    DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    Address,
+    Connection,
+    Identity,
+    dial,
+    goodbye_error,
+    listen,
+    parse_address,
+)
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
+    F_IDEMPOTENT,
     F_NO_REPLY,
     F_TRACED,
     HEADER,
@@ -86,6 +99,9 @@ from .wire import (
 log = logging.getLogger("svcframe.engine")
 
 perf_ns = time.perf_counter_ns
+#: The environment variable engines take their shared secret from unless given one explicitly.
+SECRET_ENV = "SVCFRAME_SECRET"
+FROM_ENVIRONMENT = object()
 #: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
 _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
 # A successful response header is constant but for the body length and request id.
@@ -202,7 +218,8 @@ class Engine:
         default_timeout_seconds: deadline of calls that give none.
         max_body_bytes: largest inline frame body accepted (default 4 MiB).
         bulk_chunk_bytes: size of the data frames bulk transfers are cut into.
-        secret: shared secret for connection authentication (None = no authentication).
+        secret: shared secret for connection authentication; by default taken from the SVCFRAME_SECRET
+            environment variable when it is set; None = no authentication.
         monitoring: keep per-callpath statistics (see svcframe.monitoring).
         sample_interval_seconds: how often to sample loop lag, tasks, in-flight calls, CPU and RSS
             (None = never).
@@ -221,10 +238,14 @@ class Engine:
         default_timeout_seconds: float = 30.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         bulk_chunk_bytes: int = 1024 * 1024,
-        secret: bytes | None = None,
+        secret: bytes | None | object = FROM_ENVIRONMENT,
         monitoring: bool = True,
         sample_interval_seconds: float | None = 1.0,
         local_host: str | None = None,
+        max_inflight_per_connection: int = 1024,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        idle_timeout_seconds: float = 300.0,
+        handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
     ) -> None:
         self._listen_address = parse_address(address) if address else None
         if default_timeout_seconds <= 0:
@@ -240,9 +261,17 @@ class Engine:
         self.max_body_bytes = max_body_bytes
         self.bulk_chunk_bytes = bulk_chunk_bytes
         self.local_host = local_host
+        self.max_inflight_per_connection = max_inflight_per_connection
+        self.max_output_bytes = max_output_bytes
+        self.idle_timeout_seconds = idle_timeout_seconds
+        self.handshake_timeout_seconds = handshake_timeout_seconds
+        self._sweeper: asyncio.TimerHandle | None = None
         self.monitor = Monitor(monitoring)
         self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
-        self._secret = secret
+        if secret is FROM_ENVIRONMENT:
+            env = os.environ.get(SECRET_ENV)
+            secret = env.encode() if env else None
+        self._secret: bytes | None = secret  # type: ignore[assignment]
         self._table: dict[tuple[int, int], Registration] = {}
         self._providers: dict[int, set[str]] = {}
         self._refused: dict[int, str] = {}  # provider ids being removed -> reason
@@ -286,6 +315,8 @@ class Engine:
         if self._listen_address is not None:
             self._server, self._bound = await listen(self._listen_address, self._accept)
         self.progress.start(self._loop)
+        if self._server is not None and self.idle_timeout_seconds > 0:
+            self._sweeper = self._loop.call_later(self.idle_timeout_seconds / 4, self._sweep)
         if self.sampler is not None:
             self.sampler.start(
                 self._loop, lambda: self.progress.inflight + sum(len(c.pending) for c in self._all_conns)
@@ -298,10 +329,30 @@ class Engine:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _accept(self) -> Connection:
-        conn = Connection(self, self.identity, server_side=True, max_body_bytes=self.max_body_bytes)
+    def _new_connection(self, server_side: bool) -> Connection:
+        conn = Connection(
+            self, self.identity, server_side=server_side, max_body_bytes=self.max_body_bytes,
+            max_output_bytes=self.max_output_bytes, handshake_timeout_seconds=self.handshake_timeout_seconds,
+        )  # fmt: skip
         self._all_conns.add(conn)
         return conn
+
+    def _accept(self) -> Connection:
+        return self._new_connection(server_side=True)
+
+    def _sweep(self) -> None:
+        """Close accepted connections that carried nothing for idle_timeout_seconds and have no work
+        in flight (half-open or forgotten peers); runs every quarter of the timeout."""
+        now = time.monotonic()
+        for conn in list(self._all_conns):
+            if (
+                conn.server_side and not conn.pending and not conn.serving
+                and now - conn.last_activity > self.idle_timeout_seconds
+            ):  # fmt: skip
+                log.info("closing idle connection from %s", conn.peer_label)
+                conn.goodbye(Status.REFUSED, f"idle for more than {self.idle_timeout_seconds:g} s")
+        if self._loop is not None and not self._closing:
+            self._sweeper = self._loop.call_later(self.idle_timeout_seconds / 4, self._sweep)
 
     @property
     def closing(self) -> bool:
@@ -341,6 +392,8 @@ class Engine:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._bound.path)
         self.progress.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self.sampler is not None:
             self.sampler.stop()
         self._closed.set()
@@ -439,8 +492,7 @@ class Engine:
         made: list[Connection] = []
 
         def factory() -> Connection:
-            conn = Connection(self, self.identity, server_side=False, max_body_bytes=self.max_body_bytes)
-            self._all_conns.add(conn)
+            conn = self._new_connection(server_side=False)
             made.append(conn)
             return conn
 
@@ -465,18 +517,54 @@ class Engine:
         *,
         provider_id: int = 0,
         timeout_seconds: float | None = None,
+        idempotent: bool = False,
+        max_attempts: int = 5,
     ) -> Any:
         """Call RPC ``name`` of provider ``provider_id`` at ``address`` and return its result.
 
         Args:
             arg: the RPC argument (msgpack types; put large buffers in a bulk handle).
-            timeout_seconds: deadline from now (default: the engine's default_timeout_seconds); it
-                travels with the request so the server knows when nobody waits any more.
+            timeout_seconds: deadline from now for the whole call, retries included (default: the
+                engine's default_timeout_seconds); it travels with the request so the server can drop
+                work nobody waits for.
+            idempotent: the call may safely run more than once. Only such calls are retried, on a lost
+                connection or a server shutting down, at most ``max_attempts`` (<= 5) times in all, with
+                jittered exponential back-off, always within the deadline. Other calls are never
+                re-sent: a lost connection is reported, never silently re-executed.
 
         Raises:
             TimeoutError_, ConnectionLost, AuthenticationFailed, NoSuchProvider, NoSuchRPC, RemoteError,
             Refused, Cancelled (see svcframe.errors); LocalProtocolError when ``arg`` cannot be encoded.
         """
+        if not idempotent:
+            return await self._call_once(address, name, arg, provider_id, timeout_seconds, 0)
+        loop = self._loop or asyncio.get_running_loop()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        deadline = loop.time() + timeout
+        attempts = max(1, min(max_attempts, 5))
+        for attempt in range(attempts):
+            try:
+                return await self._call_once(address, name, arg, provider_id, deadline - loop.time(), F_IDEMPOTENT)
+            except (ConnectionLost, Refused) as exc:
+                if isinstance(exc, AuthenticationFailed) or attempt == attempts - 1:
+                    raise
+                if isinstance(exc, Refused) and "shutting down" not in str(exc):
+                    raise
+                pause = min(0.05 * 2**attempt * random.uniform(0.5, 1.5), deadline - loop.time())
+                if pause <= 0:
+                    raise
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
+
+    async def _call_once(
+        self,
+        address: str,
+        name: str,
+        arg: Any,
+        provider_id: int,
+        timeout_seconds: float | None,
+        flags: int,
+    ) -> Any:
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
@@ -500,10 +588,9 @@ class Engine:
             parent_rpc, parent_provider = pf.rpc_id, pf.provider_id
             callpath = callpath_extend(pf.callpath, rid, provider_id)
         tracer = self.tracer
-        flags = 0
         trace_id, span_id, lamport = ZERO_TRACE_ID, 0, 0
         if tracer is not None or (parent is not None and parent.frame.flags & F_TRACED):
-            flags = F_TRACED
+            flags |= F_TRACED
             trace_id = parent.frame.trace_id if parent is not None and parent.frame.flags & F_TRACED else new_trace_id()
             span_id = new_span_id()
             lamport = tracer.tick() if tracer is not None else 0
@@ -555,7 +642,7 @@ class Engine:
                 buf.extend((perf_ns() - t0, t1 - t0, len(body), len(payload) if status >= 0 and payload else 0))
                 if len(buf) > FOLD_AT:
                     rec.fold()
-            if flags and tracer is not None:
+            if flags & F_TRACED and tracer is not None:
                 parent_span = parent.frame.span_id if parent is not None else 0
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
                               parent_span, lamport, address, status)  # fmt: skip
@@ -823,6 +910,8 @@ class Engine:
         task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
         self._tasks.add(task)
         conn.serving[frame.request_id] = task
+        if len(conn.serving) >= self.max_inflight_per_connection:
+            conn.pause_reading()  # backpressure: this peer's further requests wait in its socket buffer
         self.progress.inflight += 1
         deadline = req.deadline
         timer = loop.call_at(deadline, task.cancel) if deadline is not None else None
@@ -849,6 +938,8 @@ class Engine:
         self._tasks.discard(task)
         if conn.serving.get(request_id) is task:
             del conn.serving[request_id]
+        if conn.reading_paused and len(conn.serving) <= self.max_inflight_per_connection // 2:
+            conn.resume_reading()
         self.progress.inflight -= 1
         self.progress.activity()
 

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,8 +28,27 @@ from .engine import Engine
 from .errors import ConfigError, SvcframeError
 from .loops import loop_factory
 from .provider import Provider, ProviderHandle, load_library, provider_type
+from .transport import parse_address
 
 log = logging.getLogger("svcframe.server")
+
+
+def read_secret(auth: Any) -> bytes | None:
+    """The shared secret from ``auth.secret_file`` or the ``auth.secret_env`` variable (None if neither).
+
+    Raises:
+        ConfigError: the secret file cannot be read or is empty.
+    """
+    if auth.secret_file:
+        try:
+            secret = Path(auth.secret_file).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"engine.auth.secret_file {auth.secret_file!r}: cannot read: {exc.strerror}") from None
+        if not secret:
+            raise ConfigError(f"engine.auth.secret_file {auth.secret_file!r} is empty")
+        return secret
+    value = os.environ.get(auth.secret_env)
+    return value.encode() if value else None
 
 
 def parse_dependency(spec: str | int) -> tuple[str | None, str | None, int | None, str | None]:
@@ -89,7 +109,7 @@ class Server:
 
     def __init__(self, config: ServiceConfig, *, secret: bytes | None = None) -> None:
         self.config = config.model_copy(deep=True)
-        self._secret = secret
+        self._secret = secret if secret is not None else read_secret(self.config.engine.auth)
         self.engine: Engine | None = None
         self.providers: dict[str, Provider] = {}
         self._adding: dict[str, int] = {}  # name -> provider id of providers being added
@@ -118,8 +138,20 @@ class Server:
             monitoring=ec.monitoring.enabled,
             sample_interval_seconds=ec.monitoring.sample_interval_seconds,
             local_host=plumbed.local_host,
+            max_inflight_per_connection=ec.max_inflight_per_connection,
+            max_output_bytes=ec.max_output_bytes,
+            idle_timeout_seconds=ec.idle_timeout_seconds,
+            handshake_timeout_seconds=ec.handshake_timeout_seconds,
         )
         self.engine.set_tracing(ec.monitoring.tracing)
+        listen = parse_address(plumbed.listen_address)
+        if not listen.is_loopback and self._secret is None and not ec.trusted_network:
+            raise ConfigError(
+                f"refusing to listen on {plumbed.listen_address} (not loopback) without a shared secret: anyone "
+                "on the network could call, reconfigure or load code into this server. Configure "
+                "engine.auth.secret_file (or SVCFRAME_SECRET), or set engine.trusted_network to true if the "
+                "network is trusted."
+            )
         await self.engine.start()
         try:
             for library in self.config.libraries:

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,8 +36,11 @@ from .wire import (
 log = logging.getLogger("svcframe.transport")
 
 SCHEMES = ("tcp", "unix")
-#: Largest output buffer a connection may hold before its peer is considered a slow reader (bytes).
-DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+#: Largest output buffer a connection may hold before its peer is considered a slow reader and
+#: disconnected (bytes). Bulk transfers wait for the buffer to drain instead of filling it.
+DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+#: A peer must complete the handshake within this time, or it is disconnected (seconds).
+DEFAULT_HANDSHAKE_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,13 @@ class Connection(asyncio.BufferedProtocol):
         server_side: bool,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
     ) -> None:
         self.owner = owner
+        self.handshake_timeout_seconds = handshake_timeout_seconds
+        self.authenticated = False  # the peer proved the shared secret (server side) / we proved it (client side)
+        self.last_activity = 0.0
+        self.reading_paused = False
         self.identity = identity
         self.server_side = server_side
         self.max_output_bytes = max_output_bytes
@@ -158,6 +167,10 @@ class Connection(asyncio.BufferedProtocol):
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.last_activity = time.monotonic()
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # half-open peers are found by the OS
         peer = transport.get_extra_info("peername")
         self.peername = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
         self.peer_label = self.peername  # the peer's address once known, for statistics
@@ -172,11 +185,18 @@ class Connection(asyncio.BufferedProtocol):
                 "max_body_bytes": self.decoder.max_body_bytes,
             }
             transport.write(encode_frame(Kind.HELLO, 0, pack_body(hello)))
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.handshake_timeout_seconds, self._handshake_deadline)
+
+    def _handshake_deadline(self) -> None:
+        if not self._open and not self.closed:
+            self.abort(RemoteProtocolError(f"no handshake within {self.handshake_timeout_seconds:g} s"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.last_activity = time.monotonic()
         try:
             frames = self.decoder.buffer_updated(nbytes)
             if not frames:
@@ -196,6 +216,17 @@ class Connection(asyncio.BufferedProtocol):
                     self._write(batch)
         except ProtocolError as exc:
             self.abort(exc)
+
+    def pause_reading(self) -> None:
+        """Stop reading requests (per-connection in-flight cap reached): TCP backpressure to the peer."""
+        if not self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = False
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool:
         return False
@@ -310,6 +341,7 @@ class Connection(asyncio.BufferedProtocol):
                     log.warning("refused connection from %s: authentication failed", self.peername)
                     self.goodbye(Status.UNAUTHENTICATED, "authentication failed (shared secret)")
                     return []
+                self.authenticated = True
         else:
             nonce = hello.get("nonce")
             if not isinstance(nonce, bytes):
@@ -321,6 +353,7 @@ class Connection(asyncio.BufferedProtocol):
             }
             if self.identity.secret is not None:
                 reply["mac"] = auth_mac(self.identity.secret, nonce, self.peer_engine_id, self.identity.engine_id)
+                self.authenticated = bool(hello.get("auth"))
             elif hello.get("auth"):
                 if not self.ready.done():
                     self.ready.set_exception(

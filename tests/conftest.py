@@ -22,6 +22,10 @@ LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
 }
 
+#: The whole suite runs authenticated, as a production service would: every engine, server process and
+#: CLI call the tests start reads this shared secret (tests of the unauthenticated cases unset it).
+os.environ["SVCFRAME_SECRET"] = "svcframe-test-secret"
+
 #: Bound on any wait in a test for something that should happen "soon" (seconds).
 WAIT_SECONDS = 10.0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -28,11 +29,17 @@ from svcframe.server import Server
 WAIT_SECONDS = 10.0
 
 
+def client_engine(**options: Any) -> Engine:
+    """A client-only engine with the suite's shared secret (``SVCFRAME_SECRET``, set in conftest), if any."""
+    secret = os.environ.get("SVCFRAME_SECRET")
+    return Engine(None, secret=secret.encode() if secret else None, **options)
+
+
 def admin(address: str, method: str, *args: Any, timeout_seconds: float = WAIT_SECONDS) -> Any:
     """One admin call from a fresh client engine."""
 
     async def go() -> Any:
-        async with Engine(None) as engine:
+        async with client_engine() as engine:
             return await getattr(ServiceHandle(engine, address, timeout_seconds=timeout_seconds), method)(*args)
 
     return run(go())
@@ -107,7 +114,8 @@ def test_get_config_fills_defaults_keeps_configured_address(svc: Member, workdir
     cfg = admin(svc.address, "get_config")
     assert cfg["engine"]["address"] == "tcp://127.0.0.1:0"  # as configured; re-launchable
     assert cfg["engine"]["progress_mode"] == "spindown"
-    assert cfg["admin"] == {"provider_id": 0, "allow_mutations": True, "dependency_resolution_timeout_seconds": 30.0}
+    admin_section = {"provider_id": 0, "allow_mutations": True, "dependency_resolution_timeout_seconds": 30.0}
+    assert cfg["admin"].items() >= admin_section.items()
     store, blobs = cfg["providers"][:2]
     assert store == {"name": "store", "type": "kv", "provider_id": 1, "tags": [], "dependencies": {},
                      "config": {"path": str(workdir / "store.sqlite"), "durability": "durable",
@@ -182,7 +190,7 @@ def test_add_provider_then_remove_it(svc: Member) -> None:
     assert pid not in (0, 1, 2)
 
     async def use() -> bytes | None:
-        async with Engine(None) as engine:
+        async with client_engine() as engine:
             kv = KVClient(engine, svc.address, pid)
             await kv.put("k", b"v")
             return await kv.get("k")
@@ -236,7 +244,7 @@ def test_remove_waits_for_in_flight_calls_and_releases_resources(svc: Member, wo
     lock.execute("BEGIN IMMEDIATE")  # the provider's writes now wait (its busy_timeout is 5 s)
 
     async def go() -> None:
-        async with Engine(None, default_timeout_seconds=WAIT_SECONDS) as engine:
+        async with client_engine(default_timeout_seconds=WAIT_SECONDS) as engine:
             kv = KVClient(engine, svc.address, pid, inline_max_bytes=65536)
             handle = ServiceHandle(engine, svc.address)
             put = asyncio.create_task(kv.put("key", b"value"))
@@ -313,7 +321,7 @@ def test_dependency_errors_name_the_dependency(svc: Member, workdir: Path, deps:
 
 
 def test_local_dependency_by_type_and_id_and_one_element_list(svc: Member, workdir: Path) -> None:
-    for name, index in (("b3", "kv:1@local"), ("b4", ["store"])):
+    for name, index in (("b3", "kv:1@local"), ("b4", ["store"]), ("b5", f"store@{svc.address}")):  # own address: local
         desc = {"name": name, "type": "blob", "config": {"path": str(workdir / name)}, "dependencies": {"index": index}}
         admin(svc.address, "add_provider", desc)
         assert f"blobs, {name} depend(s) on it" in remote_config_error(svc.address, "remove_provider", "store")
@@ -346,7 +354,7 @@ def test_remote_dependency_waits_for_the_provider_to_appear(group: tuple[Path, l
     first, second = (m.address for m in group[1])
 
     async def go() -> dict[str, Any]:
-        async with Engine(None, default_timeout_seconds=WAIT_SECONDS) as engine:
+        async with client_engine(default_timeout_seconds=WAIT_SECONDS) as engine:
             a, b = ServiceHandle(engine, first), ServiceHandle(engine, second)
             await a.load_library("providers.blob")
             desc = {"name": "late_blobs", "type": "blob", "config": {"path": str(workdir / "late")},
@@ -398,7 +406,7 @@ def test_group_handle_from_group_file(group: tuple[Path, list[Member]], tmp_path
     assert read_group_members(path) == [(a, 0) for a in addresses]
 
     async def go() -> None:
-        async with Engine(None, default_timeout_seconds=WAIT_SECONDS) as engine:
+        async with client_engine(default_timeout_seconds=WAIT_SECONDS) as engine:
             g = ServiceGroupHandle.from_group_file(engine, path)
             assert len(g) == 2 and g.addresses == addresses and g[1].address == addresses[1]
             configs = await g.get_config()

@@ -33,6 +33,12 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 WAIT_SECONDS = 10.0
 
 
+def client_engine(**options: Any) -> Engine:
+    """A client-only engine with the suite's shared secret (``SVCFRAME_SECRET``, set in conftest), if any."""
+    secret = os.environ.get("SVCFRAME_SECRET")
+    return Engine(None, secret=secret.encode() if secret else None, **options)
+
+
 def _sha(data: Any) -> str:
     return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
 
@@ -114,7 +120,7 @@ def service() -> Iterator[dict[str, Any]]:
 
 def with_clients(service: dict[str, Any], body: Any) -> Any:
     async def go() -> Any:
-        async with Engine(None, default_timeout_seconds=WAIT_SECONDS * 3) as engine:
+        async with client_engine(default_timeout_seconds=WAIT_SECONDS * 3) as engine:
             blobs = BlobClient(engine, service["store"], service["blob_id"])
             index = KVClient(engine, service["index"], service["kv_id"])
             return await body(engine, blobs, index)
@@ -223,7 +229,7 @@ def test_one_process_service_refuses_to_remove_the_index(tmp_path: Path) -> None
     payload = os.urandom(3 * (1 << 20) + 1)
 
     async def go(address: str) -> None:
-        async with Engine(None, default_timeout_seconds=WAIT_SECONDS) as engine:
+        async with client_engine(default_timeout_seconds=WAIT_SECONDS) as engine:
             blobs = BlobClient(engine, address, cfg.providers[1].provider_id or 0)
             assert (await blobs.put("p", payload))["sha256"] == _sha(payload)
             assert await blobs.get("p") == payload

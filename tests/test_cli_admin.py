@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +26,12 @@ REGENERATE = ".venv/bin/python -m svcframe config schema -o configs/schema.json"
 WAIT_SECONDS = 10.0
 
 
+def client_engine(**options: Any) -> Engine:
+    """A client-only engine with the suite's shared secret (``SVCFRAME_SECRET``, set in conftest), if any."""
+    secret = os.environ.get("SVCFRAME_SECRET")
+    return Engine(None, secret=secret.encode() if secret else None, **options)
+
+
 def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "svcframe", *args], capture_output=True, text=True, cwd=ROOT, timeout=60
@@ -42,7 +49,7 @@ def cli_json(*args: str) -> Any:
 
 def get_config(address: str) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
-        async with Engine(None) as engine:
+        async with client_engine() as engine:
             return await ServiceHandle(engine, address).get_config()
 
     return run(go())
@@ -201,7 +208,7 @@ def test_selftest_run_attaches_and_detaches_the_provider(group: tuple[str, list[
     assert cli_json("provider", "lookup", "--group", path, "selftest:2") == {m.address: kept for m in members}
 
     async def reattach() -> Any:  # present everywhere now: used as it is, nothing added
-        async with Engine(None) as engine:
+        async with client_engine() as engine:
             return await attach(engine, [(m.address, 0) for m in members])
 
     attachment = run(reattach())

@@ -395,9 +395,10 @@ async def test_result_over_the_callers_limit_is_a_remote_error(address: str, mak
 
 
 async def test_oversized_request_frame_closes_only_that_connection(address: str, make_engine: MakeEngine) -> None:
-    server = await make_engine(address, max_body_bytes=1024, bulk_chunk_bytes=1024)
+    # no shared secret on either end: the raw socket below speaks an unauthenticated handshake
+    server = await make_engine(address, max_body_bytes=1024, bulk_chunk_bytes=1024, secret=None)
     register_test_rpcs(server)
-    bystander = await make_engine(None)
+    bystander = await make_engine(None, secret=None)
     await assert_serves(bystander, server)
     bystander_conn = await bystander.connection(server.address)  # type: ignore[arg-type]
     reader, writer = await open_raw(server.address)  # type: ignore[arg-type]

@@ -37,6 +37,8 @@ pytestmark = [
 
 BULK_BYTES = 4 * 1024 * 1024
 NICS = ("nic0", "nic1")
+#: Servers listen on non-loopback addresses: every connection is authenticated with a shared secret.
+SECRET = os.urandom(16).hex()
 
 
 def _ip(*args: str) -> str:
@@ -82,7 +84,7 @@ def _tx_bytes(ns: str) -> dict[str, int]:
 
 def _start_server(ns: str, config: Path, control: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     r, w = os.pipe()
-    env = {**os.environ, "SVCFRAME_PLUMBER_DIR": str(control)}
+    env = {**os.environ, "SVCFRAME_PLUMBER_DIR": str(control), "SVCFRAME_SECRET": SECRET}
     with log.open("wb") as out:
         proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "svcframe", "serve", str(config), "--ready-fd", str(w)],
@@ -116,7 +118,7 @@ subnet = choice.address.rsplit(".", 1)[0]
 target = next(s for s in servers if s.split("//")[1].rsplit(".", 1)[0] != subnet)
 
 async def main():
-    async with Engine(None, local_host=choice.address) as engine:
+    async with Engine(None, local_host=choice.address, secret=os.environ["SVCFRAME_SECRET"].encode()) as engine:
         conn = await engine.connection(target)
         buf = bytearray(os.urandom(bulk))
         await engine.call(target, "work", work_arg(0, "pull", engine.expose(buf, "r"), b""), provider_id=1,
@@ -132,7 +134,7 @@ print(json.dumps(asyncio.run(main())), flush=True)
 def _run_clients(ns: str, policy: str, servers: list[str], n: int, control: Path) -> list[dict[str, Any]]:
     """``n`` client processes in ``ns``, released together by one write on a pipe they all block on."""
     go_r, go_w = os.pipe()
-    env = {**os.environ, "SVCFRAME_PLUMBER_DIR": str(control)}
+    env = {**os.environ, "SVCFRAME_PLUMBER_DIR": str(control), "SVCFRAME_SECRET": SECRET}
     cmd = ["ip", "netns", "exec", ns, sys.executable, "-c", _CLIENT, policy, json.dumps(servers), str(go_r)]
     procs = [
         subprocess.Popen([*cmd, str(BULK_BYTES)], pass_fds=(go_r,), env=env, stdout=subprocess.PIPE,

@@ -238,7 +238,7 @@ class Engine:
         default_timeout_seconds: float = 30.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         bulk_chunk_bytes: int = 1024 * 1024,
-        secret: bytes | None | object = FROM_ENVIRONMENT,
+        secret: bytes | object | None = FROM_ENVIRONMENT,
         monitoring: bool = True,
         sample_interval_seconds: float | None = 1.0,
         local_host: str | None = None,

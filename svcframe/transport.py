@@ -136,6 +136,7 @@ class Connection(asyncio.BufferedProtocol):
         self.authenticated = False  # the peer proved the shared secret (server side) / we proved it (client side)
         self.last_activity = 0.0
         self.reading_paused = False
+        self.writes = 0  # calls into the transport's write path (a received batch's replies make one)
         self.identity = identity
         self.server_side = server_side
         self.max_output_bytes = max_output_bytes
@@ -258,6 +259,7 @@ class Connection(asyncio.BufferedProtocol):
             batch.append(data)
         elif not self.closed:
             assert self.transport is not None
+            self.writes += 1
             self.transport.write(data)
             self._check_output()
 
@@ -270,6 +272,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _write(self, parts: Sequence[bytes | memoryview]) -> None:
         assert self.transport is not None
+        self.writes += 1
         if len(parts) == 1:
             self.transport.write(parts[0])
         else:

@@ -52,7 +52,7 @@ from .errors import (
     RPCError,
     TimeoutError_,
 )
-from .monitoring import FOLD_AT, Monitor, ProcessSampler
+from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor, ProcessSampler
 from .progress import Progress
 from .tracing import Tracer, new_span_id, new_trace_id
 from .transport import (
@@ -112,7 +112,7 @@ assert len(_RESPONSE_OK_PREFIX) + _RESPONSE_TAIL.size == HEADER.size
 Handler = Callable[["Request", Any], Any]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity semantics: hashable, used as a cache key
 class Registration:
     """One row of the registration table."""
 
@@ -241,6 +241,7 @@ class Engine:
         secret: bytes | object | None = FROM_ENVIRONMENT,
         monitoring: bool = True,
         sample_interval_seconds: float | None = 1.0,
+        timing_sample_every: int = 16,
         local_host: str | None = None,
         max_inflight_per_connection: int = 1024,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
@@ -266,7 +267,7 @@ class Engine:
         self.idle_timeout_seconds = idle_timeout_seconds
         self.handshake_timeout_seconds = handshake_timeout_seconds
         self._sweeper: asyncio.TimerHandle | None = None
-        self.monitor = Monitor(monitoring)
+        self.monitor = Monitor(monitoring, timing_sample_every)
         self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
         if secret is FROM_ENVIRONMENT:
             env = os.environ.get(SECRET_ENV)
@@ -571,7 +572,6 @@ class Engine:
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = await self.connection(address, timeout)
-        t0 = perf_ns()
         body = pack_body(arg)
         if len(body) > conn.peer_max_body_bytes:
             raise LocalProtocolError(
@@ -594,6 +594,19 @@ class Engine:
             trace_id = parent.frame.trace_id if parent is not None and parent.frame.flags & F_TRACED else new_trace_id()
             span_id = new_span_id()
             lamport = tracer.tick() if tracer is not None else 0
+        rec = None
+        monitor = self.monitor
+        if monitor.enabled:
+            key = (parent_rpc, parent_provider, rid, provider_id, address)
+            rec = monitor.origin.get(key)
+            if rec is None:
+                rec = monitor.origin_record(key)
+                monitor.names[rid] = name
+            n = rec.calls = rec.calls + 1
+            timed = n <= ALWAYS_TIMED or not n % monitor.sample_every
+        else:
+            timed = False
+        t0 = perf_ns() if timed or flags & F_TRACED else 0
         request_id = conn.next_request_id()
         future: asyncio.Future[tuple[int, Any]] = loop.create_future()
         if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
@@ -607,7 +620,7 @@ class Engine:
             )
             + body
         )  # fmt: skip
-        t1 = perf_ns()
+        t1 = perf_ns() if t0 else 0
         progress = self.progress
         progress.inflight += 1
         progress.activity()
@@ -630,18 +643,14 @@ class Engine:
             conn.pending.pop(request_id, None)
             progress.inflight -= 1
             progress.activity()
-            monitor = self.monitor
-            if monitor.enabled:
-                rec = monitor.origin.get((parent_rpc, parent_provider, rid, provider_id, address))
-                if rec is None:
-                    rec = monitor.origin_record((parent_rpc, parent_provider, rid, provider_id, address))
-                    monitor.names[rid] = name
+            if rec is not None:
                 if status != S_OK:
                     rec.errors += 1
-                buf = rec.buffer
-                buf.extend((perf_ns() - t0, t1 - t0, len(body), len(payload) if status >= 0 and payload else 0))
-                if len(buf) > FOLD_AT:
-                    rec.fold()
+                if timed:
+                    buf = rec.buffer
+                    buf.extend((perf_ns() - t0, t1 - t0, len(body), len(payload) if status >= 0 and payload else 0))
+                    if len(buf) > FOLD_AT:
+                        rec.fold()
             if flags & F_TRACED and tracer is not None:
                 parent_span = parent.frame.span_id if parent is not None else 0
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
@@ -891,7 +900,15 @@ class Engine:
             return
         loop = self._loop
         assert loop is not None
-        start_ns = perf_ns()
+        rec = None
+        if self.monitor.enabled:
+            rec = conn.records.get(reg) if not frame[8] else None  # calls from outside any handler: no key tuple
+            if rec is None:
+                rec = self._target_record(frame, reg, conn)
+            n = rec.calls = rec.calls + 1
+            if n > ALWAYS_TIMED and n % self.monitor.sample_every:
+                rec = None  # counted, not timed
+        start_ns = perf_ns() if rec is not None or self.tracer is not None else 0
         req = Request(self, conn, reg, frame, loop.time())
         if frame[1] & F_TRACED and self.tracer is not None:
             self.tracer.tick(frame.lamport)
@@ -899,9 +916,9 @@ class Engine:
         try:
             result = reg.handler(req, arg)
             if not reg.is_coroutine and (result is None or type(result) in _PLAIN or not inspect.isawaitable(result)):
-                self._finish(conn, frame, reg, arrival_ns, start_ns, result)
+                self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
                 return
-            task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, result))
+            task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result))
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
             return
@@ -944,7 +961,14 @@ class Engine:
         self.progress.activity()
 
     async def _run_async(
-        self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, aw: Awaitable[Any]
+        self,
+        conn: Connection,
+        frame: Frame,
+        reg: Registration,
+        arrival_ns: int,
+        start_ns: int,
+        rec: Any,
+        aw: Awaitable[Any],
     ) -> None:
         try:
             result = await aw
@@ -960,12 +984,13 @@ class Engine:
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
         else:
-            self._finish(conn, frame, reg, arrival_ns, start_ns, result)
+            self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
 
     def _finish(
-        self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, result: Any
+        self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, rec: Any, result: Any
     ) -> None:
-        end_ns = perf_ns()
+        """Send the result. ``rec`` is the statistics record when this call is timed (else None)."""
+        end_ns = perf_ns() if start_ns else 0
         try:
             body = pack_body(result)
             if len(body) > conn.peer_max_body_bytes:
@@ -978,10 +1003,7 @@ class Engine:
             return
         if not frame[1] & F_NO_REPLY:
             conn.send(_RESPONSE_OK_PREFIX + _RESPONSE_TAIL.pack(len(body), frame[4], 0, 0) + body)
-        monitor = self.monitor
-        if monitor.enabled:
-            key = (frame[8], frame[7], reg.rpc_id, reg.provider_id, conn.peer_label)
-            rec = monitor.target.get(key) or monitor.target_record(key)
+        if rec is not None:
             buf = rec.buffer
             sent_ns = perf_ns()
             buf.extend((start_ns - arrival_ns, end_ns - start_ns, sent_ns - end_ns, len(frame[13] or b""), len(body)))
@@ -993,6 +1015,13 @@ class Engine:
             tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
                           frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
                           tracer.lamport, conn.peer_label)  # fmt: skip
+
+    def _target_record(self, frame: Frame, reg: Registration, conn: Connection) -> Any:
+        key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
+        rec = self.monitor.target.get(key) or self.monitor.target_record(key)
+        if not frame.parent_rpc_id:
+            conn.records[reg] = rec
+        return rec
 
     def _finish_error(self, conn: Connection, frame: Frame, reg: Registration, exc: BaseException) -> None:
         if isinstance(exc, Refused):  # a handler may refuse on purpose (e.g. mutations disabled)

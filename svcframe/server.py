@@ -84,6 +84,7 @@ LIVE_SETTINGS = {
     ("engine", "drain_timeout_seconds"),
     ("engine", "monitoring", "enabled"),
     ("engine", "monitoring", "tracing"),
+    ("engine", "monitoring", "timing_sample_every"),
     ("admin", "allow_mutations"),
     ("admin", "dependency_resolution_timeout_seconds"),
 }
@@ -137,6 +138,7 @@ class Server:
             secret=self._secret,
             monitoring=ec.monitoring.enabled,
             sample_interval_seconds=ec.monitoring.sample_interval_seconds,
+            timing_sample_every=ec.monitoring.timing_sample_every,
             local_host=plumbed.local_host,
             max_inflight_per_connection=ec.max_inflight_per_connection,
             max_output_bytes=ec.max_output_bytes,
@@ -405,6 +407,7 @@ class Server:
         self.engine.default_timeout_seconds = ec.default_timeout_seconds
         self.engine.monitor.enabled = ec.monitoring.enabled
         self.engine.set_tracing(ec.monitoring.tracing)
+        self.engine.monitor.sample_every = ec.monitoring.timing_sample_every
         self.config.engine = ec
         self.config.admin = new.admin
         return self.live_config()

@@ -137,6 +137,7 @@ class Connection(asyncio.BufferedProtocol):
         self.last_activity = 0.0
         self.reading_paused = False
         self.writes = 0  # calls into the transport's write path (a received batch's replies make one)
+        self.records: dict[Any, Any] = {}  # the owner's per-connection statistics cache
         self.identity = identity
         self.server_side = server_side
         self.max_output_bytes = max_output_bytes

@@ -233,6 +233,8 @@ def pack_body(obj: object) -> bytes:
     except (TypeError, ValueError, OverflowError) as exc:
         _packer.reset()
         raise LocalProtocolError(f"cannot encode {type(obj).__name__} as an RPC body: {exc}; {_TYPES_HINT}") from exc
+    if type(obj) in _SCALARS:
+        return body  # no map and no extension type can hide in a scalar
     if _EXT_MARKERS.search(body) or (_MAP_MARKERS.search(body) and body[0] not in _NO_MAPS):
         try:
             unpack_body(body)
@@ -240,6 +242,8 @@ def pack_body(obj: object) -> bytes:
             raise LocalProtocolError(f"cannot send this RPC body: {exc}; {_TYPES_HINT}") from None
     return body
 
+
+_SCALARS = frozenset({bytes, str, int, float, bool, type(None), bytearray})
 
 # msgpack type bytes that may start an extension value (fixext 1-16, ext 8/16/32) or a map.
 _EXT_MARKERS = re.compile(rb"[\xc7-\xc9\xd4-\xd8]")

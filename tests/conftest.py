@@ -34,6 +34,35 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     return dict(LOOP_FACTORIES)
 
 
+class Figures:
+    """Measured figures (rates, latencies, memory) that tests record; printed in a table after the run."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, str]] = []
+
+    def record(self, name: str, value: float, unit: str = "") -> None:
+        self.rows.append((name, value, unit))
+
+
+FIGURES = Figures()
+
+
+@pytest.fixture(scope="session")
+def figures() -> Figures:
+    """``figures.record(name, value, unit)``: a figure for the table printed at the end of the run."""
+    return FIGURES
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FIGURES.rows:
+        return
+    terminalreporter.write_sep("=", f"figures ({len(FIGURES.rows)})")
+    width = max(len(name) for name, _, _ in FIGURES.rows)
+    for name, value, unit in FIGURES.rows:
+        shown = f"{value:,.6g}" if isinstance(value, float) else f"{value:,}"
+        terminalreporter.write_line(f"{name:<{width}}  {shown:>14} {unit}")
+
+
 def short_socket_path(name: str = "e.sock") -> str:
     """A unix socket path in a fresh directory under /tmp, well inside the 107-byte AF_UNIX limit.
 

@@ -18,6 +18,8 @@ from svcframe.ranks import GroupError, RankInfo, detect, from_environment, rank_
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 CLI = [sys.executable, "-m", "svcframe"]
+# servers and CLI share a secret, so the admin shutdown is an authenticated call
+ENV = {**os.environ, "SVCFRAME_SECRET": "test-ranks-secret"}
 
 
 @pytest.mark.parametrize(
@@ -77,7 +79,7 @@ def _wait_for(path: Path, procs: list[subprocess.Popen], within: float = 60.0) -
 
 
 def _shutdown_and_wait(group: Path, procs: list[subprocess.Popen]) -> list[int]:
-    shut = subprocess.run([*CLI, "shutdown", "-g", str(group)], capture_output=True, text=True, timeout=60)
+    shut = subprocess.run([*CLI, "shutdown", "-g", str(group)], capture_output=True, text=True, timeout=60, env=ENV)
     assert shut.returncode == 0, shut.stderr
     return [p.wait(timeout=60) for p in procs]
 
@@ -92,7 +94,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 
 def _serve_rank(rank: int, size: int, group: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PMI_RANK": str(rank), "PMI_SIZE": str(size), "SVCFRAME_NO_MPI4PY": "1"}
+    env = {**ENV, "PMI_RANK": str(rank), "PMI_SIZE": str(size), "SVCFRAME_NO_MPI4PY": "1"}
     return subprocess.Popen([*CLI, "serve", str(CONFIG), "--group-file", str(group), *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
@@ -108,7 +110,8 @@ def test_filesystem_barrier_publishes_when_all_ranks_are_ready(tmp_path) -> None
         assert [m.rank for m in members] == [0, 1, 2]
         assert {m.pid for m in members} == {p.pid for p in procs}
         assert not (tmp_path / "group.json.d").exists()  # member files cleaned up
-        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60)
+        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60,
+                                env=ENV)
         assert status.returncode == 0, status.stderr
         assert sorted(v["pid"] for v in json.loads(status.stdout).values()) == sorted(p.pid for p in procs)
         assert _shutdown_and_wait(group, procs) == [0, 0, 0]
@@ -146,7 +149,7 @@ def test_mpiexec_servers_publish_group_file(tmp_path, barrier) -> None:
     if barrier == "mpi4py" and not _has_mpi4py():
         pytest.skip("mpi4py is not installed (pip install mpi4py)")
     group = tmp_path / "group.json"
-    env = {**os.environ}
+    env = {**ENV}
     if barrier == "filesystem":
         env["SVCFRAME_NO_MPI4PY"] = "1"
     mpiexec = _mpiexec()
@@ -160,7 +163,8 @@ def test_mpiexec_servers_publish_group_file(tmp_path, barrier) -> None:
         assert doc["metadata"]["launcher"] in ("pmi", "ompi", "pmix")
         members = read_group_file(group)
         assert [m.rank for m in members] == [0, 1, 2] and len({m.pid for m in members}) == 3
-        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60)
+        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60,
+                                env=ENV)
         assert status.returncode == 0, status.stderr
         assert sorted(v["pid"] for v in json.loads(status.stdout).values()) == sorted(m.pid for m in members)
         assert _shutdown_and_wait(group, [proc]) == [0]

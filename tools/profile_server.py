@@ -62,8 +62,8 @@ def blaster(address: str, calls: int, depth: int, core: int | None) -> None:
     sock.close()
 
 
-async def serve(calls: int, depth: int, profile: bool, client_core: int | None) -> None:
-    engine = await Engine("tcp://127.0.0.1:0", progress_mode="spindown").start()
+async def serve(calls: int, depth: int, profile: bool, client_core: int | None, mode: str, monitoring: bool) -> None:
+    engine = await Engine("tcp://127.0.0.1:0", progress_mode=mode, monitoring=monitoring, secret=None).start()
     engine.register(1, "work", lambda req, arg: b"")
     ctx = get_context("spawn")
     proc = ctx.Process(target=blaster, args=(engine.address, calls, depth, client_core))
@@ -91,11 +91,14 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=64)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--loop", default="uvloop")
+    parser.add_argument("--mode", default="spindown", choices=["block", "busy", "spindown"])
+    parser.add_argument("--no-monitoring", action="store_true")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) > 1:
         os.sched_setaffinity(0, [cores[0]])
-    run(serve(args.calls, args.depth, args.profile, cores[1] if len(cores) > 1 else None), args.loop)
+    client_core = cores[1] if len(cores) > 1 else None
+    run(serve(args.calls, args.depth, args.profile, client_core, args.mode, not args.no_monitoring), args.loop)
 
 
 if __name__ == "__main__":

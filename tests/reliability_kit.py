@@ -1,0 +1,665 @@
+"""Shared by the reliability tests (issue 9): real server processes, raw hostile peers, measurements.
+
+Server processes are started as ``python -m svcframe serve CONFIG --ready-fd FD`` (readiness is the JSON line
+on the pipe, never a sleep), with the tests directory on ``PYTHONPATH`` so they can load the
+``reliability_provider`` library. A *standby* server has imported everything and waits for ``go()`` before it
+binds: a restart at the same address then takes milliseconds, not an interpreter start-up.
+
+Run as a script, this module is a hostile or slow peer in its own process (so its CPU use does not disturb
+the timings the test process takes)::
+
+    python tests/reliability_kit.py attack '{"address": ..., "soft_frames": 45000, ...}'
+    python tests/reliability_kit.py slowreader '{"address": ..., "rounds": 3, ...}'
+    python tests/reliability_kit.py bulkvictim '{"address": ..., "size": ...}'
+
+Each prints one JSON line with what it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import psutil
+
+from svcframe.wire import (
+    HEADER,
+    HEADER_SIZE,
+    Flag,
+    FrameDecoder,
+    Kind,
+    Status,
+    auth_mac,
+    encode_frame,
+    pack_body,
+    rpc_id,
+    unpack_body,
+)
+
+TESTS_DIR = Path(__file__).resolve().parent
+ROOT_DIR = TESTS_DIR.parent
+#: The issue's full counts and durations run with SVCFRAME_LONG=1; CI runs the short variant.
+LONG = os.environ.get("SVCFRAME_LONG") == "1"
+MIB = 1024 * 1024
+ADMIN_ID, RELTEST_ID, KV_ID, SELFTEST_ID = 0, 1, 2, 3
+
+
+def scaled(ci: Any, long: Any) -> Any:
+    """``long`` under SVCFRAME_LONG=1, else ``ci``."""
+    return long if LONG else ci
+
+
+def secret() -> bytes:
+    """The suite's shared secret (tests/conftest.py sets SVCFRAME_SECRET)."""
+    return os.environ["SVCFRAME_SECRET"].encode()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by the nearest-rank method; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(round(q / 100 * len(ordered) + 0.5))))
+    return ordered[rank - 1]
+
+
+# --- server processes -----------------------------------------------------------------------------------------
+
+
+def service_config(workdir: Path, *, kv: str | None = "durable", selftest: bool = False, **engine: Any) -> dict:
+    """A bootstrap config: reltest (id 1, journal in workdir), optionally kv (id 2) and selftest (id 3)."""
+    libraries = ["reliability_provider"]
+    providers: list[dict[str, Any]] = [
+        {"name": "rel", "type": "reltest", "provider_id": RELTEST_ID, "config": {"journal": str(workdir / "journal.txt")}}
+    ]
+    if kv is not None:
+        libraries.append("providers.kv")
+        providers.append(
+            {"name": "kv", "type": "kv", "provider_id": KV_ID,
+             "config": {"path": str(workdir / "kv.sqlite"), "durability": kv}}
+        )  # fmt: skip
+    if selftest:
+        libraries.append("selftest.provider")
+        providers.append({"name": "st", "type": "selftest", "provider_id": SELFTEST_ID})
+    return {"engine": {"address": "tcp://127.0.0.1:0", **engine}, "libraries": libraries, "providers": providers}
+
+
+def journal_counts(workdir: Path) -> dict[str, int]:
+    """Executions per request id, from the reltest provider's journal."""
+    counts: dict[str, int] = {}
+    path = workdir / "journal.txt"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line:
+                counts[line] = counts.get(line, 0) + 1
+    return counts
+
+
+def _die_with_parent() -> None:  # in the child, between fork and exec: no orphaned servers
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+_STANDBY = """
+import logging, os, sys
+from svcframe.config import load_config
+from svcframe.provider import load_library
+from svcframe.server import run_server
+config, ready_fd, level = load_config(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+for library in config.libraries:
+    load_library(library)
+import providers.kv, selftest.provider, uvloop  # noqa: imported ahead, as a warm process has them
+os.write(1, b"standby\\n")
+if sys.stdin.buffer.read(1) != b"g":
+    sys.exit(3)
+sys.exit(run_server(config, ready_fd=ready_fd))
+"""
+
+
+@dataclass
+class ServerProcess:
+    """One server process. ``pid`` is the server's own (it may differ from ``proc.pid`` under a wrapper)."""
+
+    proc: subprocess.Popen[bytes]
+    config_path: Path
+    log_path: Path
+    ready_fd: int | None = None
+    pid: int = 0
+    address: str = ""
+    started: float = 0.0  # time.monotonic() when the process was spawned (or released from standby)
+    ready_at: float = 0.0  # time.monotonic() when it reported readiness
+
+    def wait_ready(self, timeout_seconds: float = 30.0) -> ServerProcess:
+        assert self.ready_fd is not None
+        buf = b""
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"server not ready within {timeout_seconds:g} s\n{self.log_tail()}")
+                ready, _, _ = select.select([self.ready_fd], [], [], left)
+                if ready:
+                    chunk = os.read(self.ready_fd, 4096)
+                    if not chunk:
+                        break
+                    buf += chunk
+        finally:
+            os.close(self.ready_fd)
+            self.ready_fd = None
+        self.ready_at = time.monotonic()
+        msg = json.loads(buf.split(b"\n")[0]) if buf.strip() else {"ok": False, "error": "exited before readiness"}
+        if not msg.get("ok"):
+            self.kill()
+            raise AssertionError(f"server failed to start: {msg.get('error')}\n{self.log_tail()}")
+        self.pid, self.address = int(msg["pid"]), str(msg["address"])
+        return self
+
+    def go(self) -> ServerProcess:
+        """Release a standby server (it binds and serves); returns once it is ready."""
+        assert self.proc.stdin is not None
+        self.started = time.monotonic()
+        self.proc.stdin.write(b"g")
+        self.proc.stdin.close()
+        return self.wait_ready()
+
+    # -- measurements --------------------------------------------------------------------------------------
+    @property
+    def ps(self) -> psutil.Process:
+        return psutil.Process(self.pid)
+
+    def rss(self) -> int:
+        return int(self.ps.memory_info().rss)
+
+    def num_fds(self) -> int:
+        return int(self.ps.num_fds())
+
+    def reset_peak_rss(self) -> None:
+        """Reset the kernel's high-water mark of this process's RSS (VmHWM; Linux ``clear_refs`` 5)."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
+    def peak_rss(self) -> int:
+        """The highest RSS since start or since ``reset_peak_rss`` (VmHWM), in bytes."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmHWM in /proc/PID/status")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "--- server log tail ---\n" + "\n".join(self.log().splitlines()[-lines:])
+
+    # -- life and death ------------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL (if still running) and reap."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid or self.proc.pid, signal.SIGKILL)
+            if self.pid and self.pid != self.proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+        self.proc.wait(timeout=30)
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
+    def stop(self, grace_seconds: float = 15.0) -> int:
+        """SIGTERM, wait up to ``grace_seconds``, then SIGKILL; returns the exit code."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid or self.proc.pid, signal.SIGCONT)
+                os.kill(self.pid or self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_seconds)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        return int(self.proc.returncode)
+
+
+def server_env(extra: dict[str, str] | None = None, *, secret: bool = True) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), str(ROOT_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    if not secret:
+        env.pop("SVCFRAME_SECRET", None)
+    env.update(extra or {})
+    return env
+
+
+def spawn_server(
+    config: dict,
+    workdir: Path,
+    *,
+    name: str = "server",
+    verbose: bool = False,
+    prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    standby: bool = False,
+    wait: bool = True,
+) -> ServerProcess:
+    """Start a server process from ``config`` (written to ``workdir/NAME.json``, log in ``workdir/NAME.log``).
+
+    ``prefix``: a wrapper command (``ip netns exec NS``, ``strace ...``). ``standby``: import everything, then
+    wait for ``go()``. ``wait``: return only once it reported readiness (ignored for standby).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / f"{name}.json"
+    config_path.write_text(json.dumps(config))
+    log_path = workdir / f"{name}.log"
+    r, w = os.pipe()
+    if standby:
+        level = "10" if verbose else "30"
+        cmd = [*prefix, sys.executable, "-c", _STANDBY, str(config_path), str(w), level]
+    else:
+        cmd = [*prefix, sys.executable, "-m", "svcframe", *(["-vv"] if verbose else []), "serve", str(config_path),
+               "--ready-fd", str(w)]  # fmt: skip
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            cmd, pass_fds=(w,), stdout=subprocess.PIPE if standby else log, stderr=log,
+            stdin=subprocess.PIPE if standby else subprocess.DEVNULL, env=env or server_env(),
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )  # fmt: skip
+    os.close(w)
+    server = ServerProcess(proc, config_path, log_path, ready_fd=r, started=time.monotonic())
+    if standby:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        proc.stdout.close()
+        if line.strip() != b"standby":
+            server.kill()
+            os.close(r)
+            raise AssertionError(f"standby server did not come up\n{server.log_tail()}")
+        return server
+    if wait:
+        server.wait_ready()
+    return server
+
+
+def address_port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def with_port(config: dict, port: int, host: str = "127.0.0.1") -> dict:
+    """``config`` listening on ``tcp://host:port`` (a restart at the same address)."""
+    return {**config, "engine": {**config["engine"], "address": f"tcp://{host}:{port}"}}
+
+
+# --- raw peers ------------------------------------------------------------------------------------------------
+
+
+def host_port(address: str) -> tuple[str, int]:
+    host, _, port = address[len("tcp://") :].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+async def open_raw(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = host_port(address)
+    return await asyncio.open_connection(host, port)
+
+
+async def read_frame(reader: asyncio.StreamReader, timeout_seconds: float = 10.0) -> tuple[tuple, bytes]:
+    """One frame: (header fields, body)."""
+    header = await asyncio.wait_for(reader.readexactly(HEADER_SIZE), timeout_seconds)
+    fields = HEADER.unpack(header)
+    return fields, await asyncio.wait_for(reader.readexactly(fields[6]), timeout_seconds)
+
+
+def hello_reply(server_hello: dict, key: bytes | None, engine_id: str = "raw-peer") -> bytes:
+    """The dialling side's HELLO for ``server_hello`` (with the HMAC proof when ``key`` is given)."""
+    reply: dict[str, Any] = {"engine_id": engine_id, "address": None}
+    if key is not None:
+        reply["mac"] = auth_mac(key, server_hello["nonce"], server_hello["engine_id"], engine_id)
+    return encode_frame(Kind.HELLO, 0, pack_body(reply))
+
+
+async def raw_handshake(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes | None, engine_id: str = "raw-peer"
+) -> dict:
+    fields, body = await read_frame(reader)
+    assert fields[2] == Kind.HELLO, fields
+    hello = unpack_body(body)
+    assert isinstance(hello, dict)
+    writer.write(hello_reply(hello, key, engine_id))
+    return hello
+
+
+async def wait_closed_by_peer(reader: asyncio.StreamReader, timeout_seconds: float) -> bytes:
+    """Read until the server closes the connection; return what it sent. Raises TimeoutError."""
+    got = bytearray()
+
+    async def drain() -> None:
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            while chunk := await reader.read(65536):
+                got.extend(chunk)
+
+    await asyncio.wait_for(drain(), timeout_seconds)
+    return bytes(got)
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.wait_closed()
+
+
+def request(
+    request_id: int, provider_id: int, name: str, body: bytes, *, flags: int = 0, deadline_usec: int = 10_000_000
+) -> bytes:
+    return encode_frame(
+        Kind.REQUEST, request_id, body, provider_id=provider_id, rpc=rpc_id(name), flags=flags,
+        deadline_usec=deadline_usec,
+    )  # fmt: skip
+
+
+def tls_client_hello() -> bytes:
+    """The first flight of a real TLS client (the ssl module's own ClientHello)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    conn = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="example.org")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        conn.do_handshake()
+    return outgoing.read()
+
+
+HTTP_REQUEST = (
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+)
+
+
+def _header(kind: int, length: int, *, magic: bytes = b"SF", version: int = 1, reserved: int = 0) -> bytes:
+    return HEADER.pack(magic, version, kind, 0, 1, 0, length, 7, 0, 0, 0xFFFF, 0, reserved, 0, bytes(16), 0, 0)
+
+
+#: Malformed frames that break the framing: the server must drop the connection. Name -> (bytes after the
+#: handshake, or None for bytes sent instead of the HELLO) — see ``hard_case``.
+HARD_CASES = (
+    "pre-http", "pre-tls", "pre-zeros", "pre-request-before-hello", "pre-malformed-hello", "pre-hello-bad-mac",
+    "pre-oversize-hello", "pre-hangup", "bad-magic", "bad-version", "bad-kind", "reserved-bits", "oversize-4gib",
+    "bulk-data-nobody-expects", "second-hello", "truncated-then-hangup", "push-overrun", "goodbye",
+)  # fmt: skip
+
+
+def hard_case(name: str, key: bytes) -> tuple[bool, bytes]:
+    """(needs the handshake first, bytes to send) for one HARD_CASES entry."""
+    pre = {
+        "pre-http": HTTP_REQUEST,
+        "pre-tls": tls_client_hello(),
+        "pre-zeros": bytes(HEADER_SIZE * 2),
+        "pre-request-before-hello": request(1, RELTEST_ID, "noop", pack_body(1)),
+        "pre-malformed-hello": encode_frame(Kind.HELLO, 0, b"\xc1"),
+        "pre-hello-bad-mac": encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "x", "mac": b"\0" * 32})),
+        "pre-oversize-hello": _header(Kind.HELLO, 2**32 - 1),
+        "pre-hangup": b"",
+    }
+    if name in pre:
+        return False, pre[name]
+    post = {
+        "bad-magic": _header(Kind.REQUEST, 0, magic=b"XY"),
+        "bad-version": _header(Kind.REQUEST, 0, version=9),
+        "bad-kind": _header(0x63, 0),
+        "reserved-bits": _header(Kind.REQUEST, 0, reserved=1),
+        "oversize-4gib": _header(Kind.REQUEST, 2**32 - 1),
+        "bulk-data-nobody-expects": encode_frame(Kind.BULK_DATA_PUSH, 5, b"abc"),
+        "second-hello": hello_reply({"nonce": b"n", "engine_id": "e"}, key, "again"),
+        "truncated-then-hangup": request(1, RELTEST_ID, "noop", pack_body("x" * 100))[:90],
+        "push-overrun": encode_frame(Kind.BULK_PUSH, 9, pack_body([999_999, 0, 10]))
+        + encode_frame(Kind.BULK_DATA_PUSH, 9, b"y" * 20),
+        "goodbye": encode_frame(Kind.GOODBYE, 0, pack_body("bye"), status=Status.REFUSED),
+    }
+    return True, post[name]
+
+
+def soft_cases() -> list[tuple[str, bool, Any]]:
+    """Malformed requests inside well-formed frames: the server answers each with an error (or, where the
+    protocol says so, ignores it) and keeps the connection. (name, expects a reply, builder(request_id))."""
+    bad_bodies = {
+        "never-used-byte": b"\xc1",
+        "ext-type": msgpack.packb(msgpack.ExtType(5, b"x")),
+        "timestamp-ext": msgpack.packb(msgpack.Timestamp(1, 0)),
+        "int-map-key": msgpack.packb({1: "x"}),
+        "truncated-array": b"\x92\x01",
+        "huge-str-header": b"\xdb\xff\xff\xff\xff",
+        "trailing-bytes": b"\x01\x02",
+        "deep-nesting": b"\x91" * 5000 + b"\xc0",
+    }
+    cases: list[tuple[str, bool, Any]] = []
+    for name, body in bad_bodies.items():
+        cases.append((f"request-{name}", True, lambda i, b=body: request(i, RELTEST_ID, "noop", b)))
+    cases += [
+        ("no-such-provider", True, lambda i: request(i, 777, "noop", pack_body(1))),
+        ("no-such-rpc", True, lambda i: request(i, RELTEST_ID, "no_such_rpc", pack_body(1))),
+        ("wrong-argument-type", True, lambda i: request(i, RELTEST_ID, "hold", pack_body([1, 2]))),
+        ("expired-deadline", True, lambda i: request(i, RELTEST_ID, "hold", pack_body({"id": "x"}), deadline_usec=1)),
+        ("pull-malformed", True, lambda i: encode_frame(Kind.BULK_PULL, i, b"\xc1")),
+        ("pull-unknown-handle", True, lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([999_999, 0, 10]))),
+        ("pull-negative-offset", True, lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([1, -5, 10]))),
+        ("push-malformed", True, lambda i: encode_frame(Kind.BULK_PUSH, i, b"\xc1")),
+        ("push-empty-unknown", True, lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([999_999, 0, 0]))),
+        ("cancel-unknown", False, lambda i: encode_frame(Kind.CANCEL, i)),
+        ("response-unknown", False, lambda i: encode_frame(Kind.RESPONSE, i, pack_body("unsolicited"))),
+        ("data-reply-unknown", False, lambda i: encode_frame(Kind.BULK_DATA_REPLY, i, b"z" * 64)),
+        ("no-reply-garbage", False, lambda i: request(i, RELTEST_ID, "noop", b"\xc1", flags=Flag.NO_REPLY)),
+        ("all-flag-bits", False, lambda i: request(i, RELTEST_ID, "noop", pack_body(1), flags=0xFFFF)),
+    ]
+    return cases
+
+
+# --- script modes: peers in their own process ---------------------------------------------------------------
+
+
+async def _soft_worker(address: str, key: bytes, frames: int, batch: int, out: dict[str, Any]) -> None:
+    cases = soft_cases()
+    reader, writer = await open_raw(address)
+    try:
+        await raw_handshake(reader, writer, key, "soft-attacker")
+        decoder = FrameDecoder(bulk_sink=lambda kind, rid, n: memoryview(bytearray(n)))
+        next_id, sent = 1, 0
+        while sent < frames:
+            parts, expect = [], 0
+            for _ in range(min(batch, frames - sent)):
+                name, replies, build = cases[next_id % len(cases)]
+                parts.append(build(next_id))
+                expect += replies
+                next_id += 1
+                sent += 1
+            writer.write(b"".join(parts))
+            while expect > 0:
+                chunk = await asyncio.wait_for(reader.read(1 << 20), 10.0)
+                if not chunk:
+                    out["anomalies"].append(f"server closed a connection that sent only well-framed requests after {sent}")
+                    return
+                for frame in decoder.feed(chunk):
+                    if frame.kind == Kind.RESPONSE:
+                        expect -= 1
+                        if frame.status == Status.OK:
+                            out["anomalies"].append(f"malformed request {frame.request_id} answered OK")
+                        out["statuses"][Status(frame.status).name] = out["statuses"].get(Status(frame.status).name, 0) + 1
+            out["soft_frames"] += len(parts)
+    finally:
+        await close_writer(writer)
+
+
+async def _hard_worker(address: str, key: bytes, conns: int, offset: int, out: dict[str, Any]) -> None:
+    for n in range(conns):
+        name = HARD_CASES[(offset + n) % len(HARD_CASES)]
+        handshake, data = hard_case(name, key)
+        reader, writer = await open_raw(address)
+        try:
+            if handshake:
+                await raw_handshake(reader, writer, key, "hard-attacker")
+            t0 = time.monotonic()
+            if data:
+                writer.write(data)
+            if name in ("pre-hangup", "truncated-then-hangup"):
+                writer.write_eof() if writer.can_write_eof() else None
+            try:
+                await wait_closed_by_peer(reader, 5.0)
+            except TimeoutError:
+                out["anomalies"].append(f"{name}: connection not dropped within 5 s")
+                continue
+            out["close_seconds"].append(time.monotonic() - t0)
+            out["hard_frames"] += 1
+        except (ConnectionError, OSError) as exc:
+            out["hard_frames"] += 1  # the server dropped us while we were still writing: that is the point
+            out["close_seconds"].append(0.0)
+            out["resets"] = out.get("resets", 0) + 1
+            del exc
+        finally:
+            await close_writer(writer)
+
+
+async def _attack(args: dict[str, Any]) -> dict[str, Any]:
+    key = secret()
+    out: dict[str, Any] = {"soft_frames": 0, "hard_frames": 0, "anomalies": [], "statuses": {}, "close_seconds": []}
+    soft, hard = args["soft_connections"], args["hard_connections"]
+    t0 = time.monotonic()
+    jobs = [_soft_worker(args["address"], key, args["soft_frames"] // soft, args.get("batch", 250), out)
+            for _ in range(soft)]  # fmt: skip
+    jobs += [_hard_worker(args["address"], key, args["hard_frames"] // hard, k * 7, out) for k in range(hard)]
+    results = await asyncio.gather(*jobs, return_exceptions=True)
+    out["errors"] = [f"{type(r).__name__}: {r}" for r in results if isinstance(r, BaseException)]
+    out["seconds"] = time.monotonic() - t0
+    closes = out.pop("close_seconds")
+    out["close_p99_seconds"] = percentile(closes, 99)
+    out["close_max_seconds"] = max(closes, default=0.0)
+    return out
+
+
+def _slowreader(args: dict[str, Any]) -> dict[str, Any]:
+    """Pipeline large ``work`` requests and never read; report when the server hung up."""
+    from selftest.provider import work_arg
+
+    key = secret()
+    host, port = host_port(args["address"])
+    size = args["size"]
+    frame = request(1, SELFTEST_ID, "work", pack_body(work_arg(size, None, None, b"q" * size)))
+    rounds = []
+    for _ in range(args["rounds"]):
+        sock = socket.create_connection((host, port))
+        sock.settimeout(10.0)
+        try:
+            buf = b""
+            while len(buf) < HEADER_SIZE or len(buf) < HEADER_SIZE + HEADER.unpack(buf[:HEADER_SIZE])[6]:
+                buf += sock.recv(65536)
+            hello = unpack_body(buf[HEADER_SIZE:])
+            assert isinstance(hello, dict)
+            sock.sendall(hello_reply(hello, key, "slow-reader"))
+            sent, t0, how = 0, time.monotonic(), "still connected"
+            try:
+                while sent < args["max_requests"]:
+                    sock.sendall(frame)
+                    sent += 1
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                how = type(exc).__name__
+            except TimeoutError:
+                how = "send blocked for 10 s (the server stopped reading but kept the connection)"
+            rounds.append({"requests": sent, "seconds": time.monotonic() - t0, "ended_by": how})
+        finally:
+            sock.close()
+    return {"rounds": rounds}
+
+
+async def _bulkvictim(args: dict[str, Any]) -> None:
+    """Start a transfer the server pulls from us, say so, then wait to be killed mid-transfer."""
+    from svcframe import Engine
+
+    async with Engine(None) as engine:
+        data = bytearray(os.urandom(1024)) * (args["size"] // 1024)
+        handle = engine.expose(data, "r")
+        call = asyncio.ensure_future(
+            engine.call(args["address"], "sha_pull", {"bulk": handle.to_wire()}, provider_id=RELTEST_ID,
+                        timeout_seconds=60)
+        )  # fmt: skip
+        conn = await engine.connection(args["address"])
+        while conn.transport is not None and conn.transport.get_write_buffer_size() == 0 and not call.done():
+            await asyncio.sleep(0.001)  # until the server started pulling (our output buffer fills)
+        print(json.dumps({"started": True, "done": call.done()}), flush=True)
+        await asyncio.sleep(3600)
+
+
+def main(argv: list[str]) -> None:
+    mode, args = argv[1], json.loads(argv[2])
+    import uvloop
+
+    if mode == "attack":
+        print(json.dumps(uvloop.run(_attack(args))), flush=True)
+    elif mode == "slowreader":
+        print(json.dumps(_slowreader(args)), flush=True)
+    elif mode == "bulkvictim":
+        uvloop.run(_bulkvictim(args))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+def run_peer(mode: str, args: dict[str, Any], timeout_seconds: float = 120.0) -> dict[str, Any]:
+    """Run a script mode to completion in its own process and return its JSON report."""
+    out = subprocess.run(
+        [sys.executable, __file__, mode, json.dumps(args)], capture_output=True, text=True, timeout=timeout_seconds,
+        env=server_env(),
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise AssertionError(f"{mode} peer failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def start_peer(mode: str, args: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, __file__, mode, json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=server_env(), start_new_session=True, preexec_fn=_die_with_parent,
+    )  # fmt: skip
+
+
+@dataclass
+class Sampler:
+    """Samples a server's RSS in a background thread (so the loop under test is not the one sampling)."""
+
+    server: ServerProcess
+    interval_seconds: float = 0.02
+    samples: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_seconds):
+            with contextlib.suppress(psutil.Error):
+                self.samples.append(self.server.rss())
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT_DIR))
+    main(sys.argv)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import select
@@ -299,6 +300,33 @@ def spawn_server(
     return server
 
 
+class Procs:
+    """Server and peer processes of one test; every one still running is killed at ``close()``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.servers: list[ServerProcess] = []
+        self.peers: list[subprocess.Popen[str]] = []
+
+    def spawn(self, config: dict, name: str = "server", **options: Any) -> ServerProcess:
+        server = spawn_server(config, self.workdir, name=name, **options)
+        self.servers.append(server)
+        return server
+
+    def peer(self, mode: str, args: dict[str, Any]) -> subprocess.Popen[str]:
+        proc = start_peer(mode, args)
+        self.peers.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.peers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
+        for server in self.servers:
+            server.kill()
+
+
 def address_port(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
@@ -375,6 +403,7 @@ def request(
     )  # fmt: skip
 
 
+@functools.cache
 def tls_client_hello() -> bytes:
     """The first flight of a real TLS client (the ssl module's own ClientHello)."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -452,7 +481,7 @@ def soft_cases() -> list[tuple[str, bool, Any]]:
         ("no-such-provider", True, lambda i: request(i, 777, "noop", pack_body(1))),
         ("no-such-rpc", True, lambda i: request(i, RELTEST_ID, "no_such_rpc", pack_body(1))),
         ("wrong-argument-type", True, lambda i: request(i, RELTEST_ID, "hold", pack_body([1, 2]))),
-        ("expired-deadline", True, lambda i: request(i, RELTEST_ID, "hold", pack_body({"id": "x"}), deadline_usec=1)),
+        ("expired-deadline", True, lambda i: request(i, RELTEST_ID, "sleep", pack_body(10), deadline_usec=1)),
         ("pull-malformed", True, lambda i: encode_frame(Kind.BULK_PULL, i, b"\xc1")),
         ("pull-unknown-handle", True, lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([999_999, 0, 10]))),
         ("pull-negative-offset", True, lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([1, -5, 10]))),

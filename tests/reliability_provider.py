@@ -10,6 +10,7 @@ It lets a test see from outside what the server did:
 * ``hold``: ``{"id": str, "seconds": float | None}`` -> id. Waits (forever when None), noting when it
   started and when it was cancelled (``time.monotonic()``: CLOCK_MONOTONIC, comparable across processes).
 * ``events``: -> ``[[what, id, monotonic_seconds], ...]`` noted by ``hold``.
+* ``sleep``: seconds -> None, keeping no state (cancelled at the caller's deadline like any handler).
 * ``noop``: echoes its argument (sync, no Task); ``fail``: raises ``ValueError``.
 * ``expose``: ``{"size", "seed"}`` -> ``{"bulk": handle, "sha256": hex}``: a server buffer clients pull.
 * ``sha_pull``: ``{"bulk": handle, "id"?: str}`` -> SHA-256 of the bytes the server pulled from the caller.
@@ -87,6 +88,10 @@ class ReliabilityTestProvider(Provider):
             raise
         self._events.append(["done", rid, time.monotonic()])
         return rid
+
+    @rpc
+    async def sleep(self, req: Request, arg: Any) -> None:
+        await asyncio.sleep(float(arg))
 
     @rpc
     def events(self, req: Request, arg: Any) -> list[list[Any]]:

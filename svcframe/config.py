@@ -84,6 +84,7 @@ class MonitoringConfig(StrictModel):
 
     enabled: bool = True
     tracing: bool = False
+    otel: bool = Field(False, description="also emit traced spans through the OpenTelemetry API (the otel extra)")
     sample_interval_seconds: float = Field(1.0, gt=0)
     timing_sample_every: int = Field(
         16, ge=1, description="after a callpath's first 64 calls, time one call in this many (1 = every call)"

@@ -448,10 +448,11 @@ class Engine:
         cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)
         return cp
 
-    def set_tracing(self, enabled: bool) -> None:
-        """Switch request tracing on or off at runtime (events are kept in ``self.tracer``)."""
-        if enabled and self.tracer is None:
-            self.tracer = Tracer()
+    def set_tracing(self, enabled: bool, *, otel: bool = False) -> None:
+        """Switch request tracing on or off at runtime (events are kept in ``self.tracer``); with
+        ``otel``, spans also go through the OpenTelemetry API (ImportError if it is not installed)."""
+        if enabled and (self.tracer is None or (self.tracer.otel is not None) != otel):
+            self.tracer = Tracer(otel=otel)
         elif not enabled:
             self.tracer = None
 

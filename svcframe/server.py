@@ -84,6 +84,7 @@ LIVE_SETTINGS = {
     ("engine", "drain_timeout_seconds"),
     ("engine", "monitoring", "enabled"),
     ("engine", "monitoring", "tracing"),
+    ("engine", "monitoring", "otel"),
     ("engine", "monitoring", "timing_sample_every"),
     ("admin", "allow_mutations"),
     ("admin", "dependency_resolution_timeout_seconds"),
@@ -145,7 +146,12 @@ class Server:
             idle_timeout_seconds=ec.idle_timeout_seconds,
             handshake_timeout_seconds=ec.handshake_timeout_seconds,
         )
-        self.engine.set_tracing(ec.monitoring.tracing)
+        try:
+            self.engine.set_tracing(ec.monitoring.tracing, otel=ec.monitoring.otel)
+        except ImportError:
+            raise ConfigError(
+                "engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'"
+            ) from None
         listen = parse_address(plumbed.listen_address)
         if not listen.is_loopback and self._secret is None and not ec.trusted_network:
             raise ConfigError(
@@ -406,7 +412,10 @@ class Server:
         self.engine.progress.configure(ec.progress_mode, ec.progress_spindown_msec, ec.progress_timeout_ub_msec)
         self.engine.default_timeout_seconds = ec.default_timeout_seconds
         self.engine.monitor.enabled = ec.monitoring.enabled
-        self.engine.set_tracing(ec.monitoring.tracing)
+        try:
+            self.engine.set_tracing(ec.monitoring.tracing, otel=ec.monitoring.otel)
+        except ImportError:
+            raise ConfigError("engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'") from None
         self.engine.monitor.sample_every = ec.monitoring.timing_sample_every
         self.config.engine = ec
         self.config.admin = new.admin

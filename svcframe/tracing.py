@@ -32,7 +32,8 @@ def new_span_id() -> int:
 class Tracer:
     """Collects the trace events of one engine (bounded: the oldest events are dropped past ``max_events``)."""
 
-    def __init__(self, max_events: int = 1_000_000) -> None:
+    def __init__(self, max_events: int = 1_000_000, otel: bool = False) -> None:
+        self.otel = OTelBridge() if otel else None
         self.events: list[dict[str, Any]] = []
         self.max_events = max_events
         self.lamport = 0
@@ -55,6 +56,8 @@ class Tracer:
         self, name: str, start_us: float, dur_us: float, trace_id: bytes, span_id: int, parent_span: int,
         lamport: int, peer: str, status: int,
     ) -> None:  # fmt: skip
+        if self.otel is not None:
+            self.otel.emit(name, "origin", start_us, dur_us, trace_id, span_id, parent_span, peer)
         tid = threading.get_native_id()
         args = {"trace_id": trace_id.hex(), "span_id": f"{span_id:016x}", "parent_span_id": f"{parent_span:016x}",
                 "lamport": lamport, "peer": peer, "status": status, "side": "origin"}  # fmt: skip
@@ -67,6 +70,8 @@ class Tracer:
     def target(
         self, name: str, start_us: float, dur_us: float, trace_id: bytes, span_id: int, lamport: int, peer: str,
     ) -> None:  # fmt: skip
+        if self.otel is not None:
+            self.otel.emit(name, "target", start_us, dur_us, trace_id, span_id, 0, peer)
         tid = threading.get_native_id()
         args = {"trace_id": trace_id.hex(), "span_id": f"{span_id:016x}", "lamport": lamport, "peer": peer,
                 "side": "target"}  # fmt: skip
@@ -98,3 +103,51 @@ def write_chrome_trace(path: str | os.PathLike[str], events: list[dict[str, Any]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(chrome_trace(events, **kw)))
     return out
+
+
+class OTelBridge:
+    """Also emit every recorded span through the OpenTelemetry API (optional: ``pip install svcframe[otel]``).
+
+    Library code uses the API only; the SDK and its exporters are the application's choice (without an SDK
+    the API is a no-op). The API cannot adopt svcframe's caller-assigned span ids, so each call's origin and
+    target spans are children of a remote parent whose span id is the call's svcframe span id, in the call's
+    trace: a request stays one trace, and ``svcframe.span_id`` / ``svcframe.parent_span_id`` attributes
+    carry the exact links. Attributes follow the RPC semantic conventions (``rpc.system``, ``rpc.method``,
+    ``rpc.service``, ``server.address``).
+
+    Raises:
+        ImportError: opentelemetry-api is not installed.
+    """
+
+    def __init__(self) -> None:
+        from opentelemetry import trace
+
+        self._trace = trace
+        self._tracer = trace.get_tracer("svcframe")
+
+    def emit(
+        self, name: str, side: str, start_us: float, dur_us: float, trace_id: bytes, span_id: int,
+        parent_span: int, peer: str,
+    ) -> None:  # fmt: skip
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
+
+        trace_int = int.from_bytes(trace_id, "big")
+        if not trace_int or not span_id:
+            return
+        parent = SpanContext(trace_int, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        start_ns = int(start_us * 1000)
+        span = self._tracer.start_span(
+            name,
+            context=set_span_in_context(NonRecordingSpan(parent)),
+            kind=SpanKind.CLIENT if side == "origin" else SpanKind.SERVER,
+            attributes={
+                "rpc.system": "svcframe",
+                "rpc.method": name,
+                "server.address": peer,
+                "svcframe.side": side,
+                "svcframe.span_id": f"{span_id:016x}",
+                "svcframe.parent_span_id": f"{parent_span:016x}",
+            },
+            start_time=start_ns,
+        )
+        span.end(end_time=start_ns + int(dur_us * 1000))

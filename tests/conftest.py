@@ -38,9 +38,9 @@ class Figures:
     """Measured figures (rates, latencies, memory) that tests record; printed in a table after the run."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, float, str]] = []
+        self.rows: list[tuple[str, Any, str]] = []
 
-    def record(self, name: str, value: float, unit: str = "") -> None:
+    def record(self, name: str, value: Any, unit: str = "") -> None:
         self.rows.append((name, value, unit))
 
 
@@ -59,7 +59,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_sep("=", f"figures ({len(FIGURES.rows)})")
     width = max(len(name) for name, _, _ in FIGURES.rows)
     for name, value, unit in FIGURES.rows:
-        shown = f"{value:,.6g}" if isinstance(value, float) else f"{value:,}"
+        if isinstance(value, float):
+            shown = f"{value:,.6g}"
+        elif isinstance(value, int):
+            shown = f"{value:,}"
+        else:
+            shown = str(value)
         terminalreporter.write_line(f"{name:<{width}}  {shown:>14} {unit}")
 
 

@@ -75,7 +75,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(round(q / 100 * len(ordered) + 0.5))))
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
     return ordered[rank - 1]
 
 
@@ -86,7 +86,12 @@ def service_config(workdir: Path, *, kv: str | None = "durable", selftest: bool 
     """A bootstrap config: reltest (id 1, journal in workdir), optionally kv (id 2) and selftest (id 3)."""
     libraries = ["reliability_provider"]
     providers: list[dict[str, Any]] = [
-        {"name": "rel", "type": "reltest", "provider_id": RELTEST_ID, "config": {"journal": str(workdir / "journal.txt")}}
+        {
+            "name": "rel",
+            "type": "reltest",
+            "provider_id": RELTEST_ID,
+            "config": {"journal": str(workdir / "journal.txt")},
+        }
     ]
     if kv is not None:
         libraries.append("providers.kv")
@@ -313,8 +318,8 @@ class Procs:
         self.servers.append(server)
         return server
 
-    def peer(self, mode: str, args: dict[str, Any]) -> subprocess.Popen[str]:
-        proc = start_peer(mode, args)
+    def peer(self, mode: str, args: dict[str, Any], prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
+        proc = start_peer(mode, args, prefix)
         self.peers.append(proc)
         return proc
 
@@ -509,7 +514,7 @@ async def _soft_worker(address: str, key: bytes, frames: int, batch: int, out: d
         while sent < frames:
             parts, expect = [], 0
             for _ in range(min(batch, frames - sent)):
-                name, replies, build = cases[next_id % len(cases)]
+                _, replies, build = cases[next_id % len(cases)]
                 parts.append(build(next_id))
                 expect += replies
                 next_id += 1
@@ -518,14 +523,18 @@ async def _soft_worker(address: str, key: bytes, frames: int, batch: int, out: d
             while expect > 0:
                 chunk = await asyncio.wait_for(reader.read(1 << 20), 10.0)
                 if not chunk:
-                    out["anomalies"].append(f"server closed a connection that sent only well-framed requests after {sent}")
+                    out["anomalies"].append(
+                        f"server closed a connection that sent only well-framed requests after {sent}"
+                    )
                     return
                 for frame in decoder.feed(chunk):
                     if frame.kind == Kind.RESPONSE:
                         expect -= 1
                         if frame.status == Status.OK:
                             out["anomalies"].append(f"malformed request {frame.request_id} answered OK")
-                        out["statuses"][Status(frame.status).name] = out["statuses"].get(Status(frame.status).name, 0) + 1
+                        out["statuses"][Status(frame.status).name] = (
+                            out["statuses"].get(Status(frame.status).name, 0) + 1
+                        )
             out["soft_frames"] += len(parts)
     finally:
         await close_writer(writer)
@@ -623,10 +632,52 @@ async def _bulkvictim(args: dict[str, Any]) -> None:
                         timeout_seconds=60)
         )  # fmt: skip
         conn = await engine.connection(args["address"])
-        while conn.transport is not None and conn.transport.get_write_buffer_size() == 0 and not call.done():
-            await asyncio.sleep(0.001)  # until the server started pulling (our output buffer fills)
+        for _ in range(60_000):  # until the server started pulling (our output buffer fills)
+            if conn.transport is None or conn.transport.get_write_buffer_size() > 0 or call.done():
+                break
+            await asyncio.sleep(0.001)
         print(json.dumps({"started": True, "done": call.done()}), flush=True)
         await asyncio.sleep(3600)
+
+
+async def _netclient(args: dict[str, Any]) -> None:
+    """A client driven line by line on stdin (for a network namespace); one JSON line out per command:
+    ``call T`` (one call, deadline T s), ``burst N T`` (N concurrent calls), ``until_ok T LIMIT`` (calls with
+    deadline T until one succeeds or LIMIT s passed), ``quit``."""
+    from svcframe import Engine
+
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    async with Engine(None) as engine:
+
+        async def one(deadline: float) -> dict[str, Any]:
+            t0 = time.monotonic()
+            try:
+                await engine.call(args["address"], "noop", 1, provider_id=RELTEST_ID, timeout_seconds=deadline)
+                error = None
+            except Exception as exc:  # reported to the test
+                error = type(exc).__name__
+            return {"error": error, "seconds": time.monotonic() - t0}
+
+        while line := (await reader.readline()).decode().split():
+            if line[0] == "call":
+                out: Any = await one(float(line[1]))
+            elif line[0] == "burst":
+                out = await asyncio.gather(*(one(float(line[2])) for _ in range(int(line[1]))))
+            elif line[0] == "until_ok":
+                t0, attempts, errors = time.monotonic(), 0, []
+                while time.monotonic() - t0 < float(line[2]):
+                    attempts += 1
+                    got = await one(float(line[1]))
+                    if got["error"] is None:
+                        break
+                    errors.append(got["error"])
+                out = {"seconds": time.monotonic() - t0, "attempts": attempts, "errors": errors,
+                       "ok": got["error"] is None}  # fmt: skip
+            else:
+                break
+            print(json.dumps(out), flush=True)
 
 
 def main(argv: list[str]) -> None:
@@ -639,6 +690,8 @@ def main(argv: list[str]) -> None:
         print(json.dumps(_slowreader(args)), flush=True)
     elif mode == "bulkvictim":
         uvloop.run(_bulkvictim(args))
+    elif mode == "netclient":
+        uvloop.run(_netclient(args))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
@@ -654,10 +707,10 @@ def run_peer(mode: str, args: dict[str, Any], timeout_seconds: float = 120.0) ->
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def start_peer(mode: str, args: dict[str, Any]) -> subprocess.Popen[str]:
+def start_peer(mode: str, args: dict[str, Any], prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, __file__, mode, json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=server_env(), start_new_session=True, preexec_fn=_die_with_parent,
+        [*prefix, sys.executable, __file__, mode, json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE, text=True, env=server_env(), start_new_session=True, preexec_fn=_die_with_parent,
     )  # fmt: skip
 
 

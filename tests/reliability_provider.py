@@ -1,12 +1,13 @@
 """A provider library for the reliability tests (issue 9), loaded by real server processes.
 
-Config: ``{"type": "reltest", "config": {"journal": "/path/journal.txt"}}`` with ``libraries:
+Config: ``{"type": "reltest", "config": {"journal": "/path/journal.txt", "hold_cap_seconds": 0}}`` with ``libraries:
 ["reliability_provider"]`` and the tests directory on the server's ``PYTHONPATH``.
 
 It lets a test see from outside what the server did:
 
 * ``record``: ``{"id": str, "hold_seconds": float}`` -> id. Appends the id to the journal file (one line,
-  ``O_APPEND``, before any wait), so a test counts executions per request id, across restarts.
+  ``O_APPEND``, before any wait), so a test counts executions per request id, across restarts. The wait is
+  capped by ``hold_cap_seconds`` when configured (a replacement server that answers at once).
 * ``hold``: ``{"id": str, "seconds": float | None}`` -> id. Waits (forever when None), noting when it
   started and when it was cancelled (``time.monotonic()``: CLOCK_MONOTONIC, comparable across processes).
 * ``events``: -> ``[[what, id, monotonic_seconds], ...]`` noted by ``hold``.
@@ -69,6 +70,8 @@ class ReliabilityTestProvider(Provider):
             raise RuntimeError("reltest provider has no journal configured")
         os.write(self._journal, rid.encode() + b"\n")
         hold = float(arg.get("hold_seconds") or 0)
+        if self.config.get("hold_cap_seconds") is not None:
+            hold = min(hold, float(self.config["hold_cap_seconds"]))
         if hold:
             await asyncio.sleep(hold)
         return rid

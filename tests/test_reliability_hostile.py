@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import secrets
 import time
 import tracemalloc
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_kit import (
@@ -57,7 +57,7 @@ from reliability_kit import (
 
 from svcframe import AuthenticationFailed, ConfigError, Engine, Refused
 from svcframe.admin import ServiceHandle
-from svcframe.errors import FrameTooLarge, RemoteProtocolError
+from svcframe.errors import RemoteProtocolError
 from svcframe.wire import (
     HEADER,
     HEADER_SIZE,
@@ -130,60 +130,70 @@ def _decode(data: bytes, expected: set[int], *, bytewise: bool) -> tuple[str, li
     return "ok", frames, [(k, r, bytes(b)) for k, r, b in sink.received]
 
 
-MSGPACK_INTS = st.integers(-(2**63), 2**64 - 1)
-frame_spec = st.tuples(
-    st.sampled_from(list(Kind)),
-    st.integers(0, 2**64 - 1),  # request id
-    st.one_of(st.none(), MSGPACK_INTS, st.text(max_size=20), st.binary(max_size=40),
-              st.lists(MSGPACK_INTS, max_size=4), st.dictionaries(st.text(max_size=5), MSGPACK_INTS, max_size=3)),
-    st.binary(max_size=60),  # raw body for bulk data kinds
-    st.integers(0, 0xFFFF),  # provider id
-    st.integers(0, 0xFFFF),  # flags
-)  # fmt: skip
-
-edit = st.tuples(st.sampled_from(["set", "insert", "delete", "flip", "length"]), st.integers(0, 10_000),
-                 st.integers(0, 2**32 - 1))  # fmt: skip
+MAX_FIELDS: dict[str, Any] = {
+    "provider_id": 0xFFFF, "rpc": 0xFFFFFFFF, "flags": 0xFFFF, "status": 0xFFFF, "deadline_usec": 0xFFFFFFFF,
+    "callpath": 2**64 - 1, "trace_id": b"\xff" * 16, "span_id": 2**64 - 1, "lamport": 2**64 - 1,
+}  # fmt: skip
+BODIES: list[Any] = [None, 0, -1, 2**64 - 1, -(2**63), 1.5, "", "ünï", b"", b"\x00" * 40, [1, [2, [3]]], {"k": {"n": [None]}},
+                     {"": b"x"}, [True, False, None], "x" * 200]  # fmt: skip
 
 
-def _build(specs: list[tuple[Any, ...]]) -> tuple[bytes, set[int]]:
-    parts, ids = [], set()
-    for kind, request_id, value, raw, provider_id, flags in specs:
-        body = raw if kind in BULK_KINDS else pack_body(value)
-        parts.append(encode_frame(kind, request_id, body, provider_id=provider_id, flags=flags))
-        if kind in BULK_KINDS:
-            ids.add(request_id)
-    return b"".join(parts), ids
+def _frame_pool() -> list[tuple[bytes, int | None]]:
+    """Valid frames of every kind with small and maximal header fields: (bytes, bulk request id or None)."""
+    pool: list[tuple[bytes, int | None]] = []
+    for n, kind in enumerate(Kind):
+        for m, fields in enumerate(({}, MAX_FIELDS, {"provider_id": 1, "rpc": 7, "deadline_usec": 1000})):
+            request_id = (n * 3 + m) % 5 + 1 if m != 1 else 2**64 - 1
+            if kind in BULK_KINDS:
+                for size in (0, 1, 57, FUZZ_MAX_BODY):
+                    pool.append((encode_frame(kind, request_id, (bytes(range(256)) * 2)[:size], **fields), request_id))
+            else:
+                for body in BODIES[m::3]:
+                    pool.append((encode_frame(kind, request_id, pack_body(body), **fields), None))
+    return pool
 
 
-def _mutate(data: bytes, edits: list[tuple[str, int, int]]) -> bytes:
-    out = bytearray(data)
-    for op, pos, value in edits:
-        if not out:
+FRAME_POOL = _frame_pool()
+
+
+def _build(blob: bytes) -> tuple[bytes, set[int], int | None]:
+    """Valid frames picked from FRAME_POOL by the first bytes of ``blob``, then mutated by the rest: set,
+    insert, delete, flip a bit, overwrite a header's body length, truncate. Returns (data, bulk request ids the
+    sink expects, the number of frames when nothing was mutated, else None). One compact ``st.binary`` keeps generation cheap (20,000
+    examples in seconds) while Hypothesis still shrinks failures to a minimal blob."""
+    count = blob[0] % 3 + 1
+    picks = [FRAME_POOL[b % len(FRAME_POOL)] for b in blob[1 : 1 + count]]
+    data = bytearray(b"".join(frame for frame, _ in picks))
+    ids = {rid for _, rid in picks if rid is not None}
+    mutated = False
+    edits = blob[1 + count :]
+    for i in range(0, len(edits) - 3, 4):
+        op, pos, value = edits[i] % 6, int.from_bytes(edits[i + 1 : i + 3], "little"), edits[i + 3]
+        if not data:
             break
-        pos %= len(out)
-        if op == "set":
-            out[pos] = value & 0xFF
-        elif op == "insert":
-            out.insert(pos, value & 0xFF)
-        elif op == "delete":
-            del out[pos]
-        elif op == "flip":
-            out[pos] ^= 1 << (value % 8)
-        else:  # overwrite a header's body_length field (offset 12 of the frame at a header boundary)
+        mutated = True
+        pos %= len(data)
+        if op == 0:
+            data[pos] = value
+        elif op == 1:
+            data.insert(pos, value)
+        elif op == 2:
+            del data[pos]
+        elif op == 3:
+            data[pos] ^= 1 << (value % 8)
+        elif op == 4:  # a header's body_length (offset 12) set to a byte-scaled value, up to 4 GiB - 1
             start = (pos // HEADER_SIZE) * HEADER_SIZE
-            if start + 16 <= len(out):
-                out[start + 12 : start + 16] = value.to_bytes(4, "little")
-    return bytes(out)
+            if start + 16 <= len(data):
+                data[start + 12 : start + 16] = min(2**32 - 1, value << (value % 25)).to_bytes(4, "little")
+        else:
+            del data[len(data) - 1 - value % len(data) :]
+    return bytes(data), ids, None if mutated else len(picks)
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
-@given(specs=st.lists(frame_spec, min_size=1, max_size=3), edits=st.lists(edit, max_size=4),
-       truncate=st.integers(0, 64))  # fmt: skip
-def _fuzz_one(specs: list[tuple[Any, ...]], edits: list[tuple[str, int, int]], truncate: int) -> None:
-    valid, ids = _build(specs)
-    data = _mutate(valid, edits)
-    if truncate and edits:
-        data = data[: max(0, len(data) - truncate)]
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(blob=st.binary(min_size=2, max_size=40))
+def _fuzz_one(blob: bytes) -> None:
+    data, ids, intact = _build(blob)
     whole = _decode(data, ids, bytewise=False)
     split = _decode(data, ids, bytewise=True)
     # the same bytes give the same outcome in any split: the same frames, or a protocol error either way
@@ -191,8 +201,8 @@ def _fuzz_one(specs: list[tuple[Any, ...]], edits: list[tuple[str, int, int]], t
     if whole[0] == "ok":
         assert whole[1] == split[1]
         assert whole[2] == split[2]
-    if not edits and not truncate:
-        assert whole[0] == "ok" and len(whole[1]) == len(specs)  # unmutated: every frame decodes
+    if intact is not None:
+        assert whole[0] == "ok" and len(whole[1]) == intact  # unmutated: every frame decodes
     for frame in split[1]:
         if frame.kind in BULK_KINDS:
             assert frame.body is None
@@ -217,3 +227,411 @@ def test_decoder_fuzz_mutated_frames_split_at_every_byte(figures: Any) -> None:
     figures.record("hostile: decoder fuzz duration", round(seconds, 2), "s")
     assert _fuzz_runs["examples"] >= FUZZ_EXAMPLES
     assert 0 < _fuzz_runs["errors"] < _fuzz_runs["examples"]  # both outcomes were exercised
+
+
+# --- live malformed frames against a real server process -------------------------------------------------------
+
+ATTACK = {
+    "soft_frames": scaled(46_000, 230_000),  # malformed requests in well-formed frames (connection kept)
+    "hard_frames": scaled(4_000, 20_000),  # broken framing or handshake (connection dropped): one per connection
+    "soft_connections": 4,
+    "hard_connections": 4,
+}
+
+
+async def _health_probe(address: str, stop: asyncio.Event, latencies: list[float], failures: list[str]) -> None:
+    """A good client's health call (the reltest no-op) every 10 ms until ``stop``."""
+    async with Engine(None) as engine:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                assert await engine.call(address, "noop", "ping", provider_id=RELTEST_ID, timeout_seconds=2.0) == "ping"
+            except Exception as exc:  # a failed health call is a finding, not a crash of the probe
+                failures.append(f"{type(exc).__name__}: {exc}")
+            latencies.append(time.perf_counter() - t0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.01)
+
+
+def _server_log_problems(log: str) -> list[str]:
+    """Lines of a server log that show a crash or an unhandled error (warnings about dropped peers are fine)."""
+    bad = ("Traceback", " ERROR ", " CRITICAL ", "never awaited", "was never retrieved", "Exception in callback")
+    return [line for line in log.splitlines() if any(b in line for b in bad)][:20]
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_live_malformed_frames_from_several_attackers(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    """>= 50,000 malformed frames from several attacker connections (a separate process): the server never
+    crashes, its memory stays within 16 MiB of its baseline, its file descriptors return to baseline, and
+    a good client's health call stays under 100 ms throughout."""
+    server = procs.spawn(service_config(tmp_path, kv=None))
+    warmup = {**ATTACK, "soft_frames": 2_000, "hard_frames": 200}
+    await asyncio.to_thread(run_peer, "attack", {"address": server.address, **warmup})  # first-use allocations
+    await wait_for_fds(server, None)
+    fds_before, rss_before = server.num_fds(), server.rss()
+    stop, latencies, failures = asyncio.Event(), [], []
+    probe = asyncio.create_task(_health_probe(server.address, stop, latencies, failures))
+    server.reset_peak_rss()
+    try:
+        with Sampler(server) as sampler:
+            report = await asyncio.to_thread(run_peer, "attack", {"address": server.address, **ATTACK}, 600.0)
+    finally:
+        stop.set()
+        await probe
+    peak_growth = max(server.peak_rss(), *sampler.samples) - rss_before
+    fds_after = await wait_for_fds(server, fds_before)
+    frames = report["soft_frames"] + report["hard_frames"]
+    figures.record("hostile: live malformed frames sent", frames, "frames")
+    figures.record("hostile: live attack rate", round(frames / report["seconds"]), "frames/s")
+    figures.record("hostile: live attack server RSS peak growth", round(peak_growth / MIB, 1), "MiB")
+    figures.record(
+        "hostile: live attack server RSS growth at the end", round((server.rss() - rss_before) / MIB, 1), "MiB"
+    )
+    figures.record("hostile: live attack server fds before", fds_before, "")
+    figures.record("hostile: live attack server fds after", fds_after, "")
+    figures.record("hostile: health call p50 during attack", round(percentile(latencies, 50) * 1e3, 2), "ms")
+    figures.record("hostile: health call max during attack", round(max(latencies) * 1e3, 2), "ms")
+    figures.record("hostile: bad-framing connection dropped, p99", round(report["close_p99_seconds"] * 1e3, 2), "ms")
+    assert report["errors"] == [] and report["anomalies"] == [], report
+    assert frames >= ATTACK["soft_frames"] + ATTACK["hard_frames"] >= 50_000
+    assert server.alive(), server.log_tail()
+    assert _server_log_problems(server.log()) == []
+    assert failures == []
+    assert len(latencies) >= 10 and max(latencies) < 0.100, f"health call took {max(latencies) * 1e3:.1f} ms"
+    assert fds_after == fds_before
+    assert peak_growth <= 16 * MIB, f"server RSS grew by {peak_growth / MIB:.1f} MiB under attack (limit 16 MiB)"
+
+
+async def wait_for_fds(server: Any, target: int | None, within: float = 10.0) -> int:
+    """Wait until the server's open file descriptors equal ``target`` (or stop changing, for None)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last, same_since = server.num_fds(), loop.time()
+    while loop.time() < deadline:
+        await asyncio.sleep(0.02)
+        now = server.num_fds()
+        if target is not None and now == target:
+            return now
+        if now != last:
+            last, same_since = now, loop.time()
+        elif target is None and loop.time() - same_since > 0.2:
+            return now
+    return server.num_fds()
+
+
+# --- oversize and cross-protocol input -------------------------------------------------------------------------
+
+
+def _announce(length: int, kind: int = Kind.REQUEST) -> bytes:
+    """A frame header announcing a ``length``-byte body (nothing follows)."""
+    return HEADER.pack(MAGIC, WIRE_VERSION, kind, 0, RELTEST_ID, 0, length, 1, 0, 0, 0xFFFF, 0, 0, 0, bytes(16), 0, 0)
+
+
+OVERSIZE = {  # name -> (handshake first, bytes, what the server's log must say)
+    "length-4MiB+1": (True, _announce(4 * MIB + 1), "over the 4194304-byte limit"),
+    "length-16MiB": (True, _announce(16 * MIB), "over the 4194304-byte limit"),
+    "length-256MiB": (True, _announce(256 * MIB), "over the 4194304-byte limit"),
+    "length-2GiB": (True, _announce(2**31), "over the 4194304-byte limit"),
+    "length-4GiB-1": (True, _announce(2**32 - 1), "over the 4194304-byte limit"),
+    "hello-length-4GiB-1": (False, _announce(2**32 - 1, Kind.HELLO), "over the 4194304-byte limit"),
+    "http-request": (False, HTTP_REQUEST, "peer speaks HTTP"),
+    "tls-client-hello": (False, tls_client_hello(), "peer started a TLS handshake"),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("case", list(OVERSIZE), ids=list(OVERSIZE))
+async def test_oversize_and_cross_protocol_input_rejected_fast_and_cheaply(
+    case: str, caplog: pytest.LogCaptureFixture, figures: Any
+) -> None:
+    """The frame size is checked before anything is allocated for the body: a 4 GiB length prefix, an HTTP
+    request or a TLS ClientHello is rejected in < 50 ms with < 1 MiB allocated (tracemalloc, everything this
+    process allocates from connect to close), and the server's log says clearly what was wrong."""
+    handshake, data, message = OVERSIZE[case]
+    caplog.set_level(logging.WARNING, logger="svcframe")
+    async with Engine("tcp://127.0.0.1:0") as server:
+        server.register(RELTEST_ID, "noop", lambda req, arg: arg)
+        tracemalloc.start()
+        try:
+            reader, writer = await open_raw(server.address)  # type: ignore[arg-type]
+            try:
+                if handshake:
+                    await raw_handshake(reader, writer, secret())
+                else:
+                    await read_frame(reader)  # the server's HELLO
+                t0 = time.perf_counter()
+                writer.write(data)
+                await wait_closed_by_peer(reader, 5.0)
+                seconds = time.perf_counter() - t0
+            finally:
+                await close_writer(writer)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert server.statistics()["connections"] == 0
+    figures.record(f"hostile: {case} rejected in", round(seconds * 1e3, 2), "ms")
+    figures.record(f"hostile: {case} allocated (peak)", round(peak / 1024, 1), "KiB")
+    assert seconds < 0.050
+    assert peak < MIB
+    assert message in caplog.text, caplog.text
+
+
+# --- slow reader ------------------------------------------------------------------------------------------------
+
+SLOW_SIZE = MIB
+
+
+async def _normal_clients(address: str, seconds: float, clients: int = 8) -> list[float]:
+    """``clients`` engines (one connection each) calling selftest ``work`` (1 KiB each way) in closed
+    loops for ``seconds``; returns every call's latency."""
+    from selftest.provider import work_arg
+
+    arg = work_arg(1024, None, None, b"r" * 1024)
+    latencies: list[float] = []
+
+    async def one() -> None:
+        async with Engine(None) as engine:
+            await engine.call(address, "work", arg, provider_id=SELFTEST_ID)  # connect outside the window
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                await engine.call(address, "work", arg, provider_id=SELFTEST_ID, timeout_seconds=5.0)
+                latencies.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return latencies
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_slow_reader_is_disconnected_at_the_cap_and_others_keep_their_latency(
+    procs: Procs, tmp_path: Path, figures: Any
+) -> None:
+    """A peer that pipelines 1 MiB requests (1 MiB replies) and never reads is disconnected when its output
+    reaches the 16 MiB cap, costing the server at most 16 MiB (peak RSS, VmHWM), while 8 normal clients keep
+    their p99 latency within 2x of their baseline."""
+    from selftest.provider import work_arg
+
+    server = procs.spawn(service_config(tmp_path, kv=None, selftest=True))
+    window = scaled(2.0, 10.0)
+    await _normal_clients(server.address, 0.3)  # warm up, with small calls and with the large ones below
+    async with Engine(None) as engine:
+        large = work_arg(SLOW_SIZE, None, None, b"q" * SLOW_SIZE)
+        for _ in range(4):
+            await asyncio.gather(*(engine.call(server.address, "work", large, provider_id=SELFTEST_ID) for _ in range(8)))
+    baseline = await _normal_clients(server.address, window)
+    rounds = scaled(3, 10)
+    rss_before = server.rss()
+    server.reset_peak_rss()
+    slow = {"address": server.address, "size": SLOW_SIZE, "rounds": rounds, "max_requests": 2000}
+    attack = asyncio.create_task(asyncio.to_thread(run_peer, "slowreader", slow))
+    loaded = await _normal_clients(server.address, window)
+    report = await attack
+    cost = server.peak_rss() - rss_before
+    p99_base, p99_loaded = percentile(baseline, 99), percentile(loaded, 99)
+    figures.record("hostile: slow reader, server peak RSS cost", round(cost / MIB, 1), "MiB")
+    figures.record("hostile: slow reader, requests sent before disconnect (median)",
+                   sorted(r["requests"] for r in report["rounds"])[rounds // 2], "x 1 MiB")  # fmt: skip
+    figures.record("hostile: 8 normal clients p99, baseline", round(p99_base * 1e3, 2), "ms")
+    figures.record("hostile: 8 normal clients p99, with slow readers", round(p99_loaded * 1e3, 2), "ms")
+    figures.record("hostile: 8 normal clients calls/s, with slow readers", round(len(loaded) / window), "calls/s")
+    assert all(r["ended_by"] in ("ConnectionResetError", "BrokenPipeError") for r in report["rounds"]), report
+    assert server.log().count("does not read its data (slow reader)") >= rounds
+    assert server.alive() and _server_log_problems(server.log()) == []
+    assert cost <= 16 * MIB, f"a slow reader cost the server {cost / MIB:.1f} MiB (cap 16 MiB)"
+    assert p99_loaded <= 2 * p99_base, f"p99 {p99_loaded * 1e3:.2f} ms vs baseline {p99_base * 1e3:.2f} ms"
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_small_pipelined_requests_with_large_replies_stay_within_the_output_cap(
+    procs: Procs, tmp_path: Path, figures: Any
+) -> None:
+    """Amplification: 200 small requests (90 bytes each, one write) for 1 MiB replies each. The output
+    cap must bound what the server buffers for this peer: its peak RSS may not grow by more than the 16 MiB
+    cap, however the replies are batched."""
+    from selftest.provider import work_arg
+
+    server = procs.spawn(service_config(tmp_path, kv=None, selftest=True))
+    frames = b"".join(
+        request(i + 1, SELFTEST_ID, "work", pack_body(work_arg(SLOW_SIZE, None, None, b""))) for i in range(200)
+    )
+    rss_before = server.rss()
+    server.reset_peak_rss()
+    reader, writer = await open_raw(server.address)
+    try:
+        await raw_handshake(reader, writer, secret())
+        writer.write(frames)  # and never read
+        await writer.drain()
+        await wait_until(lambda: "slow reader" in server.log(), what="the server to drop the slow reader")
+    finally:
+        await close_writer(writer)
+    cost = server.peak_rss() - rss_before
+    figures.record(
+        "hostile: 18 KB of requests for 200 MiB of replies, server peak RSS cost", round(cost / MIB, 1), "MiB"
+    )
+    assert "slow reader" in server.log()
+    assert server.alive()
+    assert cost <= 16 * MIB, f"{len(frames)} bytes of requests made the server buffer {cost / MIB:.0f} MiB"
+
+
+# --- authentication -----------------------------------------------------------------------------------------------
+
+
+class _RecordingProxy:
+    """A loopback TCP proxy that records what the first client sends (to replay a real handshake)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.client_bytes = bytearray()
+        self.server: asyncio.AbstractServer | None = None
+        self.address = ""
+
+    async def start(self) -> _RecordingProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.address = f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await open_raw(self.target)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, record: bool) -> None:
+            with contextlib.suppress(ConnectionError):
+                while chunk := await src.read(65536):
+                    if record:
+                        self.client_bytes.extend(chunk)
+                    dst.write(chunk)
+            dst.close()
+
+        await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
+
+    async def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def _intrude(address: str, first_bytes: Any) -> tuple[bool, float]:
+    """One raw attempt: read the server's HELLO, send ``first_bytes(server_hello)``, read until the server
+    closes. Returns (a RESPONSE came back: a success for the intruder, seconds until the connection closed)."""
+    reader, writer = await open_raw(address)
+    try:
+        _, body = await read_frame(reader)
+        t0 = time.perf_counter()
+        writer.write(first_bytes(unpack_body(body)))
+        rest = await wait_closed_by_peer(reader, 5.0)
+        seconds = time.perf_counter() - t0
+    finally:
+        await close_writer(writer)
+    decoder = FrameDecoder()
+    frames = decoder.feed(rest)
+    assert frames and frames[0].kind == Kind.GOODBYE and frames[0].status == Status.UNAUTHENTICATED, frames
+    return any(f.kind == Kind.RESPONSE for f in frames), seconds
+
+
+ATTEMPTS = scaled(50, 200)
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_authentication_refuses_missing_wrong_and_replayed_handshakes(
+    procs: Procs, tmp_path: Path, caplog: pytest.LogCaptureFixture, figures: Any
+) -> None:
+    """A server whose secret comes from a file: >= 50 attempts each without a secret, with a wrong secret and
+    with a replayed handshake (a good client's HELLO and request, captured by a proxy, replayed on new
+    connections) get 0 successes: no response, no execution (the provider's journal). The secret is then
+    absent from the server's log (at debug level), this process's log records, and every config and status
+    output of the admin provider."""
+    caplog.set_level(logging.DEBUG, logger="svcframe")
+    key = b"file-secret-" + secrets.token_hex(16).encode()
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(key + b"\n")
+    config = service_config(tmp_path, kv="fast")
+    config["engine"]["auth"] = {"secret_file": str(secret_file)}
+    server = procs.spawn(config, verbose=True, env=server_env(secret=False))
+
+    async with Engine(None, secret=key) as good:
+        proxy = await _RecordingProxy(server.address).start()
+        try:
+            assert await good.call(proxy.address, "record", {"id": "good-1"}, provider_id=RELTEST_ID) == "good-1"
+        finally:
+            await good.close()
+            await proxy.close()
+    captured = bytes(proxy.client_bytes)
+    assert captured.startswith(MAGIC) and b"good-1" in captured
+
+    def forged(n: int, mac_key: bytes | None) -> Any:
+        def build(hello: dict) -> bytes:
+            intruder = request(1, RELTEST_ID, "record", pack_body({"id": f"intruder-{n}"}))
+            return hello_reply(hello, mac_key, f"intruder-{n}") + intruder
+
+        return build
+
+    results: dict[str, list[tuple[bool, float]]] = {"no-secret": [], "wrong-secret": [], "replayed": []}
+    for n in range(ATTEMPTS):
+        results["no-secret"].append(await _intrude(server.address, forged(n, None)))
+        results["wrong-secret"].append(await _intrude(server.address, forged(n, b"wrong-" + key)))
+        results["replayed"].append(await _intrude(server.address, lambda hello: captured))
+    engine_refusals = 0
+    for client_key in (None, b"wrong"):  # the real client as well: refused, typed
+        for _ in range(5):
+            async with Engine(None, secret=client_key) as intruder:
+                with pytest.raises(AuthenticationFailed):
+                    await intruder.call(server.address, "record", {"id": "engine-intruder"}, provider_id=RELTEST_ID,
+                                        timeout_seconds=5.0)  # fmt: skip
+                engine_refusals += 1
+
+    async with Engine(None, secret=key) as good:
+        admin = ServiceHandle(good, server.address, timeout_seconds=10.0)
+        outputs = [await admin.get_config(), await admin.status(), await admin.query_config("@"),
+                   await admin.statistics(), await admin.list_rpcs()]  # fmt: skip
+        assert await good.call(server.address, "noop", "ok", provider_id=RELTEST_ID) == "ok"  # still serving
+    executed = journal_counts(tmp_path)
+    successes = {name: sum(ok for ok, _ in rows) for name, rows in results.items()}
+    for name, rows in results.items():
+        figures.record(f"hostile: auth attempts {name}", len(rows), "")
+        figures.record(f"hostile: auth successes {name}", successes[name], "")
+        figures.record(f"hostile: auth {name} refused in (max)", round(max(s for _, s in rows) * 1e3, 2), "ms")
+    assert all(len(rows) >= 50 for rows in results.values())
+    assert successes == {"no-secret": 0, "wrong-secret": 0, "replayed": 0}
+    assert executed == {"good-1": 1}, executed  # no intruder ran anything; the replay did not run good-1 again
+    assert engine_refusals == 10
+    texts = {"server log": server.log(), "client log records": caplog.text,
+             "admin outputs": json.dumps(outputs, default=str)}  # fmt: skip
+    assert "authentication failed" in texts["server log"]  # the refusals were logged ...
+    for what, text in texts.items():  # ... without the secret, in any form
+        for form in (key.decode(), key.hex(), key.decode()[12:]):
+            assert form not in text, f"the secret appears in the {what}"
+    assert str(secret_file) in texts["admin outputs"]  # where the secret comes from is fine to show
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_admin_mutations_need_an_authenticated_connection(procs: Procs, tmp_path: Path) -> None:
+    """A loopback server started without any secret serves reads to anyone, but refuses every admin
+    mutation and library loading (admin.require_authentication defaults to true)."""
+    server = procs.spawn(service_config(tmp_path, kv=None), env=server_env(secret=False))
+    async with Engine(None, secret=None) as anyone:
+        admin = ServiceHandle(anyone, server.address, timeout_seconds=10.0)
+        assert (await admin.status())["pid"] == server.pid
+        attempts = [
+            admin.load_library("providers.kv"),
+            admin.add_provider({"name": "x", "type": "reltest"}),
+            admin.remove_provider("rel"),
+            admin.patch_config([{"op": "replace", "path": "/engine/default_timeout_seconds", "value": 1}]),
+            admin.shutdown(),
+        ]
+        for attempt in attempts:
+            with pytest.raises(Refused, match="authenticated connection"):
+                await attempt
+        assert await anyone.call(server.address, "noop", 1, provider_id=RELTEST_ID) == 1
+    assert server.alive()
+
+
+@pytest.mark.asyncio
+async def test_non_loopback_listening_without_a_secret_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secure by default: asked to listen on a non-loopback address without a secret, the server refuses to
+    start (nothing is bound), naming both ways out; with engine.trusted_network it would try to bind."""
+    from svcframe.config import parse_config
+    from svcframe.server import Server
+
+    monkeypatch.delenv("SVCFRAME_SECRET")
+    config = parse_config({"engine": {"address": "tcp://10.213.0.1:0"}})
+    with pytest.raises(ConfigError, match=r"without a shared secret.*trusted_network"):
+        await Server(config, secret=None).start()

@@ -4,8 +4,9 @@ Workloads (server process pinned to one core, clients on the others; loopback):
 
 * ``seq``: one client, one outstanding noop call: ops/s, p50 and p99 µs; svcframe in every progress
   mode (server and client switched together), the raw echo in block mode (a plain asyncio loop).
-* ``sat``: client processes with many calls in flight: aggregate ops/s, the server's CPU µs per call
-  (from its process CPU time, psutil) and its CPU utilisation, so an under-driven server is visible.
+* ``sat``: blaster processes (raw sockets, pre-encoded requests, ``sat_depth`` in flight each) saturate
+  the server: aggregate ops/s, the server's CPU µs per call (from its process CPU time, psutil) and its
+  CPU utilisation, so an under-driven server is visible.
 * ``bulk``: pull and push of 64 KiB and 4 MiB over tcp and unix sockets: GiB/s.
 * ``overhead``: the ``sat`` noop rate with monitoring off, default (statistics) and full tracing.
 
@@ -15,10 +16,10 @@ file. No figure here is a pass/fail test: speed targets are read from this outpu
 
 from __future__ import annotations
 
-import asyncio
 import json
 import multiprocessing as mp
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -206,73 +207,44 @@ def _importable(name: str) -> bool:
 
 
 # -- sat ----------------------------------------------------------------------------------------------------
-def _raw_sat_client(address: str, depth: int, seconds: float, core: int, barrier: Any, out: Any) -> None:
-    from svcframe.loops import run
-
-    os.sched_setaffinity(0, [core])
-
-    async def go() -> int:
-        client = await raw_connect(address)
-        frame = raw_noop_frame()
-        for _ in range(100):
-            await client.request(frame)
-        await asyncio.get_running_loop().run_in_executor(None, barrier.wait, 60)
-        done = 0
-        end = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < end:
-                await client.request(frame)
-                done += 1
-
-        await asyncio.gather(*(worker() for _ in range(depth)))
-        client.transport.close()
-        return done
-
-    out.put(run(go()))
-
-
 def bench_sat(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
+    """Both servers driven by the same blaster processes (raw sockets, pre-encoded frames), so the
+    server is the bottleneck; its CPU µs per call comes from its own CPU time over the window."""
     rows = []
-    ctx = mp.get_context("spawn")
     with PeerServer("raw", server_core) as raw:
-        barrier = ctx.Barrier(opts.sat_clients + 1)
-        out = ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=_raw_sat_client,
-                args=(raw.address, opts.sat_depth, opts.seconds, client_cores[i % len(client_cores)], barrier, out),
-            )
-            for i in range(opts.sat_clients)
-        ]
-        for p in procs:
-            p.start()
-        barrier.wait(60)
-        cpu0, t0 = _cpu_seconds(raw.pid), time.monotonic()
-        total = sum(out.get(timeout=opts.seconds + 60) for _ in procs)
-        cpu1, t1 = _cpu_seconds(raw.pid), time.monotonic()
-        for p in procs:
-            p.join()
-        rows.append(
-            _row(
-                "sat", "raw uvloop echo", ops_per_second=total / opts.seconds,
-                server_cpu_usec_per_call=(cpu1 - cpu0) / total * 1e6, server_utilization=(cpu1 - cpu0) / (t1 - t0),
-            )
-        )  # fmt: skip
+        rows.append(_row("sat", "raw uvloop echo", **_saturate("raw", raw.address, raw.pid, opts, client_cores)))
     with Launch(load_config(CONFIG), 1, cores=[server_core]) as job:
-        params = SelftestParams(
-            clients=opts.sat_clients, depth=opts.sat_depth, duration_seconds=opts.seconds, client_cores=client_cores,
-            warmup_iterations=100,
-        )  # fmt: skip
-        agg = run_selftest(params, [job.members[0].address])["aggregate"]
-        rows.append(
-            _row(
-                "sat", "svcframe", ops_per_second=agg["rate_ops_per_second"],
-                server_cpu_usec_per_call=agg["server_cpu_usec_per_op"], server_utilization=agg["server_utilization"],
-            )
-        )  # fmt: skip
+        member = job.members[0]
+        rows.append(_row("sat", "svcframe", **_saturate("svcframe", member.address, member.pid, opts, client_cores)))
     return rows
+
+
+def _saturate(kind: str, address: str, pid: int, opts: BenchOptions, client_cores: list[int]) -> dict[str, float]:
+    from .bench_peers import blast
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(opts.sat_clients + 1)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=blast,
+            args=(kind, address, opts.sat_depth, opts.seconds, client_cores[i % len(client_cores)], barrier, out),
+        )
+        for i in range(opts.sat_clients)
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait(60)
+    cpu0, t0 = _cpu_seconds(pid), time.monotonic()
+    total = sum(out.get(timeout=opts.seconds + 60) for _ in procs)
+    cpu1, t1 = _cpu_seconds(pid), time.monotonic()
+    for p in procs:
+        p.join()
+    return {
+        "ops_per_second": total / (t1 - t0),
+        "server_cpu_usec_per_call": (cpu1 - cpu0) / total * 1e6,
+        "server_utilization": (cpu1 - cpu0) / (t1 - t0),
+    }
 
 
 # -- bulk ---------------------------------------------------------------------------------------------------
@@ -383,6 +355,9 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     """Run the selected workloads; return ``{"options", "environment", "rows", "ratios"}``."""
     server_core, client_cores = _cores()
     os.sched_setaffinity(0, client_cores)  # this process is the seq/bulk client
+    # The bench's servers are its own: it reconfigures them (progress mode, monitoring), which needs an
+    # authenticated connection. Servers and clients it starts inherit this secret.
+    os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))
     rows: list[dict[str, Any]] = []
     if "seq" in opts.workloads:
         rows += bench_seq(opts, server_core)

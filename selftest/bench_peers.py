@@ -23,6 +23,7 @@ from typing import Any
 
 LEN = struct.Struct("<I")
 OP_ECHO, OP_PULL, OP_PUSH = 0, 1, 2
+CHUNK = 1 << 20  # a pull reply leaves in 1 MiB pieces (uvloop sends large single buffers slowly)
 
 
 class RawServer(asyncio.BufferedProtocol):
@@ -34,15 +35,23 @@ class RawServer(asyncio.BufferedProtocol):
         self.end = 0
         self.blob = blob
         self.transport: Any = None
-        self.skip = 0  # bytes of a push payload still to discard
+        self.skip = 0  # bytes of a push payload still to receive
+        self.scratch = memoryview(bytearray(4 << 20))
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.view[self.end :]
+        if self.skip:  # a push payload: straight into scratch space, no copy
+            return self.scratch[: min(self.skip, len(self.scratch))]
+        return self.view[self.end : self.end + 65536]
 
     def buffer_updated(self, n: int) -> None:
+        if self.skip:
+            self.skip -= n
+            if not self.skip:
+                self.transport.write(b"\x01\x00\x00\x00\x02")  # push acknowledged
+            return
         self.end += n
         view, pos, end = self.view, 0, self.end
         out = []
@@ -70,7 +79,7 @@ class RawServer(asyncio.BufferedProtocol):
             else:
                 (size,) = struct.unpack_from("<Q", view, pos + 5)
                 out.append(LEN.pack(size + 1) + b"\x01")
-                out.append(self.blob[:size])
+                out.extend(self.blob[i : min(i + CHUNK, size)] for i in range(0, size, CHUNK))
             pos += 4 + length
         if pos:
             self.buf[: end - pos] = self.view[pos:end]
@@ -111,7 +120,7 @@ class RawClient(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.sink is not None:
             return self.sink[self.sink_pos :]
-        return self.view[self.end :]
+        return self.view[self.end : self.end + 65536]
 
     def buffer_updated(self, n: int) -> None:
         if self.sink is not None:
@@ -252,3 +261,60 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def blast(kind: str, address: str, depth: int, seconds: float, core: int | None, barrier: Any, out: Any) -> None:
+    """Keep ``depth`` noop requests in flight on a raw socket for ``seconds`` and report the replies.
+
+    The client side costs almost nothing (pre-encoded frames, replies counted by size), so the server is
+    the bottleneck: what a saturation measurement needs. ``kind`` is "raw" (the echo protocol above) or
+    "svcframe" (handshake with the shared secret from SVCFRAME_SECRET, then ``work`` requests to provider 1).
+    """
+    import socket
+    import time
+
+    if core is not None:
+        os.sched_setaffinity(0, [core])
+    if address.startswith("unix://"):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(address[7:])
+    else:
+        host, port = address[6:].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if kind == "raw":
+        frame, reply_size = raw_noop_frame(), 5
+    else:
+        from svcframe.wire import HEADER_SIZE, Kind, auth_mac, encode_frame, pack_body, rpc_id, unpack_body
+
+        hello = b""
+        while len(hello) < HEADER_SIZE or len(hello) < HEADER_SIZE + LEN.unpack_from(hello, 12)[0]:
+            hello += sock.recv(65536)
+        info = unpack_body(hello[HEADER_SIZE:])
+        assert isinstance(info, dict)
+        me = f"blaster-{os.getpid()}"
+        reply: dict[str, Any] = {"engine_id": me, "address": None}
+        secret = os.environ.get("SVCFRAME_SECRET")
+        if secret:
+            reply["mac"] = auth_mac(secret.encode(), info["nonce"], info["engine_id"], me)
+        sock.sendall(encode_frame(Kind.HELLO, 0, pack_body(reply)))
+        frame = encode_frame(Kind.REQUEST, 1, pack_body([0, None, None, b""]), provider_id=1, rpc=rpc_id("work"))
+        reply_size = HEADER_SIZE + len(pack_body(b""))
+    window = frame * depth
+    sock.sendall(window[: len(frame) * 10])  # warm up: 10 calls
+    got = pending = 0
+    while got < 10:
+        pending += len(sock.recv(1 << 20))
+        got, pending = got + pending // reply_size, pending % reply_size
+    barrier.wait(60)
+    done = pending = 0
+    end = time.perf_counter() + seconds
+    sock.sendall(window)
+    while time.perf_counter() < end:
+        pending += len(sock.recv(1 << 20))
+        n, pending = pending // reply_size, pending % reply_size
+        done += n
+        if n:
+            sock.sendall(window[: len(frame) * n])
+    sock.close()
+    out.put(done)

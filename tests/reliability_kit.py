@@ -632,12 +632,30 @@ async def _bulkvictim(args: dict[str, Any]) -> None:
                         timeout_seconds=60)
         )  # fmt: skip
         conn = await engine.connection(args["address"])
-        for _ in range(60_000):  # until the server started pulling (our output buffer fills)
-            if conn.transport is None or conn.transport.get_write_buffer_size() > 0 or call.done():
+        for _ in range(60_000):  # until the server is pulling: our engine serves its BULK_PULL in chunks
+            if conn.serving or call.done():
                 break
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.0005)
         print(json.dumps({"started": True, "done": call.done()}), flush=True)
         await asyncio.sleep(3600)
+
+
+async def _bulkvictim_raw(args: dict[str, Any]) -> None:
+    """Like bulkvictim, at the protocol level, so the moment is exact: ask the server to pull ``size`` bytes
+    from us, answer its BULK_PULL with half of a 1 MiB data frame, say so, then wait to be killed."""
+    reader, writer = await open_raw(args["address"])
+    await raw_handshake(reader, writer, secret(), "victim-1")
+    handle = [None, "victim-1", 1, args["size"], "r"]
+    writer.write(request(1, RELTEST_ID, "sha_pull", pack_body({"bulk": handle}), deadline_usec=60_000_000))
+    while True:
+        fields, _ = await read_frame(reader)
+        if fields[2] == Kind.BULK_PULL:
+            break
+    chunk = MIB
+    writer.write(encode_frame(Kind.BULK_DATA_REPLY, fields[7], b"d" * chunk)[: HEADER_SIZE + chunk // 2])
+    await writer.drain()
+    print(json.dumps({"started": True, "done": False}), flush=True)
+    await asyncio.sleep(3600)
 
 
 async def _netclient(args: dict[str, Any]) -> None:
@@ -690,6 +708,8 @@ def main(argv: list[str]) -> None:
         print(json.dumps(_slowreader(args)), flush=True)
     elif mode == "bulkvictim":
         uvloop.run(_bulkvictim(args))
+    elif mode == "bulkvictim_raw":
+        uvloop.run(_bulkvictim_raw(args))
     elif mode == "netclient":
         uvloop.run(_netclient(args))
     else:

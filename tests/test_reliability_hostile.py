@@ -319,6 +319,38 @@ async def wait_for_fds(server: Any, target: int | None, within: float = 10.0) ->
     return server.num_fds()
 
 
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_announced_pushes_without_data_do_not_accumulate(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    """An authenticated peer announces 100,000 bulk pushes (BULK_PUSH headers, 30 bytes of body each) and
+    never sends their data. Per-connection state must stay bounded (the in-flight cap, or the requests'
+    deadlines): the server's peak RSS may grow by at most 16 MiB, and it keeps answering that peer."""
+    server = procs.spawn(service_config(tmp_path, kv=None))
+    announcements = scaled(100_000, 1_000_000)
+    rss_before = server.rss()
+    server.reset_peak_rss()
+    reader, writer = await open_raw(server.address)
+    try:
+        await raw_handshake(reader, writer, secret())
+        for start in range(0, announcements, 10_000):
+            writer.write(b"".join(encode_frame(Kind.BULK_PUSH, start + i + 1, pack_body([999_999, 0, 1000]),
+                                               deadline_usec=1_000_000) for i in range(10_000)))  # fmt: skip
+            await writer.drain()
+        writer.write(request(2**40, RELTEST_ID, "noop", pack_body("still there?")))
+        got = None
+        decoder = FrameDecoder()
+        while got is None:
+            chunk = await asyncio.wait_for(reader.read(1 << 20), 30)
+            assert chunk, "the server closed the connection"
+            got = next((f for f in decoder.feed(chunk) if f.request_id == 2**40), None)
+    finally:
+        await close_writer(writer)
+    cost = server.peak_rss() - rss_before
+    figures.record(f"hostile: {announcements:,} pushes announced without data, server peak RSS cost",
+                   round(cost / MIB, 1), "MiB")  # fmt: skip
+    assert unpack_body(got.body) == "still there?"
+    assert cost <= 16 * MIB, f"{announcements} announced pushes cost the server {cost / MIB:.0f} MiB"
+
+
 # --- oversize and cross-protocol input -------------------------------------------------------------------------
 
 
@@ -417,7 +449,9 @@ async def test_slow_reader_is_disconnected_at_the_cap_and_others_keep_their_late
     async with Engine(None) as engine:
         large = work_arg(SLOW_SIZE, None, None, b"q" * SLOW_SIZE)
         for _ in range(4):
-            await asyncio.gather(*(engine.call(server.address, "work", large, provider_id=SELFTEST_ID) for _ in range(8)))
+            await asyncio.gather(
+                *(engine.call(server.address, "work", large, provider_id=SELFTEST_ID) for _ in range(8))
+            )
     baseline = await _normal_clients(server.address, window)
     rounds = scaled(3, 10)
     rss_before = server.rss()

@@ -67,6 +67,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from providers.kv import DEFAULT_LIST_MAX, KVClient
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
@@ -118,7 +120,15 @@ class BlobProvider(Provider):
 
     type_name: ClassVar[str] = "blob"
     DEPENDENCIES: ClassVar[tuple[Dependency, ...]] = (Dependency("index", type="kv"),)
-    CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("path", "chunk_bytes", "max_blob_bytes", "index_prefix", "fsync")
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        path: str | None = Field(None, min_length=1, description="data directory (default blob-<id>)")
+        chunk_bytes: int = Field(DEFAULT_CHUNK_BYTES, ge=4096)
+        max_blob_bytes: int = Field(DEFAULT_MAX_BLOB_BYTES, ge=0)
+        index_prefix: str | None = Field(None, description="key prefix in the index (default '<name>/')")
+        fsync: bool = True
 
     def __init__(
         self,
@@ -130,7 +140,11 @@ class BlobProvider(Provider):
         dependencies: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(engine, provider_id, name=name, config=config, dependencies=dependencies)
-        self.config = self._validated(self.config)
+        self.config = {
+            **self.config,
+            "path": self.config["path"] or f"blob-{self.provider_id}",
+            "index_prefix": self.config["index_prefix"] if self.config["index_prefix"] is not None else f"{self.name}/",
+        }
         self.path = Path(self.config["path"])
         self.chunk_bytes: int = self.config["chunk_bytes"]
         self.max_blob_bytes: int = self.config["max_blob_bytes"]
@@ -146,30 +160,6 @@ class BlobProvider(Provider):
             raise ConfigError(f"blob provider {self.name!r}: dependency 'index' must be a kv provider, not {index!r}")
         self._executor: ThreadPoolExecutor | None = None
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # name -> (lock, [users])
-
-    def _validated(self, config: dict[str, Any]) -> dict[str, Any]:
-        where = f"blob provider {self.name!r} (id {self.provider_id})"
-        unknown = sorted(set(config) - set(self.CONFIG_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}: unknown config key(s) {unknown}; allowed: {list(self.CONFIG_KEYS)}")
-        out = {
-            "path": config.get("path", f"blob-{self.provider_id}"),
-            "chunk_bytes": config.get("chunk_bytes", DEFAULT_CHUNK_BYTES),
-            "max_blob_bytes": config.get("max_blob_bytes", DEFAULT_MAX_BLOB_BYTES),
-            "index_prefix": config.get("index_prefix", f"{self.name}/"),
-            "fsync": config.get("fsync", True),
-        }
-        if not isinstance(out["path"], str) or not out["path"]:
-            raise ConfigError(f"{where}: 'path' must be a directory path (a non-empty string), not {out['path']!r}")
-        for key, low in (("chunk_bytes", 4096), ("max_blob_bytes", 0)):
-            value = out[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{where}: {key!r} must be an integer >= {low} (bytes), not {value!r}")
-        if not isinstance(out["index_prefix"], str):
-            raise ConfigError(f"{where}: 'index_prefix' must be a string, not {out['index_prefix']!r}")
-        if not isinstance(out["fsync"], bool):
-            raise ConfigError(f"{where}: 'fsync' must be true or false, not {out['fsync']!r}")
-        return out
 
     def get_config(self) -> dict[str, Any]:
         return dict(self.config)

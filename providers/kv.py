@@ -76,7 +76,9 @@ import logging
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
@@ -257,7 +259,15 @@ class KVProvider(Provider):
     """
 
     type_name: ClassVar[str] = "kv"
-    CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("path", "durability", "inline_max_bytes")
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        path: str | None = Field(None, min_length=1, description="SQLite file or ':memory:' (default kv-<id>.sqlite)")
+        durability: Literal["durable", "fast"] = "durable"
+        inline_max_bytes: int | None = Field(
+            None, ge=0, strict=True, description="default: 64 KiB, within the frame limit"
+        )
 
     def __init__(
         self,
@@ -269,7 +279,7 @@ class KVProvider(Provider):
         dependencies: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(engine, provider_id, name=name, config=config, dependencies=dependencies)
-        self.config = self._validated(self.config)
+        self.config = self._with_defaults(self.config)
         self.path: str = self.config["path"]
         self.durability: str = self.config["durability"]
         self.inline_max_bytes: int = self.config["inline_max_bytes"]
@@ -277,26 +287,19 @@ class KVProvider(Provider):
         self._store: _Store | None = None
         self._journal_mode: str | None = None
 
-    def _validated(self, config: dict[str, Any]) -> dict[str, Any]:
-        where = f"kv provider {self.name!r} (id {self.provider_id})"
-        unknown = sorted(set(config) - set(self.CONFIG_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}: unknown config key(s) {unknown}; allowed: {list(self.CONFIG_KEYS)}")
-        path = config.get("path", f"kv-{self.provider_id}.sqlite")
-        if not isinstance(path, str) or not path:
-            raise ConfigError(f"{where}: 'path' must be a non-empty string (a file path or ':memory:'), not {path!r}")
-        durability = config.get("durability", "durable")
-        if durability not in DURABILITY_MODES:
-            raise ConfigError(f"{where}: 'durability' must be one of {list(DURABILITY_MODES)}, not {durability!r}")
+    def _with_defaults(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Fill the defaults that depend on the provider id and the engine; check the inline limit."""
         max_inline = max(0, self.engine.max_body_bytes - INLINE_HEADROOM_BYTES)
-        inline = config.get("inline_max_bytes", min(DEFAULT_INLINE_MAX_BYTES, max_inline))
-        if isinstance(inline, bool) or not isinstance(inline, int) or not 0 <= inline <= max_inline:
+        inline = config["inline_max_bytes"]
+        if inline is None:
+            inline = min(DEFAULT_INLINE_MAX_BYTES, max_inline)
+        elif inline > max_inline:
             raise ConfigError(
-                f"{where}: 'inline_max_bytes' must be an integer in 0..{max_inline} (the engine's "
-                f"max_body_bytes {self.engine.max_body_bytes} minus {INLINE_HEADROOM_BYTES} for the key "
-                f"and framing), not {inline!r}"
+                f"kv provider {self.name!r} (id {self.provider_id}) config: inline_max_bytes {inline} exceeds "
+                f"{max_inline} (the engine's max_body_bytes {self.engine.max_body_bytes} minus "
+                f"{INLINE_HEADROOM_BYTES} for the key and framing)"
             )
-        return {"path": path, "durability": durability, "inline_max_bytes": inline}
+        return {**config, "path": config["path"] or f"kv-{self.provider_id}.sqlite", "inline_max_bytes": inline}
 
     def get_config(self) -> dict[str, Any]:
         """The config with defaults filled in: ``path``, ``durability``, ``inline_max_bytes``."""

@@ -34,8 +34,9 @@ import tempfile
 import time
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from svcframe import BulkHandle, Provider, Request, register_provider_type, rpc
-from svcframe.errors import ConfigError
 
 PULL = "pull"
 PUSH = "push"
@@ -57,18 +58,16 @@ class SelftestProvider(Provider):
 
     type_name = "selftest"
 
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        max_response_bytes: int = Field(64 * 1024 * 1024, ge=0)
+        max_bulk_bytes: int = Field(1 << 30, ge=0)
+        storage_dir: str | None = None
+        storage_file_bytes: int = Field(256 * 1024 * 1024, ge=4096)
+
     def __init__(self, engine: Any, provider_id: int, **kwargs: Any) -> None:
         super().__init__(engine, provider_id, **kwargs)
-        self.config.setdefault("max_response_bytes", 64 * 1024 * 1024)
-        self.config.setdefault("max_bulk_bytes", 1 << 30)
-        self.config.setdefault("storage_dir", None)
-        self.config.setdefault("storage_file_bytes", 256 * 1024 * 1024)
-        unknown = set(self.config) - {"max_response_bytes", "max_bulk_bytes", "storage_dir", "storage_file_bytes"}
-        if unknown:
-            raise ConfigError(f"selftest provider: unknown config key(s) {sorted(unknown)}")
-        file_bytes = self.config["storage_file_bytes"]
-        if not isinstance(file_bytes, int) or file_bytes < 4096:
-            raise ConfigError(f"selftest provider: storage_file_bytes must be an integer >= 4096, got {file_bytes!r}")
         self._responses: dict[int, bytes] = {}
         self._buffers: dict[int, bytearray] = {}
         self._storage_fd: int | None = None
@@ -121,7 +120,9 @@ class SelftestProvider(Provider):
             raise ValueError(f"storage op {op!r}: expected 'write' or 'read'")
         file_bytes = self.config["storage_file_bytes"]
         if not isinstance(block_size, int) or not 0 < block_size <= min(file_bytes, self.config["max_bulk_bytes"]):
-            raise ValueError(f"storage block_size {block_size!r} is outside 1..{min(file_bytes, self.config['max_bulk_bytes'])}")
+            raise ValueError(
+                f"storage block_size {block_size!r} is outside 1..{min(file_bytes, self.config['max_bulk_bytes'])}"
+            )
         fd = self._storage_file()
         offset = random.randrange(file_bytes // block_size) * block_size
         buf = self._buffers.pop(block_size, None) or bytearray(block_size)

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, overload
 
+from pydantic import BaseModel
+
 from .engine import Engine, Request
 from .errors import ConfigError
 
@@ -135,6 +137,8 @@ class Provider:
     """
 
     type_name: ClassVar[str] = ""
+    #: The provider's config schema (a pydantic model; unknown keys are errors). None accepts any dict.
+    Config: ClassVar[type[BaseModel] | None] = None
     #: The dependencies this type expects; None (the default) accepts any, unchecked.
     DEPENDENCIES: ClassVar[tuple[Dependency, ...] | None] = None
 
@@ -151,8 +155,27 @@ class Provider:
         self.provider_id = provider_id
         self.name = name or self.type_name
         self.config: dict[str, Any] = dict(config or {})
+        if self.Config is not None:
+            self.config = self.validate_config(self.config)
         self.dependencies: dict[str, Any] = dict(dependencies or {})
         self._registered = False
+
+    def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``config`` with ``Config`` and return it with every default filled in.
+
+        Raises:
+            ConfigError: one line per problem, naming the key, the value and what was expected.
+        """
+        from pydantic import ValidationError
+
+        from .config import format_validation_error
+
+        assert self.Config is not None
+        try:
+            return self.Config.model_validate(config).model_dump(mode="json")
+        except ValidationError as exc:
+            source = f"{self.type_name} provider {self.name!r} (id {self.provider_id}) config"
+            raise ConfigError(format_validation_error(exc, source)) from None
 
     @classmethod
     def rpc_methods(cls) -> dict[str, str]:

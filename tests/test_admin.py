@@ -214,7 +214,7 @@ def test_add_provider_then_remove_it(svc: Member) -> None:
         ({"name": "x", "type": "kv", "provider_id": 0}, "reserved for the admin provider"),
         ({"name": "x", "type": "nope"}, "unknown provider type 'nope' (known: "),
         ({"type": "kv"}, "provider description: name: Field required"),
-        ({"name": "x", "type": "kv", "config": {"colour": 1}}, "unknown config key(s) ['colour']"),
+        ({"name": "x", "type": "kv", "config": {"colour": 1}}, "colour: Extra inputs are not permitted"),
     ],
 )
 def test_add_provider_errors(svc: Member, desc: dict[str, Any], fragment: str) -> None:

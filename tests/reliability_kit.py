@@ -636,7 +636,11 @@ async def _bulkvictim(args: dict[str, Any]) -> None:
             if conn.serving or call.done():
                 break
             await asyncio.sleep(0.0005)
-        print(json.dumps({"started": True, "done": call.done()}), flush=True)
+        outcome = None
+        if call.done():
+            outcome = repr(call.exception()) if call.exception() else f"finished: {call.result()!r:.80}"
+        print(json.dumps({"started": True, "done": call.done(), **({"outcome": outcome} if outcome else {})}),
+              flush=True)  # fmt: skip
         await asyncio.sleep(3600)
 
 

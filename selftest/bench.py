@@ -352,7 +352,15 @@ def bench_overhead(opts: BenchOptions, server_core: int, client_cores: list[int]
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
     """Run the selected workloads; return ``{"options", "environment", "rows", "ratios"}``."""
     server_core, client_cores = _cores()
-    os.sched_setaffinity(0, client_cores)  # this process is the seq/bulk client
+    original_affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, client_cores)  # this process is the seq/bulk client (restored at the end)
+    try:
+        return _run_bench(opts, server_core, client_cores)
+    finally:
+        os.sched_setaffinity(0, original_affinity)
+
+
+def _run_bench(opts: BenchOptions, server_core: int, client_cores: list[int]) -> dict[str, Any]:
     # The bench's servers are its own: it reconfigures them (progress mode, monitoring), which needs an
     # authenticated connection. Servers and clients it starts inherit this secret.
     os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))

@@ -187,11 +187,20 @@ async def run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
     Raises:
         SvcframeError: the server cannot be reached or refuses the progress change.
     """
+
+    original_affinity = os.sched_getaffinity(0)
+    if params.client_core is not None:
+        os.sched_setaffinity(0, [params.client_core])  # restored at the end
+    try:
+        return await _run_bursts(params, server)
+    finally:
+        os.sched_setaffinity(0, original_affinity)
+
+
+async def _run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
     from svcframe.admin import ServiceHandle
     from svcframe.engine import Engine
 
-    if params.client_core is not None:
-        os.sched_setaffinity(0, [params.client_core])
     async with Engine(None) as engine:
         admin = ServiceHandle(engine, server, params.admin_provider_id)
         status = await admin.status()

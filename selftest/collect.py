@@ -460,4 +460,3 @@ def _measure(
         t3 = time.monotonic()
         pool.close(grace_seconds)
         timers["teardown"] += time.monotonic() - t3
-

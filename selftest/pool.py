@@ -152,11 +152,15 @@ class ClientPool:
         while self._starting:
             proc, conn = self._starting[0]
             if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise SelftestError(f"client worker pid {proc.pid} did not start within {self.start_timeout_seconds:g} s")
+                raise SelftestError(
+                    f"client worker pid {proc.pid} did not start within {self.start_timeout_seconds:g} s"
+                )
             try:
                 conn.recv()
             except EOFError:
-                raise SelftestError(f"client worker pid {proc.pid} died while starting (exit code {proc.exitcode})") from None
+                raise SelftestError(
+                    f"client worker pid {proc.pid} died while starting (exit code {proc.exitcode})"
+                ) from None
             self._workers.append(self._starting.pop(0))
         self.start_seconds += time.monotonic() - t0
 

@@ -196,7 +196,8 @@ def _img(png: Path, alt: str) -> str:
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
     head = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers))
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{html.escape(_fmt(c))}</td>' for i, c in enumerate(r))
+        "<tr>"
+        + "".join(f'<td class="{"l" if i < left else ""}">{html.escape(_fmt(c))}</td>' for i, c in enumerate(r))
         + "</tr>"
         for r in rows
     )
@@ -310,9 +311,7 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
     return "\n".join(parts)
 
 
-def write_report(
-    run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]
-) -> Path:
+def write_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Write the self-contained HTML page of a run.
 
     Args:

@@ -362,9 +362,7 @@ def compare(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> lis
     return rows
 
 
-def plot_history(
-    run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]
-) -> Path:
+def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """UMAMI-style "is that normal?" figure (``papers/darshan-tokio-slides.txt``): one row per quantity of
     :func:`quantities`; left, the history's values over time with the run under study highlighted; right,
     the history's distribution as a box plot (whiskers at 1.5 IQR) with the run as a red diamond.

@@ -856,7 +856,9 @@ def monitor(address: tuple[str, ...], group: str | None, interval_seconds: float
             with Live(console=Console(width=max(Console().width, 140)), auto_refresh=False) as live:
                 n = 0
                 while count == 0 or n <= count:
-                    current = {a: r for a, r in (await handle.call("statistics")).items() if not isinstance(r, Exception)}
+                    current = {
+                        a: r for a, r in (await handle.call("statistics")).items() if not isinstance(r, Exception)
+                    }
                     now = time.monotonic()
                     live.update(_stats_table(_stats_rows(previous, current, now - t_prev)), refresh=True)
                     previous, t_prev = current, now
@@ -1077,6 +1079,7 @@ def selftest_nic_dispersion(
         spread = " ".join(str(r["clients_per_nic"][n]) for n in names)
         click.echo(f"{r['scenario']:>10} {r['nic_policy']:>11} {r['bandwidth_gib_per_second']:8.3f}  {spread}")
     click.echo(f"plot: {png}\nresults: {js}")
+
 
 if __name__ == "__main__":
     main()

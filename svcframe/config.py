@@ -119,9 +119,11 @@ class EngineConfig(StrictModel):
         1024, ge=1, description="running handlers per connection before its further requests wait (backpressure)"
     )
     max_output_bytes: int = Field(
-        16 * 1024 * 1024, ge=65536, description="a peer that lets this much output pile up is disconnected"
+        8 * 1024 * 1024, ge=65536, description="a peer that lets this much output pile up is disconnected"
     )
-    idle_timeout_seconds: float = Field(300.0, ge=0, description="close accepted connections idle this long (0 = never)")
+    idle_timeout_seconds: float = Field(
+        300.0, ge=0, description="close accepted connections idle this long (0 = never)"
+    )
     handshake_timeout_seconds: float = Field(10.0, gt=0)
     auth: AuthConfig = AuthConfig()
     trusted_network: bool = Field(

@@ -199,12 +199,13 @@ class _Pending:
 
 
 class _IncomingPush:
-    __slots__ = ("cursor", "dest", "error", "frame")
+    __slots__ = ("cursor", "dest", "error", "frame", "size")
 
-    def __init__(self, dest: memoryview | None, error: str | None, frame: Frame) -> None:
+    def __init__(self, dest: memoryview | None, error: str | None, frame: Frame, size: int) -> None:
         self.dest = dest
         self.error = error
         self.frame = frame
+        self.size = size  # bytes announced (data for a refused push is received and discarded)
         self.cursor = 0
 
 
@@ -932,8 +933,8 @@ class Engine:
             conn.pause_reading()  # backpressure: this peer's further requests wait in its socket buffer
         self.progress.inflight += 1
         deadline = req.deadline
-        timer = loop.call_at(deadline, task.cancel) if deadline is not None else None
-        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer))
+        timer = loop.call_at(deadline, _expire_handler, task) if deadline is not None else None
+        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result))
 
     def _refuse(self, conn: Connection, frame: Frame, reg: Registration | None) -> bool:
         """Answer a request that will not run (unknown target, shutting down, provider removed)."""
@@ -949,10 +950,17 @@ class Engine:
         return True
 
     def _task_done(
-        self, conn: Connection, request_id: int, task: asyncio.Task[Any], deadline: asyncio.TimerHandle | None
+        self,
+        conn: Connection,
+        request_id: int,
+        task: asyncio.Task[Any],
+        deadline: asyncio.TimerHandle | None,
+        handler_result: Any,
     ) -> None:
         if deadline is not None:
             deadline.cancel()
+        if inspect.iscoroutine(handler_result):
+            handler_result.close()  # cancelled before it first ran: never awaited, so close it (no-op otherwise)
         self._tasks.discard(task)
         if conn.serving.get(request_id) is task:
             del conn.serving[request_id]
@@ -979,6 +987,8 @@ class Engine:
                     self._reply_error(
                         conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished"
                     )
+                elif getattr(asyncio.current_task(), "svcframe_deadline_passed", False):
+                    self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, "the caller's deadline passed")
                 else:
                     self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
             raise
@@ -1085,18 +1095,29 @@ class Engine:
 
     def _on_push_request(self, conn: Connection, frame: Frame) -> None:
         view, error, size = self._bulk_request(frame, WRITE)
-        incoming = _IncomingPush(view, error, frame)
+        incoming = _IncomingPush(view, error, frame, size)
         if size == 0 or (view is None and error == "malformed bulk request"):
             self._reply_push(conn, incoming)
             return
         pushes = conn.state.setdefault("pushes", {})
+        if len(pushes) >= self.max_inflight_per_connection:
+            raise RemoteProtocolError(
+                f"more than {self.max_inflight_per_connection} bulk pushes announced and not sent on one connection"
+            )
+        if error:
+            self._reply_push(conn, incoming)  # refused at once; only its byte count is kept, to discard its data
+            refused = conn.state.setdefault("refused_pushes", {})
+            refused[frame.request_id] = size
+            if len(refused) > self.max_inflight_per_connection:
+                del refused[next(iter(refused))]  # the oldest: its data, if it ever comes, is a protocol error
+            return
         pushes[frame.request_id] = incoming
         self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
 
     def _on_push_data(self, conn: Connection, frame: Frame) -> None:
         pushes = conn.state.get("pushes", {})
         incoming = pushes.get(frame.request_id)
-        if incoming is not None and incoming.cursor >= _push_size(incoming):
+        if incoming is not None and incoming.cursor >= incoming.size:
             del pushes[frame.request_id]
             self._reply_push(conn, incoming)
 
@@ -1120,9 +1141,17 @@ class Engine:
             return view
         incoming = conn.state.get("pushes", {}).get(request_id)
         if incoming is None:
-            raise RemoteProtocolError(f"push data for unknown request {request_id}")
+            refused = conn.state.get("refused_pushes", {})
+            remaining = refused.get(request_id)
+            if remaining is None or length > remaining:
+                raise RemoteProtocolError(f"push data for unknown request {request_id}")
+            if remaining == length:
+                del refused[request_id]
+            else:
+                refused[request_id] = remaining - length
+            return self._discard(length)  # data of a refused push (answered already)
         end = incoming.cursor + length
-        size = _push_size(incoming)
+        size = incoming.size
         if end > size:
             raise RemoteProtocolError(f"peer pushed {end} bytes for a {size}-byte push")
         start, incoming.cursor = incoming.cursor, end
@@ -1151,15 +1180,6 @@ class Engine:
         }
 
 
-def _push_size(incoming: _IncomingPush) -> int:
-    if incoming.dest is not None:
-        return len(incoming.dest)
-    try:
-        return int(unpack_body(incoming.frame.body or b"")[2])  # type: ignore[index]
-    except Exception:
-        return 0
-
-
 class _DeadlineExpired(Exception):
     """Set on a pending call's future by its deadline timer (turned into TimeoutError_ by the caller)."""
 
@@ -1167,6 +1187,12 @@ class _DeadlineExpired(Exception):
 def _expire(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_exception(_DeadlineExpired())
+
+
+def _expire_handler(task: asyncio.Task[Any]) -> None:
+    """The caller's deadline passed: stop its handler, answered as DEADLINE_EXCEEDED."""
+    task.svcframe_deadline_passed = True  # type: ignore[attr-defined]
+    task.cancel()
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -212,6 +212,7 @@ async def publish_group(
     loop = asyncio.get_running_loop()
     mine = {**member, "job": info.job}
     if comm is not None:
+
         def gather() -> list[dict[str, Any]] | None:
             members = comm.gather(mine, root=0)
             if comm.Get_rank() == 0:

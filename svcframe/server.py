@@ -415,7 +415,9 @@ class Server:
         try:
             self.engine.set_tracing(ec.monitoring.tracing, otel=ec.monitoring.otel)
         except ImportError:
-            raise ConfigError("engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'") from None
+            raise ConfigError(
+                "engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'"
+            ) from None
         self.engine.monitor.sample_every = ec.monitoring.timing_sample_every
         self.config.engine = ec
         self.config.admin = new.admin

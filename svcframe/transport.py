@@ -38,9 +38,11 @@ log = logging.getLogger("svcframe.transport")
 SCHEMES = ("tcp", "unix")
 #: Largest output buffer a connection may hold before its peer is considered a slow reader and
 #: disconnected (bytes). Bulk transfers wait for the buffer to drain instead of filling it.
-DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 #: A peer must complete the handshake within this time, or it is disconnected (seconds).
 DEFAULT_HANDSHAKE_TIMEOUT_SECONDS = 10.0
+#: Replies of one received batch are written as soon as they pass this many bytes (bounded memory).
+BATCH_FLUSH_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class Connection(asyncio.BufferedProtocol):
         self.authenticated = False  # the peer proved the shared secret (server side) / we proved it (client side)
         self.last_activity = 0.0
         self.reading_paused = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._batch_bytes = 0
         self.writes = 0  # calls into the transport's write path (a received batch's replies make one)
         self.records: dict[Any, Any] = {}  # the owner's per-connection statistics cache
         self.identity = identity
@@ -188,7 +192,7 @@ class Connection(asyncio.BufferedProtocol):
             }
             transport.write(encode_frame(Kind.HELLO, 0, pack_body(hello)))
             loop = asyncio.get_running_loop()
-            loop.call_later(self.handshake_timeout_seconds, self._handshake_deadline)
+            self._handshake_timer = loop.call_later(self.handshake_timeout_seconds, self._handshake_deadline)
 
     def _handshake_deadline(self) -> None:
         if not self._open and not self.closed:
@@ -208,6 +212,7 @@ class Connection(asyncio.BufferedProtocol):
                 if not frames or not self._open:
                     return
             self._batch = batch = []
+            self._batch_bytes = 0
             try:
                 while frames:
                     self.owner.on_frames(self, frames)
@@ -235,8 +240,11 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()  # else it keeps the connection (and its buffers) alive
         if exc is None and not self.decoder.idle:
             exc = ConnectionLost("peer closed the connection in the middle of a frame")
+        self.decoder.close()  # drop the buffers, the bulk destination and the sink (a reference cycle)
         if not self.ready.done():
             self.ready.set_exception(exc or ConnectionLost(f"connection to {self.peername} closed in handshake"))
             self.ready.exception()  # mark retrieved; the dialler re-raises it
@@ -258,11 +266,23 @@ class Connection(asyncio.BufferedProtocol):
         batch = self._batch
         if batch is not None:
             batch.append(data)
+            self._batch_bytes += len(data)
+            if self._batch_bytes > BATCH_FLUSH_BYTES:
+                self._flush_batch()
         elif not self.closed:
             assert self.transport is not None
             self.writes += 1
             self.transport.write(data)
             self._check_output()
+
+    def _flush_batch(self) -> None:
+        """Write what a large batch has produced so far (bounds its memory; checks the output cap)."""
+        batch = self._batch
+        if batch and not self.closed:
+            self._write(batch)
+        if batch is not None:
+            batch.clear()
+        self._batch_bytes = 0
 
     def send_many(self, parts: Sequence[bytes | memoryview]) -> None:
         batch = self._batch
@@ -281,10 +301,12 @@ class Connection(asyncio.BufferedProtocol):
         self._check_output()
 
     def _check_output(self) -> None:
-        if self._paused:
-            assert self.transport is not None
-            if self.transport.get_write_buffer_size() > self.max_output_bytes:
-                self.abort(ConnectionLost(f"peer {self.peername} does not read its data (slow reader)"))
+        if (
+            self._paused
+            and self.transport is not None
+            and self.transport.get_write_buffer_size() > self.max_output_bytes
+        ):
+            self.abort(ConnectionLost(f"peer {self.peername} does not read its data (slow reader)"))
 
     async def drain(self) -> None:
         """Wait until the output buffer is below its high-water mark (write-side backpressure)."""
@@ -368,6 +390,9 @@ class Connection(asyncio.BufferedProtocol):
             assert self.transport is not None
             self.transport.write(encode_frame(Kind.HELLO, 0, pack_body(reply)))
         self._open = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
         self.owner.on_open(self)
         if not self.ready.done():
             self.ready.set_result(None)

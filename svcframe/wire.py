@@ -401,6 +401,15 @@ class FrameDecoder:
                 got = self.more()
         return frames
 
+    def close(self) -> None:
+        """Release the buffers, any bulk destination and the sink (the connection is gone)."""
+        self._direct = None
+        self._direct_frame = None
+        self.bulk_sink = None
+        self._buf = bytearray(0)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
     @property
     def idle(self) -> bool:
         """True when no partial frame is buffered (a clean place to close the stream)."""

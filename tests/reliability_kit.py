@@ -624,7 +624,7 @@ async def _bulkvictim(args: dict[str, Any]) -> None:
     """Start a transfer the server pulls from us, say so, then wait to be killed mid-transfer."""
     from svcframe import Engine
 
-    async with Engine(None) as engine:
+    async with Engine(None, bulk_chunk_bytes=64 * 1024) as engine:  # small chunks: the transfer yields often
         data = bytearray(os.urandom(1024)) * (args["size"] // 1024)
         handle = engine.expose(data, "r")
         call = asyncio.ensure_future(
@@ -632,10 +632,10 @@ async def _bulkvictim(args: dict[str, Any]) -> None:
                         timeout_seconds=60)
         )  # fmt: skip
         conn = await engine.connection(args["address"])
-        for _ in range(60_000):  # until the server is pulling: our engine serves its BULK_PULL in chunks
+        for _ in range(10_000_000):  # until the server is pulling: our engine serves its BULK_PULL in chunks
             if conn.serving or call.done():
                 break
-            await asyncio.sleep(0.0005)
+            await asyncio.sleep(0)  # every loop iteration: the moment the server starts pulling
         outcome = None
         if call.done():
             outcome = repr(call.exception()) if call.exception() else f"finished: {call.result()!r:.80}"

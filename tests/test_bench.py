@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from selftest.bench import BenchOptions, add_ratios, run_bench
@@ -9,7 +11,9 @@ from selftest.bench import BenchOptions, add_ratios, run_bench
 
 def test_bench_runs_and_reports_ratios(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SVCFRAME_SECRET", raising=False)  # the bench brings its own secret for its servers
+    before = os.sched_getaffinity(0)
     result = run_bench(BenchOptions(quick=True, seconds=0.3, workloads=("seq", "sat")))
+    assert os.sched_getaffinity(0) == before  # the caller's CPU affinity is restored
     rows = result["rows"]
     assert {(r["workload"], r["impl"]) for r in rows} >= {
         ("seq", "raw uvloop echo"), ("seq", "svcframe"), ("sat", "raw uvloop echo"), ("sat", "svcframe"),

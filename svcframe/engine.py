@@ -821,9 +821,11 @@ class Engine:
         for pos in range(0, size, chunk):
             if conn.closed or (until is not None and until.done()):
                 return
+            await conn.drain()  # before each chunk: concurrent transfers share the buffer
+            if conn.closed or (until is not None and until.done()):
+                return
             part = src[pos : pos + chunk]
             conn.send_many((encode_header(kind, request_id, len(part)), part))
-            await conn.drain()
 
     # -- ConnectionOwner: incoming frames ---------------------------------------------------------------
     def on_open(self, conn: Connection) -> None:
@@ -1074,7 +1076,7 @@ class Engine:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
             return
         self.monitor.record_bulk("served_pull", conn.peer_label, size, 0)
-        if size <= self.bulk_chunk_bytes:
+        if size <= self.bulk_chunk_bytes and not conn.writing_paused:  # small, and room to write: inline
             if size:
                 conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
             self._reply(conn, frame, Status.OK, b"")

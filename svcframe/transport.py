@@ -252,6 +252,11 @@ class Connection(asyncio.BufferedProtocol):
             self._drain.set_result(None)
         self.owner.on_close(self, exc)
 
+    @property
+    def writing_paused(self) -> bool:
+        """The output buffer is above its high-water mark: wait (``drain``) before writing bulk data."""
+        return self._paused
+
     def pause_writing(self) -> None:
         self._paused = True
 
@@ -288,6 +293,9 @@ class Connection(asyncio.BufferedProtocol):
         batch = self._batch
         if batch is not None:
             batch.extend(parts)
+            self._batch_bytes += sum(len(p) for p in parts)
+            if self._batch_bytes > BATCH_FLUSH_BYTES:
+                self._flush_batch()
         elif not self.closed:
             self._write(parts)
 
@@ -309,15 +317,20 @@ class Connection(asyncio.BufferedProtocol):
             self.abort(ConnectionLost(f"peer {self.peername} does not read its data (slow reader)"))
 
     async def drain(self) -> None:
-        """Wait until the output buffer is below its high-water mark (write-side backpressure)."""
-        if self.closed:
-            raise ConnectionLost(f"connection to {self.peername} is closed")
-        if self._paused:
+        """Wait until the output buffer is below its high-water mark (write-side backpressure).
+
+        Several senders (concurrent bulk transfers) may wait together; when writing resumes each one
+        re-checks before returning, so they refill the buffer one chunk at a time instead of all at once
+        (which would overshoot the output cap and look like a slow reader).
+        """
+        while True:
+            if self.closed:
+                raise ConnectionLost(f"connection to {self.peername} is closed")
+            if not self._paused:
+                return
             if self._drain is None or self._drain.done():
                 self._drain = asyncio.get_running_loop().create_future()
             await self._drain
-            if self.closed:
-                raise ConnectionLost(f"connection to {self.peername} is closed")
 
     def goodbye(self, status: Status, reason: str) -> None:
         """Tell the peer why we close, then close after the output is flushed."""

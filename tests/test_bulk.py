@@ -355,3 +355,27 @@ async def test_local_pull_and_push(server: Engine, client: Engine, engine_kind: 
     with pytest.raises(BulkError):
         await engine.pull(handle)
     assert engine.statistics()["connections"] == 0  # nothing went over a socket
+
+
+async def test_concurrent_bulk_transfers_share_one_connection_without_tripping_the_output_cap(
+    make_engine: Any,
+) -> None:
+    """16 pulls of 1 MiB in flight on one connection (the roofline's bandwidth saturation): the owner's
+    replies are flushed and paced by write backpressure, so the 8 MiB output cap never mistakes it for
+    a slow reader."""
+    server = await make_engine("tcp://127.0.0.1:0")
+    client = await make_engine(None)
+
+    async def pull(req: Request, wire: Any) -> int:
+        data = await req.engine.pull(BulkHandle.from_wire(wire))
+        return len(data)
+
+    server.register(1, "pull", pull)
+    handle = client.expose(bytearray(b"\x42" * (1 << 20)), "r")
+
+    async def worker() -> None:
+        for _ in range(10):
+            assert await client.call(server.address, "pull", handle.to_wire(), provider_id=1) == 1 << 20
+
+    await asyncio.gather(*(worker() for _ in range(16)))
+    assert not any(c.closed for c in client._all_conns)

@@ -146,12 +146,7 @@ class Server:
             idle_timeout_seconds=ec.idle_timeout_seconds,
             handshake_timeout_seconds=ec.handshake_timeout_seconds,
         )
-        try:
-            self.engine.set_tracing(ec.monitoring.tracing, otel=ec.monitoring.otel)
-        except ImportError:
-            raise ConfigError(
-                "engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'"
-            ) from None
+        self._apply_monitoring(ec.monitoring)
         listen = parse_address(plumbed.listen_address)
         if not listen.is_loopback and self._secret is None and not ec.trusted_network:
             raise ConfigError(
@@ -411,17 +406,26 @@ class Server:
         ec = new.engine
         self.engine.progress.configure(ec.progress_mode, ec.progress_spindown_msec, ec.progress_timeout_ub_msec)
         self.engine.default_timeout_seconds = ec.default_timeout_seconds
-        self.engine.monitor.enabled = ec.monitoring.enabled
+        self._apply_monitoring(ec.monitoring)
+        self.config.engine = ec
+        self.config.admin = new.admin
+        return self.live_config()
+
+    def _apply_monitoring(self, monitoring: Any) -> None:
+        """Give the engine the monitoring section's live settings (at start and on every patch).
+
+        Raises:
+            ConfigError: ``otel`` is on but the OpenTelemetry API is not installed.
+        """
+        assert self.engine is not None
+        self.engine.monitor.enabled = monitoring.enabled
+        self.engine.monitor.sample_every = monitoring.timing_sample_every
         try:
-            self.engine.set_tracing(ec.monitoring.tracing, otel=ec.monitoring.otel)
+            self.engine.set_tracing(monitoring.tracing, otel=monitoring.otel)
         except ImportError:
             raise ConfigError(
                 "engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'"
             ) from None
-        self.engine.monitor.sample_every = ec.monitoring.timing_sample_every
-        self.config.engine = ec
-        self.config.admin = new.admin
-        return self.live_config()
 
     def status(self) -> dict[str, Any]:
         assert self.engine is not None

@@ -161,3 +161,15 @@ async def client() -> AsyncIterator[Engine]:
         yield engine
     finally:
         await engine.close(drain_timeout_seconds=1.0)
+
+
+@pytest.fixture
+def procs(tmp_path: Any) -> Iterator[Any]:
+    """Server and peer processes of the reliability tests (``reliability_kit.Procs``), all stopped at the end."""
+    from reliability_kit import Procs
+
+    group = Procs(tmp_path)
+    try:
+        yield group
+    finally:
+        group.close()

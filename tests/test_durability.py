@@ -19,7 +19,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,6 @@ pytestmark = [pytest.mark.asyncio(loop_factories=["uvloop"]), pytest.mark.timeou
 WRITES = scaled(5_000, 50_000)
 KILLS = scaled(10, 20)
 WRITERS = 16
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 def value_of(key: str) -> bytes:

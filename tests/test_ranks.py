@@ -110,8 +110,7 @@ def test_filesystem_barrier_publishes_when_all_ranks_are_ready(tmp_path) -> None
         assert [m.rank for m in members] == [0, 1, 2]
         assert {m.pid for m in members} == {p.pid for p in procs}
         assert not (tmp_path / "group.json.d").exists()  # member files cleaned up
-        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60,
-                                env=ENV)
+        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60, env=ENV)
         assert status.returncode == 0, status.stderr
         assert sorted(v["pid"] for v in json.loads(status.stdout).values()) == sorted(p.pid for p in procs)
         assert _shutdown_and_wait(group, procs) == [0, 0, 0]
@@ -163,8 +162,7 @@ def test_mpiexec_servers_publish_group_file(tmp_path, barrier) -> None:
         assert doc["metadata"]["launcher"] in ("pmi", "ompi", "pmix")
         members = read_group_file(group)
         assert [m.rank for m in members] == [0, 1, 2] and len({m.pid for m in members}) == 3
-        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60,
-                                env=ENV)
+        status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60, env=ENV)
         assert status.returncode == 0, status.stderr
         assert sorted(v["pid"] for v in json.loads(status.stdout).values()) == sorted(m.pid for m in members)
         assert _shutdown_and_wait(group, [proc]) == [0]

@@ -16,7 +16,6 @@ import asyncio
 import hashlib
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +50,6 @@ pytestmark = [pytest.mark.asyncio(loop_factories=["uvloop"]), pytest.mark.timeou
 
 #: What "on time" allows beyond a deadline, and how fast the server must learn of a cancellation.
 SLACK_SECONDS = 0.100
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 @pytest.fixture

@@ -58,15 +58,6 @@ pytestmark = [pytest.mark.asyncio(loop_factories=["uvloop"]), pytest.mark.timeou
 SLACK_SECONDS = 0.100
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
-
-
 async def call(engine: Engine, server: ServerProcess, name: str, arg: Any = None, **kw: Any) -> Any:
     return await engine.call(server.address, name, arg, provider_id=kw.pop("provider_id", RELTEST_ID), **kw)
 

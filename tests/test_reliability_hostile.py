@@ -23,7 +23,6 @@ import logging
 import secrets
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +72,6 @@ from svcframe.wire import (
 )
 
 pytestmark = pytest.mark.timeout(scaled(120, 1200))
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 # --- decoder fuzzing: valid frames, mutated, split at every byte ------------------------------------------------

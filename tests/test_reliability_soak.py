@@ -13,7 +13,6 @@ import hashlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,6 @@ pytestmark = [pytest.mark.asyncio(loop_factories=["uvloop"]), pytest.mark.timeou
 
 CLIENTS = 64
 DURATION_SECONDS = scaled(5.0, 30.0)
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 async def test_soak_64_clients_mixed_load(procs: Procs, tmp_path: Path, figures: Any) -> None:

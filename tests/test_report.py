@@ -85,8 +85,18 @@ def test_page_is_self_contained_with_every_plot_and_table(page) -> None:
         src = img["src"] or ""
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1])[:8] == PNG
-    for section in ("Summary", "Rooflines", "Server-process sweep", "Validation samples", "Is that normal?",
-                    "Where the wall time went", "Every measurement", "Parameters", "Hardware", "Software"):
+    for section in (
+        "Summary",
+        "Rooflines",
+        "Server-process sweep",
+        "Validation samples",
+        "Is that normal?",
+        "Where the wall time went",
+        "Every measurement",
+        "Parameters",
+        "Hardware",
+        "Software",
+    ):
         assert f"<h2>{html.escape(section)}</h2>" in text, section
     assert "Combined score over metrics" in text
 

@@ -84,10 +84,12 @@ from .wire import (
     NO_PARENT_PROVIDER,
     S_OK,
     WIRE_VERSION,
+    ZERO_COPY_BYTES,
     ZERO_TRACE_ID,
     Frame,
     Kind,
     Status,
+    bin_header,
     callpath_extend,
     encode_frame,
     encode_header,
@@ -1004,22 +1006,28 @@ class Engine:
     ) -> None:
         """Send the result. ``rec`` is the statistics record when this call is timed (else None)."""
         end_ns = perf_ns() if start_ns else 0
+        large = type(result) is bytes and len(result) >= ZERO_COPY_BYTES  # sent as it is, not copied
         try:
-            body = pack_body(result)
-            if len(body) > conn.peer_max_body_bytes:
+            body = bin_header(len(result)) if large else pack_body(result)
+            body_len = len(body) + len(result) if large else len(body)
+            if body_len > conn.peer_max_body_bytes:
                 raise LocalProtocolError(
-                    f"the result of {reg.name!r} encodes to {len(body)} bytes, over the caller's "
+                    f"the result of {reg.name!r} encodes to {body_len} bytes, over the caller's "
                     f"{conn.peer_max_body_bytes}-byte limit; return large data through a bulk transfer"
                 )
         except ProtocolError as exc:
             self._finish_error(conn, frame, reg, exc)
             return
         if not frame[1] & F_NO_REPLY:
-            conn.send(_RESPONSE_OK_PREFIX + _RESPONSE_TAIL.pack(len(body), frame[4], 0, 0) + body)
+            header = _RESPONSE_OK_PREFIX + _RESPONSE_TAIL.pack(body_len, frame[4], 0, 0)
+            if large:
+                conn.send_many((header + body, result))
+            else:
+                conn.send(header + body)
         if rec is not None:
             buf = rec.buffer
             sent_ns = perf_ns()
-            buf.extend((start_ns - arrival_ns, end_ns - start_ns, sent_ns - end_ns, len(frame[13] or b""), len(body)))
+            buf.extend((start_ns - arrival_ns, end_ns - start_ns, sent_ns - end_ns, len(frame[13] or b""), body_len))
             if len(buf) > FOLD_AT:
                 rec.fold()
         tracer = self.tracer

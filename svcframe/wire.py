@@ -235,13 +235,21 @@ def pack_body(obj: object) -> bytes:
         raise LocalProtocolError(f"cannot encode {type(obj).__name__} as an RPC body: {exc}; {_TYPES_HINT}") from exc
     if type(obj) in _SCALARS:
         return body  # no map and no extension type can hide in a scalar
-    if _EXT_MARKERS.search(body) or (_MAP_MARKERS.search(body) and body[0] not in _NO_MAPS):
+    if (
+        len(body) > _SCAN_LIMIT  # decoding a large body is cheaper than scanning it (bins are copied once)
+        or _EXT_MARKERS.search(body)
+        or (_MAP_MARKERS.search(body) and body[0] not in _NO_MAPS)
+    ):
         try:
             unpack_body(body)
         except RemoteProtocolError as exc:
             raise LocalProtocolError(f"cannot send this RPC body: {exc}; {_TYPES_HINT}") from None
     return body
 
+
+#: Bodies up to this size are scanned for msgpack type bytes before being checked by decoding; larger ones
+#: are always checked by decoding (a regex scan costs about 5 ns per byte, a decode 0.02 ns per bin byte).
+_SCAN_LIMIT = 512
 
 _SCALARS = frozenset({bytes, str, int, float, bool, type(None), bytearray})
 
@@ -253,6 +261,22 @@ _NO_MAPS = frozenset(
     bytes(range(0x00, 0x80)) + bytes(range(0xA0, 0xC0)) + bytes(range(0xE0, 0x100)) + b"\xc0\xc2\xc3\xc4\xc5\xc6\xca\xcb"
     + b"\xcc\xcd\xce\xcf\xd0\xd1\xd2\xd3\xd9\xda\xdb"
 )  # fmt: skip
+
+
+#: Byte strings at least this long are sent as a msgpack bin header followed by the object itself
+#: (``bin_header``), never copied into an encoded body.
+ZERO_COPY_BYTES = 64 * 1024
+
+
+def bin_header(length: int) -> bytes:
+    """The msgpack header of a bin value of ``length`` bytes (bin 8/16/32, msgpack spec "bin format
+    family"): ``bin_header(len(b)) + b == msgpack.packb(b)``. Lets a large bytes body go out as two
+    buffers instead of one copy."""
+    if length < 0x100:
+        return b"\xc4" + length.to_bytes(1, "big")
+    if length < 0x10000:
+        return b"\xc5" + length.to_bytes(2, "big")
+    return b"\xc6" + length.to_bytes(4, "big")
 
 
 def unpack_body(body: bytes | bytearray | memoryview) -> object:
@@ -270,14 +294,15 @@ def unpack_body(body: bytes | bytearray | memoryview) -> object:
             strict_map_key=True,
             use_list=True,
             ext_hook=_refuse_ext,
+            max_ext_len=0,  # refuses every extension with data, including timestamps (ext -1, never hooked)
             object_pairs_hook=_str_keyed_dict,
         )
     except RemoteProtocolError:
         raise
     except Exception as exc:  # msgpack raises many types (FormatError, ExtraData, ValueError, ...)
+        if "max_ext_len" in str(exc) or "timestamp" in str(exc):
+            raise RemoteProtocolError(f"msgpack extension types are not allowed on the wire ({exc})") from None
         raise RemoteProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") from exc
-    if _EXT_MARKERS.search(body):
-        _refuse_timestamps(value)  # msgpack decodes ext -1 itself, without calling ext_hook
     return value
 
 
@@ -290,18 +315,6 @@ def _str_keyed_dict(pairs: list[tuple[object, object]]) -> dict[str, object]:
         if type(key) is not str:
             raise RemoteProtocolError(f"map key {key!r:.40} is a {type(key).__name__}; only str keys are allowed")
     return dict(pairs)  # type: ignore[arg-type]
-
-
-def _refuse_timestamps(value: object) -> None:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, msgpack.Timestamp):
-            raise RemoteProtocolError("msgpack extension type -1 (timestamp) is not allowed on the wire")
-        if isinstance(v, list):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
 
 
 def auth_mac(secret: bytes, nonce: bytes, server_engine_id: str, client_engine_id: str) -> bytes:

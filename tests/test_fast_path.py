@@ -18,7 +18,7 @@ from test_engine import client_hello, open_raw, read_frame
 
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Request
-from svcframe.wire import Kind, encode_frame, pack_body, rpc_id
+from svcframe.wire import HEADER_SIZE, Kind, encode_frame, pack_body, rpc_id
 
 pytestmark = pytest.mark.asyncio
 
@@ -106,3 +106,37 @@ async def test_bulk_payload_is_not_copied(make_engine: Any, direction: str) -> N
     assert peak < 2 << 20  # well under one chunk's worth: 64 MiB moved without Python-side copies
     expected = hashlib.sha256(b"\xa5" * size if direction == "pull" else b"\x5a" * size).digest()
     assert hashlib.sha256(dest if direction == "pull" else theirs).digest() == expected
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_large_bytes_result_is_sent_without_a_copy(make_engine: Any) -> None:
+    """A handler's large ``bytes`` result goes out as a msgpack bin header plus the object itself: the
+    server allocates nothing near the result's size to send it (the raw client reads in small pieces)."""
+    size = 3 << 20
+    result = b"\x7e" * size
+    server = await make_engine("tcp://127.0.0.1:0", secret=None)
+    server.register(1, "big", lambda req, arg: result)
+    server.register(1, "small", lambda req, arg: b"\x7e" * arg)
+    reader, writer = await open_raw(server.address)
+    try:
+        await read_frame(reader)
+        writer.write(client_hello())
+        await writer.drain()
+        for rid, (rpc, length) in enumerate((("small", 100), ("big", size), ("small", 70_000)), start=1):
+            frame_bytes = HEADER_SIZE + len(pack_body(b"\x7e" * length))
+            tracemalloc.start()
+            try:
+                writer.write(encode_frame(Kind.REQUEST, rid, pack_body(length), provider_id=1, rpc=rpc_id(rpc)))
+                received = 0
+                while received < frame_bytes:
+                    chunk = await asyncio.wait_for(reader.read(64 << 10), 10.0)
+                    assert chunk, "the server closed the connection"
+                    received += len(chunk)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert received == frame_bytes
+            if rpc == "big":
+                assert peak < 1 << 20, peak  # a copy of the result would be 3 MiB
+    finally:
+        writer.close()

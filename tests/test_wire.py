@@ -592,3 +592,13 @@ def test_pack_body_refuses_what_unpack_body_refuses(value: object) -> None:
     receiver would refuse, so the caller gets a LocalProtocolError instead of a remote BadRequest."""
     with pytest.raises(LocalProtocolError):
         pack_body(value)
+
+
+@pytest.mark.parametrize("length", [0, 1, 255, 256, 65535, 65536, 1 << 20])
+def test_bin_header_is_msgpacks_own(length: int) -> None:
+    """The zero-copy reply path sends ``bin_header(n)`` then the bytes; receivers must see plain msgpack."""
+    from svcframe.wire import bin_header
+
+    data = b"\x01" * length
+    assert bin_header(length) + data == msgpack.packb(data, use_bin_type=True)
+    assert unpack_body(bin_header(length) + data) == data

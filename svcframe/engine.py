@@ -25,6 +25,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import operator
 import os
 import random
 import struct
@@ -34,6 +35,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+import msgpack
 
 from .bulk import MODES, READ, WRITE, BulkHandle, as_byte_view
 from .errors import (
@@ -89,6 +92,7 @@ from .wire import (
     Frame,
     Kind,
     Status,
+    _new_tuple,
     bin_header,
     callpath_extend,
     encode_frame,
@@ -105,11 +109,14 @@ perf_ns = time.perf_counter_ns
 SECRET_ENV = "SVCFRAME_SECRET"
 FROM_ENVIRONMENT = object()
 #: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
+_NIL = pack_body(None)
+_pack_bytes = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # results that are bytes (bin)
 _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
 # A successful response header is constant but for the body length and request id.
 _RESPONSE_OK_PREFIX = MAGIC + bytes([WIRE_VERSION, K_RESPONSE]) + bytes(8)  # flags, provider id, rpc id
-_RESPONSE_TAIL = struct.Struct("<IQIH" + "50x")  # body length, request id, deadline, status; zeros to byte 80
-assert len(_RESPONSE_OK_PREFIX) + _RESPONSE_TAIL.size == HEADER.size
+
+_RESPONSE_OK = struct.Struct("<12sIQIH" + "50x")  # the prefix, body length, request id, deadline, status, zeros
+assert len(_RESPONSE_OK_PREFIX) == 12 and _RESPONSE_OK.size == HEADER.size
 
 Handler = Callable[["Request", Any], Any]
 
@@ -126,7 +133,7 @@ class Registration:
     owner: object = None  # the provider object, when registered by one
 
 
-class Request:
+class Request(tuple):
     """What a handler learns about the call it serves (its first argument).
 
     Attributes:
@@ -135,14 +142,20 @@ class Request:
         arrival: loop time (seconds) when the request was received.
     """
 
-    __slots__ = ("arrival", "conn", "engine", "frame", "reg")
+    # A tuple underneath: one is built per call, and building a tuple costs a third of running an __init__.
+    __slots__ = ()
 
-    def __init__(self, engine: Engine, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> None:
-        self.engine = engine
-        self.conn = conn
-        self.reg = reg
-        self.frame = frame
-        self.arrival = arrival
+    engine: Engine = property(operator.itemgetter(0))  # type: ignore[assignment]
+    conn: Connection = property(operator.itemgetter(1))  # type: ignore[assignment]
+    reg: Registration = property(operator.itemgetter(2))  # type: ignore[assignment]
+    frame: Frame = property(operator.itemgetter(3))  # type: ignore[assignment]
+    arrival: float = property(operator.itemgetter(4))  # type: ignore[assignment]
+
+    def __new__(cls, engine: Engine, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
+        return _new_tuple(cls, (engine, conn, reg, frame, arrival))  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"Request({self.reg.name!r}, provider_id={self.reg.provider_id}, request_id={self.frame.request_id})"
 
     @property
     def provider_id(self) -> int:
@@ -860,6 +873,7 @@ class Engine:
     def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
         self.progress.activity()
         arrival_ns = perf_ns()
+        arrival = self._loop.time()  # type: ignore[union-attr]  # the batch's arrival, in loop time (deadlines)
         for frame in frames:
             kind = frame[0]
             if kind == K_RESPONSE:
@@ -867,7 +881,7 @@ class Engine:
                 if p is not None and not p.future.done():
                     p.future.set_result((frame[6], frame[13]))
             elif kind == K_REQUEST:
-                self._on_request(conn, frame, arrival_ns)
+                self._on_request(conn, frame, arrival_ns, arrival)
             elif kind == K_BULK_DATA_PUSH:
                 self._on_push_data(conn, frame)
             elif kind == K_BULK_DATA_REPLY:
@@ -893,37 +907,39 @@ class Engine:
     def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None:
         self._reply(conn, frame, status, pack_body(message))
 
-    def _on_request(self, conn: Connection, frame: Frame, arrival_ns: int) -> None:
+    def _on_request(self, conn: Connection, frame: Frame, arrival_ns: int, arrival: float) -> None:
         reg = self._table.get((frame[2], frame[3]))
         if reg is None or self._closing or self._refused:
             if self._refuse(conn, frame, reg):
                 return
             assert reg is not None
         try:
-            arg = unpack_body(frame[13] or b"")
+            arg = unpack_body(frame[13])
         except ProtocolError as exc:
             self._reply_error(conn, frame, Status.BAD_REQUEST, str(exc))
             return
-        loop = self._loop
-        assert loop is not None
         rec = None
-        if self.monitor.enabled:
+        monitor = self.monitor
+        if monitor.enabled:
             rec = conn.records.get(reg) if not frame[8] else None  # calls from outside any handler: no key tuple
             if rec is None:
                 rec = self._target_record(frame, reg, conn)
             n = rec.calls = rec.calls + 1
-            if n > ALWAYS_TIMED and n % self.monitor.sample_every:
+            if n > ALWAYS_TIMED and n % monitor.sample_every:
                 rec = None  # counted, not timed
-        start_ns = perf_ns() if rec is not None or self.tracer is not None else 0
-        req = Request(self, conn, reg, frame, loop.time())
-        if frame[1] & F_TRACED and self.tracer is not None:
-            self.tracer.tick(frame.lamport)
+        tracer = self.tracer
+        start_ns = perf_ns() if rec is not None or tracer is not None else 0
+        req = _new_tuple(Request, (self, conn, reg, frame, arrival))
+        if tracer is not None and frame[1] & F_TRACED:
+            tracer.tick(frame.lamport)
         token = current_request.set(req)
         try:
             result = reg.handler(req, arg)
             if not reg.is_coroutine and (result is None or type(result) in _PLAIN or not inspect.isawaitable(result)):
                 self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
                 return
+            loop = self._loop
+            assert loop is not None
             task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result))
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
@@ -1006,9 +1022,15 @@ class Engine:
     ) -> None:
         """Send the result. ``rec`` is the statistics record when this call is timed (else None)."""
         end_ns = perf_ns() if start_ns else 0
-        large = type(result) is bytes and len(result) >= ZERO_COPY_BYTES  # sent as it is, not copied
+        large = False
         try:
-            body = bin_header(len(result)) if large else pack_body(result)
+            if result is None:
+                body = _NIL
+            elif type(result) is bytes:  # msgpack cannot fail on bytes: no verification needed
+                large = len(result) >= ZERO_COPY_BYTES  # then sent as it is, not copied
+                body = bin_header(len(result)) if large else _pack_bytes(result)
+            else:
+                body = pack_body(result)
             body_len = len(body) + len(result) if large else len(body)
             if body_len > conn.peer_max_body_bytes:
                 raise LocalProtocolError(
@@ -1019,11 +1041,10 @@ class Engine:
             self._finish_error(conn, frame, reg, exc)
             return
         if not frame[1] & F_NO_REPLY:
-            header = _RESPONSE_OK_PREFIX + _RESPONSE_TAIL.pack(body_len, frame[4], 0, 0)
             if large:
-                conn.send_many((header + body, result))
+                conn.send_many((_RESPONSE_OK.pack(_RESPONSE_OK_PREFIX, body_len, frame[4], 0, 0) + body, result))
             else:
-                conn.send(header + body)
+                conn.send(_RESPONSE_OK.pack(_RESPONSE_OK_PREFIX, body_len, frame[4], 0, 0) + body)
         if rec is not None:
             buf = rec.buffer
             sent_ns = perf_ns()

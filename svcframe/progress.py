@@ -49,6 +49,7 @@ class Progress:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._spinning = False
         self._last = 0.0
+        self._polled = 0.0  # self._last as the previous poll saw it
         self._tick: asyncio.TimerHandle | None = None
         self.polls = 0  # loop iterations run with a zero selector timeout because of us
         self.blocks = 0  # times we let the loop block
@@ -87,9 +88,10 @@ class Progress:
 
     def activity(self) -> None:
         """Work started or completed: start polling (unless in block mode)."""
-        self._last = time.monotonic()
+        self._last = last = time.monotonic()
         if not self._spinning and self.mode != "block" and self._loop is not None:
             self._spinning = True
+            self._polled = last
             self._loop.call_soon(self._poll)
 
     def _poll(self) -> None:
@@ -98,11 +100,14 @@ class Progress:
             self._spinning = False
             return
         mode = self.mode
+        last = self._last
         if mode == "busy" or (
-            mode == "spindown" and (self.inflight > 0 or time.monotonic() - self._last < self.spindown_seconds)
+            mode == "spindown" and (self.inflight > 0 or time.monotonic() - last < self.spindown_seconds)
         ):
             self.polls += 1
-            _yield_cpu()  # like Margo's ABT_thread_yield: let another runnable process have the core
+            if last == self._polled:  # nothing happened since the previous poll: an idle spin
+                _yield_cpu()  # like Margo's ABT_thread_yield: let another runnable process have the core
+            self._polled = last
             loop.call_soon(self._poll)
         else:
             self._spinning = False

@@ -213,10 +213,11 @@ class Connection(asyncio.BufferedProtocol):
                     return
             self._batch = batch = []
             self._batch_bytes = 0
+            decoder = self.decoder
             try:
                 while frames:
                     self.owner.on_frames(self, frames)
-                    frames = self.decoder.more()
+                    frames = decoder.more() if decoder.held else None
             finally:
                 self._batch = None
                 if batch and not self.closed:

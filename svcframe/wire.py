@@ -104,8 +104,13 @@ class Kind(enum.IntEnum):
     GOODBYE = 9  # the sender closes or drains; status says why
 
 
-_KIND_MAX = max(Kind)
-_BULK_DATA_KINDS = (Kind.BULK_DATA_REPLY, Kind.BULK_DATA_PUSH)
+_KIND_MAX = int(max(Kind))
+#: The header as the decoder reads it: the same 80 bytes as HEADER, with the magic as an int and the
+#: trace id as two words (no bytes objects are created for an untraced frame).
+_DECODE = struct.Struct("<HBBHHIIQIHHIIQQQQQ")
+_MAGIC_INT = int.from_bytes(MAGIC, "little")
+assert _DECODE.size == HEADER.size and struct.calcsize("<HBBHHIIQIHHIIQ") == 48  # trace id at bytes 48-63
+_BULK_DATA_KINDS = frozenset((int(Kind.BULK_DATA_REPLY), int(Kind.BULK_DATA_PUSH)))
 
 
 class Flag(enum.IntFlag):
@@ -288,11 +293,8 @@ def unpack_body(body: bytes | bytearray | memoryview) -> object:
     if not body:
         return None
     try:
-        value = msgpack.unpackb(
+        value = msgpack.unpackb(  # raw=False, strict_map_key=True, use_list=True are msgpack's defaults
             body,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
             ext_hook=_refuse_ext,
             max_ext_len=0,  # refuses every extension with data, including timestamps (ext -1, never hooked)
             object_pairs_hook=_str_keyed_dict,
@@ -349,7 +351,7 @@ class FrameDecoder:
     """
 
     __slots__ = ("_buf", "_direct", "_direct_frame", "_direct_pos", "_end", "_start", "_view",
-                 "bulk_sink", "max_body_bytes")  # fmt: skip
+                 "bulk_sink", "held", "max_body_bytes")  # fmt: skip
 
     def __init__(
         self,
@@ -367,6 +369,7 @@ class FrameDecoder:
         self._direct: memoryview | None = None
         self._direct_pos = 0
         self._direct_frame: tuple | None = None  # header fields of the frame being received
+        self.held = False  # a bulk data frame waits behind the frames returned last: call more()
 
     # -- receive interface --------------------------------------------------------------------------
     def get_buffer(self) -> memoryview:
@@ -396,7 +399,9 @@ class FrameDecoder:
         earlier frames are undelivered (their dispatch may create the data's sink). Call after
         dispatching a non-empty batch, until it returns an empty list."""
         frames: list[Frame] = []
-        self._parse(frames)
+        if self.held:
+            self.held = False
+            self._parse(frames)
         return frames
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
@@ -436,51 +441,68 @@ class FrameDecoder:
             self._start, self._end = 0, end - start
 
     def _parse(self, frames: list[Frame]) -> None:
-        view = self._view
+        # The hot loop of every connection: locals only, one tuple per frame (the Frame itself), the magic
+        # checked as an int, the trace id materialised only when it is set, small bodies sliced out of the
+        # receive buffer as bytearrays (one object, one copy).
+        view, buf, end, max_body = self._view, self._buf, self._end, self.max_body_bytes
+        unpack_from, append = _DECODE.unpack_from, frames.append
+        start = self._start
         while self._direct is None:
-            start = self._start
-            avail = self._end - start
-            if avail < HEADER_SIZE:
+            if end - start < HEADER_SIZE:
+                self._start = start
+                avail = end - start
                 if avail >= 4 and view[start : start + 2] != MAGIC:
                     raise RemoteProtocolError(self._describe_bad_header(view[start : start + avail]))
                 if avail == 0:
                     self._start = self._end = 0
-                elif start + HEADER_SIZE > len(self._buf):
+                elif start + HEADER_SIZE > len(buf):
                     self._compact()
                 return
             (magic, version, kind, flags, provider_id, rpc, length, request_id, deadline, status,
-             parent_provider, parent_rpc, reserved, callpath, trace_id, span_id, lamport) = HEADER.unpack_from(view, start)  # fmt: skip
-            if magic != MAGIC or version != WIRE_VERSION or reserved or not 0 < kind <= _KIND_MAX:
+             parent_provider, parent_rpc, reserved, callpath, trace_lo, trace_hi, span_id, lamport) = unpack_from(view, start)  # fmt: skip
+            if magic != _MAGIC_INT or version != WIRE_VERSION or reserved or not 0 < kind <= _KIND_MAX:
+                self._start = start
                 raise RemoteProtocolError(self._describe_bad_header(view[start : start + HEADER_SIZE]))
-            if length > self.max_body_bytes:
+            if length > max_body:
+                self._start = start
                 raise FrameTooLarge(
-                    f"frame announces a {length}-byte body, over the {self.max_body_bytes}-byte limit "
+                    f"frame announces a {length}-byte body, over the {max_body}-byte limit "
                     "(send large payloads with a bulk transfer, or raise engine.max_body_bytes)"
                 )
+            trace_id = bytes(view[start + 48 : start + 64]) if trace_lo or trace_hi else ZERO_TRACE_ID
             body_start = start + HEADER_SIZE
-            fields = (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider, parent_rpc,
-                      callpath, trace_id, span_id, lamport)  # fmt: skip
+            body_end = body_start + length
             if kind in _BULK_DATA_KINDS:
+                self._start = start
                 if frames:
+                    self.held = True
                     return  # the frames before it may set up its sink: dispatch them first (see more())
                 if self.bulk_sink is None:
                     raise RemoteProtocolError("bulk data frame on a connection that expects none")
                 dest = self.bulk_sink(kind, request_id, length)
                 if len(dest) != length:
                     raise RemoteProtocolError(f"bulk sink returned {len(dest)} bytes for {length}")
-                self._start_direct(dest, fields, body_start, frames)
+                self._start_direct(dest, (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider,
+                                          parent_rpc, callpath, trace_id, span_id, lamport), body_start, frames)  # fmt: skip
+                view, buf, end, start = self._view, self._buf, self._end, self._start
                 continue
-            body_end = body_start + length
-            if body_end <= self._end:
-                self._start = body_end
-                frames.append(_new_tuple(Frame, (*fields, bytes(view[body_start:body_end]) if length else b"")))
+            if body_end <= end:
+                append(_new_tuple(Frame, (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider,
+                                          parent_rpc, callpath, trace_id, span_id, lamport,
+                                          buf[body_start:body_end] if length else b"")))  # fmt: skip
+                start = body_end
                 continue
-            if length + HEADER_SIZE <= len(self._buf):
-                if body_end > len(self._buf):
+            self._start = start
+            if length + HEADER_SIZE <= len(buf):
+                if body_end > len(buf):
                     self._compact()
                 return
             # A body larger than the receive buffer gets a buffer of its own (already bounded above).
-            self._start_direct(memoryview(bytearray(length)), fields, body_start, frames)
+            self._start_direct(memoryview(bytearray(length)), (kind, flags, provider_id, rpc, request_id, deadline,
+                               status, parent_provider, parent_rpc, callpath, trace_id, span_id, lamport),
+                               body_start, frames)  # fmt: skip
+            view, buf, end, start = self._view, self._buf, self._end, self._start
+        self._start = start
 
     def _start_direct(self, dest: memoryview, fields: tuple, body_start: int, frames: list[Frame]) -> None:
         """Receive a body straight into ``dest``, starting with the bytes already buffered."""

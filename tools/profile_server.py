@@ -62,9 +62,16 @@ def blaster(address: str, calls: int, depth: int, core: int | None) -> None:
     sock.close()
 
 
-async def serve(calls: int, depth: int, profile: bool, client_core: int | None, mode: str, monitoring: bool) -> None:
+async def serve(
+    calls: int, depth: int, profile: bool, client_core: int | None, mode: str, monitoring: bool, selftest: bool
+) -> None:
     engine = await Engine("tcp://127.0.0.1:0", progress_mode=mode, monitoring=monitoring, secret=None).start()
-    engine.register(1, "work", lambda req, arg: b"")
+    if selftest:  # the self-test provider's ``work`` RPC, as `svcframe bench` serves it
+        from selftest.provider import SelftestProvider
+
+        SelftestProvider(engine, 1).register()
+    else:
+        engine.register(1, "work", lambda req, arg: b"")
     ctx = get_context("spawn")
     proc = ctx.Process(target=blaster, args=(engine.address, calls, depth, client_core))
     profiler = cProfile.Profile() if profile else None
@@ -80,6 +87,11 @@ async def serve(calls: int, depth: int, profile: bool, client_core: int | None, 
         f"{calls} calls, depth {depth}: {calls / wall:,.0f} calls/s, server CPU {cpu / calls * 1e6:.2f} µs/call"
         f" (utilisation {cpu / wall:.0%})"
     )
+    writes = sum(c.writes for c in engine._all_conns if c.server_side)
+    print(
+        f"replies left in {writes} writes ({calls / max(writes, 1):.1f} calls per write); "
+        f"progress: {engine.progress.polls} polls, {engine.progress.blocks} blocks"
+    )
     await engine.close()
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
@@ -93,12 +105,16 @@ def main() -> None:
     parser.add_argument("--loop", default="uvloop")
     parser.add_argument("--mode", default="spindown", choices=["block", "busy", "spindown"])
     parser.add_argument("--no-monitoring", action="store_true")
+    parser.add_argument("--selftest", action="store_true", help="serve the self-test provider's work RPC")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) > 1:
         os.sched_setaffinity(0, [cores[0]])
     client_core = cores[1] if len(cores) > 1 else None
-    run(serve(args.calls, args.depth, args.profile, client_core, args.mode, not args.no_monitoring), args.loop)
+    run(
+        serve(args.calls, args.depth, args.profile, client_core, args.mode, not args.no_monitoring, args.selftest),
+        args.loop,
+    )
 
 
 if __name__ == "__main__":

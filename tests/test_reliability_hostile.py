@@ -3,6 +3,8 @@
 * the decoder, fuzzed with valid frames mutated and split at every byte: typed protocol errors only;
 * live malformed frames from several attacker connections against a real server process: no crash,
   bounded memory, file descriptors back to baseline, a good client's health call fast throughout;
+* a malformed or non-strict body is a bad frame: answered with BAD_REQUEST, then a GOODBYE, and the connection
+  is dropped (nothing pipelined after it runs); requests that merely cannot be served are answered and keep it;
 * oversize and cross-protocol input (length prefixes up to 4 GiB, HTTP, a TLS ClientHello) rejected at
   once, with a clear error, allocating almost nothing;
 * a slow reader is disconnected at the output cap, costing the server at most that cap, while normal
@@ -256,9 +258,10 @@ def _server_log_problems(log: str) -> list[str]:
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_live_malformed_frames_from_several_attackers(procs: Procs, tmp_path: Path, figures: Any) -> None:
-    """>= 50,000 malformed frames from several attacker connections (a separate process): the server never
-    crashes, its memory stays within 16 MiB of its baseline, its file descriptors return to baseline, and
-    a good client's health call stays under 100 ms throughout."""
+    """>= 50,000 malformed frames from several attacker connections (a separate process): requests that cannot
+    be served on long-lived connections, and bad frames (framing, handshake, bodies) that each cost the attacker
+    its connection. The server never crashes, its memory stays within 16 MiB of its baseline, its file
+    descriptors return to baseline, and a good client's health call stays under 100 ms throughout."""
     server = procs.spawn(service_config(tmp_path, kv=None))
     warmup = {**ATTACK, "soft_frames": 2_000, "hard_frames": 200}
     await asyncio.to_thread(run_peer, "attack", {"address": server.address, **warmup})  # first-use allocations

@@ -916,8 +916,7 @@ class Engine:
         try:
             arg = unpack_body(frame[13])
         except ProtocolError as exc:
-            self._reply_error(conn, frame, Status.BAD_REQUEST, str(exc))
-            return
+            raise self._bad_body(conn, frame, str(exc)) from None
         rec = None
         monitor = self.monitor
         if monitor.enabled:
@@ -955,6 +954,20 @@ class Engine:
         deadline = req.deadline
         timer = loop.call_at(deadline, _expire_handler, task) if deadline is not None else None
         task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result))
+
+    def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError:
+        """A well-framed request or bulk request whose body a conforming peer never sends (malformed or
+        non-strict msgpack) is a bad frame: answer it with BAD_REQUEST (a buggy client learns why) and send a
+        GOODBYE. The caller raises the error returned: the transport then writes what this batch produced,
+        drops the connection, dispatches none of the peer's later frames and logs one warning naming the
+        peer and the problem."""
+        self._reply_error(conn, frame, Status.BAD_REQUEST, problem)
+        conn.send(encode_frame(K_GOODBYE, 0, pack_body(f"bad frame: {problem}"), status=Status.BAD_REQUEST))
+        if problem.startswith("map key "):  # the log names the problem, never the body (the key's repr)
+            problem = "map key is a " + problem.rpartition(" is a ")[2]
+        return RemoteProtocolError(
+            f"bad {Kind(frame[0]).name} body ({len(frame[13] or b'')} bytes, request {frame[4]}): {problem}"
+        )
 
     def _refuse(self, conn: Connection, frame: Frame, reg: Registration | None) -> bool:
         """Answer a request that will not run (unknown target, shutting down, provider removed)."""
@@ -1078,13 +1091,14 @@ class Engine:
             (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
 
     # -- serving bulk transfers (no user code runs here) ------------------------------------------------
-    def _bulk_request(self, frame: Frame, need: str) -> tuple[memoryview | None, str | None, int]:
+    def _bulk_request(self, conn: Connection, frame: Frame, need: str) -> tuple[memoryview | None, str | None, int]:
         try:
             bulk_id, offset, size = unpack_body(frame.body or b"")  # type: ignore[misc]
             if not all(isinstance(v, int) for v in (bulk_id, offset, size)) or offset < 0 or size < 0:
                 raise ValueError
-        except (ProtocolError, ValueError, TypeError):
-            return None, "malformed bulk request", 0
+        except (ProtocolError, ValueError, TypeError) as exc:
+            why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id, offset >= 0, size >= 0]"
+            raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
         entry = self._exposed.get(bulk_id)
         if entry is None:
             return None, f"bulk handle {bulk_id} is not exposed (expired or never existed)", size
@@ -1100,7 +1114,7 @@ class Engine:
         return view[offset : offset + size], None, size
 
     def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
-        view, error, size = self._bulk_request(frame, READ)
+        view, error, size = self._bulk_request(conn, frame, READ)
         if view is None:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
             return
@@ -1125,9 +1139,9 @@ class Engine:
         self._reply(conn, frame, Status.OK, b"")
 
     def _on_push_request(self, conn: Connection, frame: Frame) -> None:
-        view, error, size = self._bulk_request(frame, WRITE)
+        view, error, size = self._bulk_request(conn, frame, WRITE)
         incoming = _IncomingPush(view, error, frame, size)
-        if size == 0 or (view is None and error == "malformed bulk request"):
+        if size == 0:
             self._reply_push(conn, incoming)
             return
         pushes = conn.state.setdefault("pushes", {})

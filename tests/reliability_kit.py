@@ -8,7 +8,7 @@ binds: a restart at the same address then takes milliseconds, not an interpreter
 Run as a script, this module is a hostile or slow peer in its own process (so its CPU use does not disturb
 the timings the test process takes)::
 
-    python tests/reliability_kit.py attack '{"address": ..., "soft_frames": 45000, ...}'
+    python tests/reliability_kit.py attack '{"address": ..., "soft_frames": 40000, "hard_frames": 10000, ...}'
     python tests/reliability_kit.py slowreader '{"address": ..., "rounds": 3, ...}'
     python tests/reliability_kit.py bulkvictim '{"address": ..., "size": ...}'
 
@@ -427,17 +427,54 @@ def _header(kind: int, length: int, *, magic: bytes = b"SF", version: int = 1, r
     return HEADER.pack(magic, version, kind, 0, 1, 0, length, 7, 0, 0, 0xFFFF, 0, reserved, 0, bytes(16), 0, 0)
 
 
-#: Malformed frames that break the framing: the server must drop the connection. Name -> (bytes after the
-#: handshake, or None for bytes sent instead of the HELLO) — see ``hard_case``.
-HARD_CASES = (
+#: Malformed frames that break the framing or the handshake: the server must drop the connection. Name ->
+#: (bytes after the handshake, or None for bytes sent instead of the HELLO) — see ``hard_case``.
+FRAMING_CASES = (
     "pre-http", "pre-tls", "pre-zeros", "pre-request-before-hello", "pre-malformed-hello", "pre-hello-bad-mac",
     "pre-oversize-hello", "pre-hangup", "bad-magic", "bad-version", "bad-kind", "reserved-bits", "oversize-4gib",
     "bulk-data-nobody-expects", "second-hello", "truncated-then-hangup", "push-overrun", "goodbye",
 )  # fmt: skip
 
+#: Bodies a conforming sender refuses to encode (svcframe.wire.pack_body): malformed or non-strict msgpack.
+BAD_BODIES = {
+    "never-used-byte": b"\xc1",
+    "ext-type": msgpack.packb(msgpack.ExtType(5, b"x")),
+    "timestamp-ext": msgpack.packb(msgpack.Timestamp(1, 0)),
+    "int-map-key": msgpack.packb({1: "x"}),
+    "bytes-map-key": msgpack.packb({b"BODY-MARKER-never-logged": "x"}, use_bin_type=True),
+    "truncated-array": b"\x92\x01",
+    "huge-str-header": b"\xdb\xff\xff\xff\xff",
+    "trailing-bytes": b"\x01\x02",
+    "deep-nesting": b"\x91" * 5000 + b"\xc0",
+}
+
+#: Well-framed requests and bulk requests with a body a conforming peer never sends: bad frames too. The server
+#: answers the frame with BAD_REQUEST (unless it is one-way), says GOODBYE with status BAD_REQUEST and drops the
+#: connection; the request that follows it on the wire is never run. Name -> (a BAD_REQUEST reply is due, frame).
+BAD_BODY_CASES: dict[str, tuple[bool, bytes]] = {
+    **{f"request-{name}": (True, request(1, RELTEST_ID, "noop", body)) for name, body in BAD_BODIES.items()},
+    "request-no-reply-garbage": (False, request(1, RELTEST_ID, "noop", b"\xc1", flags=Flag.NO_REPLY)),
+    "pull-malformed": (True, encode_frame(Kind.BULK_PULL, 1, b"\xc1")),
+    "pull-int-map-key": (True, encode_frame(Kind.BULK_PULL, 1, msgpack.packb({1: 2}))),
+    "pull-negative-offset": (True, encode_frame(Kind.BULK_PULL, 1, pack_body([1, -5, 10]))),
+    "pull-wrong-shape": (True, encode_frame(Kind.BULK_PULL, 1, pack_body({"bulk": 1}))),
+    "push-malformed": (True, encode_frame(Kind.BULK_PUSH, 1, b"\xc1")),
+    "push-negative-size": (True, encode_frame(Kind.BULK_PUSH, 1, pack_body([1, 0, -10]))),
+}
+
+#: Every case that costs the attacker its connection.
+HARD_CASES = FRAMING_CASES + tuple(BAD_BODY_CASES)
+
+
+def after_bad(name: str) -> bytes:
+    """The request an attacker pipelines right after a bad frame: journalled by the server if it ever ran."""
+    return request(2, RELTEST_ID, "record", pack_body({"id": f"after-bad-{name}"}))
+
 
 def hard_case(name: str, key: bytes) -> tuple[bool, bytes]:
     """(needs the handshake first, bytes to send) for one HARD_CASES entry."""
+    if name in BAD_BODY_CASES:
+        return True, BAD_BODY_CASES[name][1] + after_bad(name)
     pre = {
         "pre-http": HTTP_REQUEST,
         "pre-tls": tls_client_hello(),
@@ -466,45 +503,52 @@ def hard_case(name: str, key: bytes) -> tuple[bool, bytes]:
     return True, post[name]
 
 
-def soft_cases() -> list[tuple[str, bool, Any]]:
-    """Malformed requests inside well-formed frames: the server answers each with an error (or, where the
-    protocol says so, ignores it) and keeps the connection. (name, expects a reply, builder(request_id))."""
-    bad_bodies = {
-        "never-used-byte": b"\xc1",
-        "ext-type": msgpack.packb(msgpack.ExtType(5, b"x")),
-        "timestamp-ext": msgpack.packb(msgpack.Timestamp(1, 0)),
-        "int-map-key": msgpack.packb({1: "x"}),
-        "truncated-array": b"\x92\x01",
-        "huge-str-header": b"\xdb\xff\xff\xff\xff",
-        "trailing-bytes": b"\x01\x02",
-        "deep-nesting": b"\x91" * 5000 + b"\xc0",
-    }
-    cases: list[tuple[str, bool, Any]] = []
-    for name, body in bad_bodies.items():
-        cases.append((f"request-{name}", True, lambda i, b=body: request(i, RELTEST_ID, "noop", b)))
-    cases += [
-        ("no-such-provider", True, lambda i: request(i, 777, "noop", pack_body(1))),
-        ("no-such-rpc", True, lambda i: request(i, RELTEST_ID, "no_such_rpc", pack_body(1))),
-        ("wrong-argument-type", True, lambda i: request(i, RELTEST_ID, "hold", pack_body([1, 2]))),
-        ("expired-deadline", True, lambda i: request(i, RELTEST_ID, "sleep", pack_body(10), deadline_usec=1)),
-        ("pull-malformed", True, lambda i: encode_frame(Kind.BULK_PULL, i, b"\xc1")),
-        ("pull-unknown-handle", True, lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([999_999, 0, 10]))),
-        ("pull-negative-offset", True, lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([1, -5, 10]))),
-        ("push-malformed", True, lambda i: encode_frame(Kind.BULK_PUSH, i, b"\xc1")),
-        ("push-empty-unknown", True, lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([999_999, 0, 0]))),
-        ("cancel-unknown", False, lambda i: encode_frame(Kind.CANCEL, i)),
-        ("response-unknown", False, lambda i: encode_frame(Kind.RESPONSE, i, pack_body("unsolicited"))),
-        ("data-reply-unknown", False, lambda i: encode_frame(Kind.BULK_DATA_REPLY, i, b"z" * 64)),
-        ("no-reply-garbage", False, lambda i: request(i, RELTEST_ID, "noop", b"\xc1", flags=Flag.NO_REPLY)),
-        ("all-flag-bits", False, lambda i: request(i, RELTEST_ID, "noop", pack_body(1), flags=0xFFFF)),
-    ]
-    return cases
+def bad_body_outcome(name: str, received: bytes) -> str | None:
+    """What is wrong with the server's answer ``received`` (every byte after its HELLO, up to the close) to the
+    bad-body case ``name`` followed by ``after_bad(name)``; None when it is right: a BAD_REQUEST reply to
+    request 1 (when one is due), then a GOODBYE with status BAD_REQUEST, and nothing for request 2."""
+    try:
+        frames = FrameDecoder().feed(received)
+    except Exception as exc:  # the server's own bytes must decode
+        return f"{name}: undecodable answer: {exc}"
+    got = [(Kind(f.kind).name, f.request_id, Status(f.status).name) for f in frames]
+    want = [("GOODBYE", 0, "BAD_REQUEST")]
+    if BAD_BODY_CASES[name][0]:
+        want.insert(0, ("RESPONSE", 1, "BAD_REQUEST"))
+    return None if got == want else f"{name}: got {got}, expected {want}"
+
+
+def soft_cases() -> list[tuple[str, Status | None, Any]]:
+    """Requests that are well formed but cannot be served: the server answers each with an error (or, where
+    the protocol says so, ignores it) and keeps the connection. (name, the status of the reply or None for no
+    reply, builder(request_id))."""
+    return [
+        ("no-such-provider", Status.NO_SUCH_PROVIDER, lambda i: request(i, 777, "noop", pack_body(1))),
+        ("no-such-rpc", Status.NO_SUCH_RPC, lambda i: request(i, RELTEST_ID, "no_such_rpc", pack_body(1))),
+        ("wrong-argument-type", Status.HANDLER_ERROR, lambda i: request(i, RELTEST_ID, "hold", pack_body([1, 2]))),
+        ("handler-error", Status.HANDLER_ERROR, lambda i: request(i, RELTEST_ID, "fail", pack_body("soft"))),
+        ("expired-deadline", Status.DEADLINE_EXCEEDED,
+         lambda i: request(i, RELTEST_ID, "sleep", pack_body(10), deadline_usec=1)),
+        ("pull-unknown-handle", Status.BULK_ERROR,
+         lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([999_999, 0, 10]))),
+        ("push-empty-unknown", Status.BULK_ERROR,
+         lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([999_999, 0, 0]))),
+        ("push-unknown-handle-with-data", Status.BULK_ERROR,
+         lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([999_999, 0, 16]))
+         + encode_frame(Kind.BULK_DATA_PUSH, i, b"d" * 16)),
+        ("cancel-unknown", None, lambda i: encode_frame(Kind.CANCEL, i)),
+        ("response-unknown", None, lambda i: encode_frame(Kind.RESPONSE, i, pack_body("unsolicited"))),
+        ("data-reply-unknown", None, lambda i: encode_frame(Kind.BULK_DATA_REPLY, i, b"z" * 64)),
+        ("all-flag-bits", None, lambda i: request(i, RELTEST_ID, "noop", pack_body(1), flags=0xFFFF)),
+    ]  # fmt: skip
 
 
 # --- script modes: peers in their own process ---------------------------------------------------------------
 
 
 async def _soft_worker(address: str, key: bytes, frames: int, batch: int, out: dict[str, Any]) -> None:
+    """Pipeline soft cases in batches on one connection; every reply must carry the case's status and the
+    connection must stay open."""
     cases = soft_cases()
     reader, writer = await open_raw(address)
     try:
@@ -512,35 +556,37 @@ async def _soft_worker(address: str, key: bytes, frames: int, batch: int, out: d
         decoder = FrameDecoder(bulk_sink=lambda kind, rid, n: memoryview(bytearray(n)))
         next_id, sent = 1, 0
         while sent < frames:
-            parts, expect = [], 0
+            parts, expect = [], {}
             for _ in range(min(batch, frames - sent)):
-                _, replies, build = cases[next_id % len(cases)]
+                name, status, build = cases[next_id % len(cases)]
                 parts.append(build(next_id))
-                expect += replies
+                if status is not None:
+                    expect[next_id] = (name, status)
                 next_id += 1
                 sent += 1
             writer.write(b"".join(parts))
-            while expect > 0:
+            while expect:
                 chunk = await asyncio.wait_for(reader.read(1 << 20), 10.0)
                 if not chunk:
-                    out["anomalies"].append(
-                        f"server closed a connection that sent only well-framed requests after {sent}"
-                    )
+                    out["anomalies"].append(f"server closed a connection that sent only soft cases after {sent}")
                     return
                 for frame in decoder.feed(chunk):
-                    if frame.kind == Kind.RESPONSE:
-                        expect -= 1
-                        if frame.status == Status.OK:
-                            out["anomalies"].append(f"malformed request {frame.request_id} answered OK")
-                        out["statuses"][Status(frame.status).name] = (
-                            out["statuses"].get(Status(frame.status).name, 0) + 1
-                        )
+                    if frame.kind != Kind.RESPONSE:
+                        out["anomalies"].append(f"unexpected {Kind(frame.kind).name} frame on a soft connection")
+                        continue
+                    name, status = expect.pop(frame.request_id, ("?", None))
+                    if frame.status != status:
+                        out["anomalies"].append(f"{name} (request {frame.request_id}) answered {frame.status}")
+                    label = Status(frame.status).name
+                    out["statuses"][label] = out["statuses"].get(label, 0) + 1
             out["soft_frames"] += len(parts)
     finally:
         await close_writer(writer)
 
 
 async def _hard_worker(address: str, key: bytes, conns: int, offset: int, out: dict[str, Any]) -> None:
+    """One connection per case: send it, wait for the server to drop the connection (bad bodies: check that
+    it answered BAD_REQUEST and said GOODBYE, and ran nothing after the bad frame)."""
     for n in range(conns):
         name = HARD_CASES[(offset + n) % len(HARD_CASES)]
         handshake, data = hard_case(name, key)
@@ -554,24 +600,31 @@ async def _hard_worker(address: str, key: bytes, conns: int, offset: int, out: d
             if name in ("pre-hangup", "truncated-then-hangup"):
                 writer.write_eof() if writer.can_write_eof() else None
             try:
-                await wait_closed_by_peer(reader, 5.0)
+                received = await wait_closed_by_peer(reader, 5.0)
             except TimeoutError:
                 out["anomalies"].append(f"{name}: connection not dropped within 5 s")
                 continue
             out["close_seconds"].append(time.monotonic() - t0)
             out["hard_frames"] += 1
+            if name in BAD_BODY_CASES:
+                out["bad_body_frames"] += 1
+                wrong = bad_body_outcome(name, received)
+                if wrong:
+                    out["anomalies"].append(wrong)
         except (ConnectionError, OSError) as exc:
             out["hard_frames"] += 1  # the server dropped us while we were still writing: that is the point
             out["close_seconds"].append(0.0)
             out["resets"] = out.get("resets", 0) + 1
-            del exc
+            if name in BAD_BODY_CASES:
+                out["anomalies"].append(f"{name}: reset before the server's answer could be read ({exc})")
         finally:
             await close_writer(writer)
 
 
 async def _attack(args: dict[str, Any]) -> dict[str, Any]:
     key = secret()
-    out: dict[str, Any] = {"soft_frames": 0, "hard_frames": 0, "anomalies": [], "statuses": {}, "close_seconds": []}
+    out: dict[str, Any] = {"soft_frames": 0, "hard_frames": 0, "bad_body_frames": 0, "anomalies": [], "statuses": {},
+                           "close_seconds": []}  # fmt: skip
     soft, hard = args["soft_connections"], args["hard_connections"]
     t0 = time.monotonic()
     jobs = [_soft_worker(args["address"], key, args["soft_frames"] // soft, args.get("batch", 250), out)

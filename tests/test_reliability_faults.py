@@ -5,7 +5,8 @@ reconfigured under load, and bulk transfers checked end to end.
 * SIGSTOP with 1 s deadlines: errors by the deadline + 100 ms, serving again after SIGCONT;
 * a blackholed link (veth down between two network namespaces this test creates; root only): errors by the
   deadline, calls succeed again within 2 s of the link returning;
-* restart at the same address: first success within 2 s, no non-idempotent call executed twice;
+* cold restart at the same address (kill -9, then a new server process): first success within 2 s of the
+  restart command, no non-idempotent call executed twice;
 * SIGTERM under load: the listener closes within 100 ms, in-flight calls that finish within the grace
   period succeed, idle connections do not delay exit, exit code 0 within grace + 1 s;
 * add/remove provider operations under load: nothing lost on the other providers, a fast clear error for
@@ -213,20 +214,26 @@ async def test_blackholed_link_errors_by_the_deadline_and_recovers_within_2_s(
 # --- restart at the same address ---------------------------------------------------------------------------------
 
 
-async def test_restart_at_the_same_address_first_success_within_2_s_and_no_duplicates(
+RESTARTS = scaled(3, 10)
+
+
+async def test_cold_restart_at_the_same_address_first_success_within_2_s_and_no_duplicates(
     procs: Procs, tmp_path: Path, figures: Any
 ) -> None:
-    """8 clients send non-idempotent calls with unique ids while the server is killed (-9) and a
-    replacement (a warm standby) starts at the same address. Calls succeed again within 2 s of the kill;
-    the journal shows every acknowledged id executed exactly once and no id executed twice."""
-    first = procs.spawn(service_config(tmp_path, kv=None))
-    standby = procs.spawn(with_port(service_config(tmp_path, kv=None), address_port(first.address)), name="standby",
-                          standby=True)  # fmt: skip
+    """8 clients send non-idempotent calls with unique ids (2 s deadline; after a failure they retry with a new
+    id) while the server is killed (-9) and, as an operator or systemd would, a brand-new ``svcframe serve``
+    process is started at the same address: a cold start, interpreter and imports included. The clients'
+    first success comes within 2 s of the restart command (3 restarts; 10 with SVCFRAME_LONG=1); the journal
+    shows every acknowledged id executed exactly once and no id executed twice."""
+    config = service_config(tmp_path, kv=None)
+    server = procs.spawn(config)
+    address = server.address
+    config = with_port(config, address_port(address))
     acked: list[str] = []
     failed: dict[str, str] = {}
     stop = asyncio.Event()
-    successes_after: list[float] = []
-    killed_at = 0.0
+    firsts: list[float] = []  # time.monotonic() of the first success after each restart command
+    restarted_at = 0.0
 
     async def client(n: int) -> None:
         async with Engine(None) as engine:
@@ -235,37 +242,55 @@ async def test_restart_at_the_same_address_first_success_within_2_s_and_no_dupli
                 rid = f"c{n}-{k}"
                 k += 1
                 try:
-                    assert await call(engine, first, "record", {"id": rid}, timeout_seconds=2.0) == rid
+                    assert await engine.call(address, "record", {"id": rid}, provider_id=RELTEST_ID,
+                                             timeout_seconds=2.0) == rid  # fmt: skip
                 except RPCError as exc:
                     failed[rid] = type(exc).__name__
                     await asyncio.sleep(0.005)  # refused connections fail at once: do not spin
                 else:
                     acked.append(rid)
-                    if killed_at and not successes_after:
-                        successes_after.append(time.monotonic() - killed_at)
+                    if restarted_at and len(firsts) < len(restarts):
+                        firsts.append(time.monotonic())
 
+    restarts: list[dict[str, float]] = []
     clients = [asyncio.create_task(client(n)) for n in range(8)]
-    await wait_until(lambda: len(acked) >= 200, what="calls before the kill")
-    killed_at = time.monotonic()
-    first.signal(signal.SIGKILL)
-    await asyncio.to_thread(standby.go)
-    await wait_until(lambda: bool(successes_after), within=10.0, what="a success after the restart")
-    n_after = len(acked)
-    await wait_until(lambda: len(acked) >= n_after + 200, what="calls after the restart")
-    stop.set()
-    await asyncio.gather(*clients)
-    first.kill()
+    try:
+        for cycle in range(RESTARTS):
+            await wait_until(lambda: len(acked) >= 200 * (cycle + 1), what="calls before the kill")  # noqa: B023
+            killed_at = time.monotonic()
+            await asyncio.to_thread(server.kill)  # SIGKILL, reaped: the address is free
+            restarted_at = time.monotonic()  # the restart command: a new process, from nothing
+            restarts.append({"killed": killed_at, "restart": restarted_at})
+            server = await asyncio.to_thread(procs.spawn, config, name=f"restart-{cycle}", wait=False)
+            await asyncio.to_thread(server.wait_ready)
+            restarts[-1]["ready"] = server.ready_at
+            await wait_until(lambda: len(firsts) == len(restarts), within=10.0, what="a success after the restart")
+        n_after = len(acked)
+        await wait_until(lambda: len(acked) >= n_after + 200, what="calls after the last restart")
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
     counts = journal_counts(tmp_path)
     duplicates = {rid: c for rid, c in counts.items() if c > 1}
     lost = [rid for rid in acked if counts.get(rid) != 1]
-    figures.record("faults: restart, first success after kill -9", round(successes_after[0], 3), "s")
-    figures.record("faults: restart, calls acknowledged", len(acked), "")
-    figures.record("faults: restart, calls failed (ConnectionLost etc.)", len(failed), "")
-    figures.record("faults: restart, duplicate executions", len(duplicates), "")
+    startup = [r["ready"] - r["restart"] for r in restarts]
+    first_success = [t - r["restart"] for t, r in zip(firsts, restarts, strict=True)]
+    after_kill = [t - r["killed"] for t, r in zip(firsts, restarts, strict=True)]
+    figures.record(f"faults: cold restart x{RESTARTS}, server start-up to ready (max)", round(max(startup), 3), "s")
+    figures.record(f"faults: cold restart x{RESTARTS}, first success after the restart command (median)",
+                   round(percentile(first_success, 50), 3), "s")  # fmt: skip
+    figures.record(f"faults: cold restart x{RESTARTS}, first success after the restart command (max)",
+                   round(max(first_success), 3), "s")  # fmt: skip
+    figures.record(
+        f"faults: cold restart x{RESTARTS}, first success after kill -9 (max)", round(max(after_kill), 3), "s"
+    )
+    figures.record("faults: cold restart, calls acknowledged", len(acked), "")
+    figures.record("faults: cold restart, calls failed (ConnectionLost etc.)", len(failed), "")
+    figures.record("faults: cold restart, duplicate executions", len(duplicates), "")
     assert duplicates == {}
     assert lost == []
     assert set(failed.values()) <= {"ConnectionLost"}, set(failed.values())
-    assert successes_after[0] <= 2.0
+    assert max(first_success) <= 2.0, first_success
 
 
 # --- SIGTERM under load -------------------------------------------------------------------------------------------

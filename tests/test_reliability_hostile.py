@@ -3,6 +3,8 @@
 * the decoder, fuzzed with valid frames mutated and split at every byte: typed protocol errors only;
 * live malformed frames from several attacker connections against a real server process: no crash,
   bounded memory, file descriptors back to baseline, a good client's health call fast throughout;
+* a malformed or non-strict body is a bad frame: answered with BAD_REQUEST, then a GOODBYE, and the connection
+  is dropped (nothing pipelined after it runs); requests that merely cannot be served are answered and keep it;
 * oversize and cross-protocol input (length prefixes up to 4 GiB, HTTP, a TLS ClientHello) rejected at
   once, with a clear error, allocating almost nothing;
 * a slow reader is disconnected at the output cap, costing the server at most that cap, while normal
@@ -31,12 +33,15 @@ from conftest import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_kit import (
+    BAD_BODY_CASES,
     HTTP_REQUEST,
     MIB,
     RELTEST_ID,
     SELFTEST_ID,
     Procs,
     Sampler,
+    after_bad,
+    bad_body_outcome,
     close_writer,
     hello_reply,
     journal_counts,
@@ -50,11 +55,12 @@ from reliability_kit import (
     secret,
     server_env,
     service_config,
+    soft_cases,
     tls_client_hello,
     wait_closed_by_peer,
 )
 
-from svcframe import AuthenticationFailed, ConfigError, Engine, Refused
+from svcframe import AuthenticationFailed, ConfigError, ConnectionLost, Engine, Refused, RemoteError
 from svcframe.admin import ServiceHandle
 from svcframe.errors import RemoteProtocolError
 from svcframe.wire import (
@@ -222,8 +228,9 @@ def test_decoder_fuzz_mutated_frames_split_at_every_byte(figures: Any) -> None:
 # --- live malformed frames against a real server process -------------------------------------------------------
 
 ATTACK = {
-    "soft_frames": scaled(46_000, 230_000),  # malformed requests in well-formed frames (connection kept)
-    "hard_frames": scaled(4_000, 20_000),  # broken framing or handshake (connection dropped): one per connection
+    "soft_frames": scaled(40_000, 200_000),  # requests that cannot be served (answered, connection kept)
+    # bad frames (broken framing or handshake, malformed or non-strict bodies): one per connection, dropped
+    "hard_frames": scaled(10_000, 50_000),
     "soft_connections": 4,
     "hard_connections": 4,
 }
@@ -251,9 +258,10 @@ def _server_log_problems(log: str) -> list[str]:
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_live_malformed_frames_from_several_attackers(procs: Procs, tmp_path: Path, figures: Any) -> None:
-    """>= 50,000 malformed frames from several attacker connections (a separate process): the server never
-    crashes, its memory stays within 16 MiB of its baseline, its file descriptors return to baseline, and
-    a good client's health call stays under 100 ms throughout."""
+    """>= 50,000 malformed frames from several attacker connections (a separate process): requests that cannot
+    be served on long-lived connections, and bad frames (framing, handshake, bodies) that each cost the attacker
+    its connection. The server never crashes, its memory stays within 16 MiB of its baseline, its file
+    descriptors return to baseline, and a good client's health call stays under 100 ms throughout."""
     server = procs.spawn(service_config(tmp_path, kv=None))
     warmup = {**ATTACK, "soft_frames": 2_000, "hard_frames": 200}
     await asyncio.to_thread(run_peer, "attack", {"address": server.address, **warmup})  # first-use allocations
@@ -272,6 +280,8 @@ async def test_live_malformed_frames_from_several_attackers(procs: Procs, tmp_pa
     fds_after = await wait_for_fds(server, fds_before)
     frames = report["soft_frames"] + report["hard_frames"]
     figures.record("hostile: live malformed frames sent", frames, "frames")
+    figures.record("hostile: live bad frames (each cost its connection)", report["hard_frames"], "frames")
+    figures.record("hostile: live bad bodies among them (answered BAD_REQUEST)", report["bad_body_frames"], "frames")
     figures.record("hostile: live attack rate", round(frames / report["seconds"]), "frames/s")
     figures.record("hostile: live attack server RSS peak growth", round(peak_growth / MIB, 1), "MiB")
     figures.record(
@@ -284,6 +294,8 @@ async def test_live_malformed_frames_from_several_attackers(procs: Procs, tmp_pa
     figures.record("hostile: bad-framing connection dropped, p99", round(report["close_p99_seconds"] * 1e3, 2), "ms")
     assert report["errors"] == [] and report["anomalies"] == [], report
     assert frames >= ATTACK["soft_frames"] + ATTACK["hard_frames"] >= 50_000
+    assert report["hard_frames"] == ATTACK["hard_frames"] and report["bad_body_frames"] >= ATTACK["hard_frames"] // 3
+    assert journal_counts(tmp_path) == {}  # no request pipelined after a bad frame ever ran
     assert server.alive(), server.log_tail()
     assert _server_log_problems(server.log()) == []
     assert failures == []
@@ -307,6 +319,114 @@ async def wait_for_fds(server: Any, target: int | None, within: float = 10.0) ->
         elif target is None and loop.time() - same_since > 0.2:
             return now
     return server.num_fds()
+
+
+# --- bad bodies and soft errors, case by case ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_a_bad_body_is_answered_then_costs_the_connection(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    """Each malformed or non-strict body (never-used byte, extension types, a timestamp, int and bytes map keys,
+    truncated, trailing bytes, deep nesting; malformed BULK_PULL/BULK_PUSH bodies) in a well-formed frame is a bad
+    frame: the server answers it with BAD_REQUEST naming the problem (nothing for a one-way request), says GOODBYE
+    with status BAD_REQUEST and drops the connection; the request pipelined right after it never runs; the
+    server logs one warning line naming the peer and the problem, never the body; other clients carry on."""
+    server = procs.spawn(service_config(tmp_path, kv=None))
+    closes: list[float] = []
+    async with Engine(None) as bystander:
+        assert await bystander.call(server.address, "noop", 1, provider_id=RELTEST_ID) == 1
+        bystander_conn = await bystander.connection(server.address)
+        for name, (replied, frame) in BAD_BODY_CASES.items():
+            log_before = server.log()
+            reader, writer = await open_raw(server.address)
+            try:
+                await raw_handshake(reader, writer, secret())
+                port = writer.get_extra_info("sockname")[1]
+                t0 = time.perf_counter()
+                writer.write(frame + after_bad(name))
+                received = await wait_closed_by_peer(reader, 5.0)
+                closes.append(time.perf_counter() - t0)
+            finally:
+                await close_writer(writer)
+            assert bad_body_outcome(name, received) is None, bad_body_outcome(name, received)
+            frames = FrameDecoder().feed(received)
+            if replied:  # the reply names the problem, for an honest but buggy client
+                assert any(w in unpack_body(frames[0].body) for w in ("msgpack", "map key", "bulk request")), frames
+            assert unpack_body(frames[-1].body).startswith("bad frame: ")
+            new_lines = server.log()[len(log_before) :].splitlines()
+            assert len(new_lines) == 1 and " WARNING " in new_lines[0], new_lines
+            assert f"127.0.0.1:{port}" in new_lines[0] and " body (" in new_lines[0], new_lines
+        assert await bystander.call(server.address, "noop", 2, provider_id=RELTEST_ID) == 2
+        assert await bystander.connection(server.address) is bystander_conn and not bystander_conn.closed
+    assert journal_counts(tmp_path) == {}  # nothing pipelined after a bad frame ran
+    assert "BODY-MARKER" not in server.log()
+    assert server.alive() and _server_log_problems(server.log()) == []
+    figures.record(f"hostile: {len(BAD_BODY_CASES)} bad-body cases, answered and dropped in (max)",
+                   round(max(closes) * 1e3, 2), "ms")  # fmt: skip
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_soft_errors_are_answered_and_keep_the_connection(procs: Procs, tmp_path: Path) -> None:
+    """An unknown provider or RPC, a wrong argument type or another handler exception, an expired deadline, an
+    unknown bulk handle (pull, push, push with its data), and frames the protocol ignores (cancel, response or bulk
+    data nobody waits for; unknown flag bits on a one-way request): each is answered with its own status (or
+    ignored), and the same connection serves a good request right after."""
+    server = procs.spawn(service_config(tmp_path, kv=None))
+    reader, writer = await open_raw(server.address)
+    decoder = FrameDecoder()
+    try:
+        await raw_handshake(reader, writer, secret())
+        rid = 0
+        for name, status, build in soft_cases():
+            rid += 2
+            writer.write(build(rid) + request(rid + 1, RELTEST_ID, "noop", pack_body(name)))
+            got: dict[int, Frame] = {}
+            while rid + 1 not in got or (status is not None and rid not in got):  # async handlers answer later
+                chunk = await asyncio.wait_for(reader.read(1 << 20), 10.0)
+                assert chunk, f"the server closed the connection after {name}"
+                got.update((f.request_id, f) for f in decoder.feed(chunk))
+            assert all(f.kind == Kind.RESPONSE for f in got.values()), (name, got)
+            assert sorted(got) == ([rid] if status is not None else []) + [rid + 1], (name, got)
+            if status is not None:
+                assert got[rid].status == status, (name, got[rid])
+            assert (got[rid + 1].status, unpack_body(got[rid + 1].body)) == (Status.OK, name)
+    finally:
+        await close_writer(writer)
+    assert " WARNING " not in server.log() and _server_log_problems(server.log()) == []
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_a_buggy_client_sees_bad_request_not_connection_lost(
+    procs: Procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose encoder lets a non-strict body through (an int map key) gets RemoteError("BadRequest")
+    naming the problem, because the reply arrives before the server closes; another call in flight on that
+    connection gets ConnectionLost saying why (its handler is cancelled, never answered twice); the client's
+    next call, with a sound encoder, works on a new connection."""
+    import msgpack
+
+    import svcframe.engine
+
+    server = procs.spawn(service_config(tmp_path, kv=None))
+    async with Engine(None) as engine:
+        first = await engine.connection(server.address)
+        held = asyncio.create_task(
+            engine.call(server.address, "hold", {"id": "held", "seconds": 30}, provider_id=RELTEST_ID,
+                        timeout_seconds=20.0)
+        )  # fmt: skip
+        await wait_until(lambda: len(first.pending) == 1, what="the held call to be sent")
+        monkeypatch.setattr(svcframe.engine, "pack_body", lambda value: msgpack.packb(value, use_bin_type=True))
+        with pytest.raises(RemoteError) as info:
+            await engine.call(server.address, "noop", {1: "int key"}, provider_id=RELTEST_ID, timeout_seconds=5.0)
+        monkeypatch.undo()
+        assert info.value.remote_type == "BadRequest"
+        assert "map key" in info.value.remote_message, info.value.remote_message
+        with pytest.raises(ConnectionLost, match="bad frame"):
+            await held
+        await wait_until(lambda: first.closed, what="the client to see the connection closed")
+        assert await engine.call(server.address, "noop", "again", provider_id=RELTEST_ID) == "again"
+        assert await engine.connection(server.address) is not first
+    assert server.log().count("bad REQUEST body") == 1
 
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])

@@ -5,7 +5,10 @@ ssh to 127.0.0.2), with processes started by the real ``mpiexec`` of the MPICH w
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import psutil
@@ -95,3 +98,41 @@ def test_collect_on_three_hosts_launched_by_mpiexec(tmp_path, figures) -> None:
     figures.record("collect, 3 mpiexec hosts: node 0 barrier", servers["localhost"]["barrier"])
     figures.record("collect, 3 mpiexec hosts: outside measurement", 100 * o["outside_fraction"], "%")
     assert wall < 60
+
+
+@pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec on PATH or beside python (pip install mpich)")
+def test_ctrl_c_ends_mpiexec_processes_and_resume_completes(tmp_path) -> None:
+    from test_collect_more import _alive, _samples
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"localhost\n127.0.0.1\n{socket.gethostname()}\n")
+    db = tmp_path / "r.sqlite"
+    cmd = [sys.executable, "-m", "svcframe", "roofline", "collect", "-o", str(tmp_path / "out"), "--store", str(db),
+           "--metric", "rpc_rate", "--duration-seconds", "0.3", "--repeats", "2", "--grid-servers", "1",
+           "--grid-clients", "1,2", "--hostfile", str(hosts)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _samples(db, at_least=1)
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(children) >= 6  # mpiexec, its proxies and the servers and clients they started
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    deadline = time.monotonic() + 15
+    while _alive(children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive(children) == [], "launchers, servers or clients outlived the interrupted collect"
+    with ResultsStore(db) as store:
+        run = store.run(1)
+        assert run["status"] == "interrupted" and 0 < len(run["samples"]) < len(run["plan"])
+    resumed = subprocess.run([sys.executable, "-m", "svcframe", "roofline", "collect", "--store", str(db),
+                              "--resume", "latest"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    with ResultsStore(db) as store:
+        run = store.run(1)
+        assert run["status"] == "complete" and [s["key"] for s in run["samples"]] == run["plan"]
+        assert run["model"]["pc_pairs"] == ["n0-1", "n0-2", "n1-2"]

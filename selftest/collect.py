@@ -1,17 +1,26 @@
 """``svcframe roofline collect``: measure this machine's data-service roofline with the self-test.
 
-Method (Carns et al., papers/carns2025-data-service-roofline.txt, sections 4.2-4.3), on one machine whose
-usable cores are split into a server "node" (first half) and a client "node" (second half):
+Method (Carns et al., papers/carns2025-data-service-roofline.txt, sections 4.2-4.3 and 5), over a node set
+(``selftest/nodes.py``: ``local:K`` splits of this machine's cores, a hostfile, the Slurm or PBS allocation;
+default ``local:2``, the server "node" being the first half of the usable cores). Node 0 is the server node,
+nodes 1..N-1 the client nodes (:func:`plan`):
 
-* ``Pc``, peak client rate: one client process against one quiescent server process, pinned to
-  different cores, repeated ``repeats`` times (every pair of the two local nodes); a min-max range.
-* ``Ps``, peak server rate per server process: one server process per server core, saturated by
-  client processes on the client cores with ``saturation_depth`` calls in flight each; aggregate rate
-  / server processes, repeated ``repeats`` times; a min-max range.
+* ``Pc``, peak client rate: one client process on node j against one quiescent server process on node i,
+  for every unordered pair i < j (N(N-1)/2 pairs, Figure 8 right), repeated ``repeats`` times; a min-max
+  range over pairs and repeats.
+* ``Ps``, peak server rate per server process: node 0 fully populated (one server process per slot),
+  saturated by ``clients_per_core`` client processes per slot of every client node with
+  ``saturation_depth`` calls in flight each (Figure 8 left); aggregate rate / server processes, repeated
+  ``repeats`` times; a min-max range.
 * ``sweep``: the server-process sweep of Figures 9 and 10 (``selftest/sweep.py``): 1..``sweep_max_servers``
-  server processes saturated by the same clients; aggregate rate against server processes. Its point at
-  the ``Ps`` server count is the ``Ps`` measurement itself.
-* ``grid``: validation samples, every (servers, clients) pair of the grid, rate per client process.
+  server processes on node 0 saturated by the same clients; aggregate rate against server processes. Its
+  point at the ``Ps`` server count is the ``Ps`` measurement itself.
+* ``grid``: validation samples, every (servers, clients) pair of the grid in processes, or every
+  (server nodes, client nodes) pair of fully populated nodes; rate per client process.
+
+Processes: with the ``local`` launcher, servers are forked per local node and pinned to its cores, clients
+are a :class:`~selftest.pool.ClientPool`; with ``mpiexec`` or ``srun``, one launcher command per node group
+starts them and they are coordinated over svcframe RPC (``selftest/remote.py``).
 
 Metrics: RPC rate (``noop`` workload, ops/s), network bandwidth (``bulk`` of ``bulk_size`` bytes, GiB/s),
 storage IOPS (``storage`` workload, ``storage_block_size`` bytes at random offsets of a file on the
@@ -19,9 +28,9 @@ server's disk, ops/s) and storage bandwidth (``storage`` with ``storage_bandwidt
 Each validation sample is scored (Zhu, Neuwirth et al. eqs. 10-11), per metric and across metrics by
 weighted geometric mean (eq. 12), with the model's median and worst relative error per region.
 
-Cost: server processes are launched once, for the largest server count of the plan, and a measurement
-uses the first ``servers`` of them (the rest idle in their blocking selector); client processes are a
-:class:`~selftest.pool.ClientPool` started once. The run's wall time is split into measurement intervals
+Cost: server processes are launched once per node, for the largest count the plan places there, and a
+measurement uses the first ones of each node (the rest idle in their blocking selector); client processes
+are started once. The run's wall time is split into measurement intervals
 and everything else (``overhead`` in the document).
 
 With a results store (``store``), the run, its plan and every sample go into the SQLite file as they

@@ -105,7 +105,7 @@ def test_resolve_sources_launchers_and_errors(tmp_path) -> None:
     assert resolve(env={"PBS_NODEFILE": str(pbs)}, check_launcher=False).launcher == "mpiexec"
     one = tmp_path / "one"
     one.write_text("lonely slots=8\n")
-    with pytest.raises(NodeError, match="gives 1 node .*needs at least 2"):
+    with pytest.raises(NodeError, match=r"gives 1 node .*needs at least 2"):
         resolve(hostfile=one, env={}, check_launcher=False)
     with pytest.raises(NodeError, match="not both"):
         resolve("local:2", hosts, env={})

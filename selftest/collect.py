@@ -1,17 +1,26 @@
 """``svcframe roofline collect``: measure this machine's data-service roofline with the self-test.
 
-Method (Carns et al., papers/carns2025-data-service-roofline.txt, sections 4.2-4.3), on one machine whose
-usable cores are split into a server "node" (first half) and a client "node" (second half):
+Method (Carns et al., papers/carns2025-data-service-roofline.txt, sections 4.2-4.3 and 5), over a node set
+(``selftest/nodes.py``: ``local:K`` splits of this machine's cores, a hostfile, the Slurm or PBS allocation;
+default ``local:2``, the server "node" being the first half of the usable cores). Node 0 is the server node,
+nodes 1..N-1 the client nodes (:func:`plan`):
 
-* ``Pc``, peak client rate: one client process against one quiescent server process, pinned to
-  different cores, repeated ``repeats`` times (every pair of the two local nodes); a min-max range.
-* ``Ps``, peak server rate per server process: one server process per server core, saturated by
-  client processes on the client cores with ``saturation_depth`` calls in flight each; aggregate rate
-  / server processes, repeated ``repeats`` times; a min-max range.
+* ``Pc``, peak client rate: one client process on node j against one quiescent server process on node i,
+  for every unordered pair i < j (N(N-1)/2 pairs, Figure 8 right), repeated ``repeats`` times; a min-max
+  range over pairs and repeats.
+* ``Ps``, peak server rate per server process: node 0 fully populated (one server process per slot),
+  saturated by ``clients_per_core`` client processes per slot of every client node with
+  ``saturation_depth`` calls in flight each (Figure 8 left); aggregate rate / server processes, repeated
+  ``repeats`` times; a min-max range.
 * ``sweep``: the server-process sweep of Figures 9 and 10 (``selftest/sweep.py``): 1..``sweep_max_servers``
-  server processes saturated by the same clients; aggregate rate against server processes. Its point at
-  the ``Ps`` server count is the ``Ps`` measurement itself.
-* ``grid``: validation samples, every (servers, clients) pair of the grid, rate per client process.
+  server processes on node 0 saturated by the same clients; aggregate rate against server processes. Its
+  point at the ``Ps`` server count is the ``Ps`` measurement itself.
+* ``grid``: validation samples, every (servers, clients) pair of the grid in processes, or every
+  (server nodes, client nodes) pair of fully populated nodes; rate per client process.
+
+Processes: with the ``local`` launcher, servers are forked per local node and pinned to its cores, clients
+are a :class:`~selftest.pool.ClientPool`; with ``mpiexec`` or ``srun``, one launcher command per node group
+starts them and they are coordinated over svcframe RPC (``selftest/remote.py``).
 
 Metrics: RPC rate (``noop`` workload, ops/s), network bandwidth (``bulk`` of ``bulk_size`` bytes, GiB/s),
 storage IOPS (``storage`` workload, ``storage_block_size`` bytes at random offsets of a file on the
@@ -19,9 +28,9 @@ server's disk, ops/s) and storage bandwidth (``storage`` with ``storage_bandwidt
 Each validation sample is scored (Zhu, Neuwirth et al. eqs. 10-11), per metric and across metrics by
 weighted geometric mean (eq. 12), with the model's median and worst relative error per region.
 
-Cost: server processes are launched once, for the largest server count of the plan, and a measurement
-uses the first ``servers`` of them (the rest idle in their blocking selector); client processes are a
-:class:`~selftest.pool.ClientPool` started once. The run's wall time is split into measurement intervals
+Cost: server processes are launched once per node, for the largest count the plan places there, and a
+measurement uses the first ones of each node (the rest idle in their blocking selector); client processes
+are started once. The run's wall time is split into measurement intervals
 and everything else (``overhead`` in the document).
 
 With a results store (``store``), the run, its plan and every sample go into the SQLite file as they
@@ -32,22 +41,26 @@ measurements already stored. Ctrl-C (KeyboardInterrupt) tears servers and client
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.metadata
 import json
 import os
 import platform as _platform
+import secrets
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from svcframe.config import ServiceConfig, load_config
 from svcframe.launch import Launch, usable_cores
 
 from .driver import SelftestParams, environment, save_results
+from .nodes import NodeSet
+from .nodes import resolve as resolve_nodes
 from .roofline import METRICS, Range, Roofline, Sample, combine_scores, plot
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
@@ -65,8 +78,16 @@ class CollectOptions:
     ``store`` (a results store file, ``None`` = none) keeps the run for history and resume; ``service`` and
     ``platform`` name what history compares against (default: the config's file stem, and
     ``$SLURM_CLUSTER_NAME`` or the host name). ``weights`` weigh metrics in the combined score
-    (default 1 each). ``sweep_max_servers`` (default: the server cores) bounds the server-process sweep;
-    0 disables it.
+    (default 1 each). ``sweep_max_servers`` (default: the server node's slots) bounds the server-process
+    sweep; 0 disables it.
+
+    Nodes (``selftest/nodes.py``): ``nodes`` (``"local:K"``) or ``hostfile``, else the Slurm or PBS
+    allocation, else ``local:2``; ``launcher`` is ``auto``, ``local``, ``mpiexec`` or ``srun``.
+    ``grid_server_nodes`` x ``grid_client_nodes`` (node counts, fully populated: one process per slot)
+    replace the process grid ``grid_servers`` x ``grid_clients`` when given. ``coordinator_host`` is the
+    host the coordinator's engine binds to for remote clients (default: this host's name).
+    ``clients_per_core``: saturating client processes per client-node slot (each ``saturation_depth``
+    calls in flight).
     """
 
     out: Path = Path("out/roofline")
@@ -90,6 +111,13 @@ class CollectOptions:
     service: str | None = None
     platform: str | None = None
     weights: dict[str, float] | None = None
+    nodes: str | None = None
+    hostfile: Path | None = None
+    launcher: str = "auto"
+    grid_server_nodes: list[int] | None = None
+    grid_client_nodes: list[int] | None = None
+    coordinator_host: str | None = None
+    clients_per_core: int = 2
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (paths as strings)."""
@@ -102,18 +130,10 @@ class CollectOptions:
         for f in fields(cls):
             if f.name in d:
                 value = d[f.name]
-                if f.name in ("out", "config", "storage_dir", "store") and value is not None:
+                if f.name in ("out", "config", "storage_dir", "store", "hostfile") and value is not None:
                     value = Path(value)
                 kw[f.name] = value
         return cls(**kw)
-
-
-def _core_split() -> tuple[list[int], list[int]]:
-    cores = usable_cores()
-    if len(cores) < 2:
-        return cores, cores
-    half = len(cores) // 2
-    return cores[:half], cores[half:]
 
 
 def _params(opts: CollectOptions, metric: str, **kw: Any) -> SelftestParams:
@@ -144,44 +164,117 @@ def _aggregate(metric: str, result: dict[str, Any]) -> float:
     return float(agg["rate_ops_per_second"] if metric in _RATE_METRICS else agg["bandwidth_gib_per_second"])
 
 
-def _saturation(opts: CollectOptions) -> tuple[int, int]:
-    server_cores, client_cores = _core_split()
-    return len(server_cores), max(2, 2 * len(client_cores))
+class Step(NamedTuple):
+    """One measurement of the plan.
+
+    Attributes:
+        stage: ``"Pc"``, ``"Ps"``, ``"sweep"`` or ``"grid"``.
+        metric: one of :data:`ALL_METRICS`.
+        servers: server processes (S).
+        clients: client processes (C); the service ratio is X = S / C (section 4.2).
+        server_nodes: node index of each server process, in the order clients are assigned to them.
+        client_nodes: node index of client rank r, for each r.
+        tag: what tells apart steps of equal (stage, metric, S, C): ``"n0-1"`` for the Pc pair of nodes 0
+            and 1, ``"nodes1x2"`` for a grid point of 1 server node x 2 client nodes, else ``""``.
+    """
+
+    stage: str
+    metric: str
+    servers: int
+    clients: int
+    server_nodes: tuple[int, ...]
+    client_nodes: tuple[int, ...]
+    tag: str = ""
 
 
-def plan(opts: CollectOptions) -> list[tuple[str, str, int, int]]:
-    """Every measurement, as (stage, metric, servers, clients), in the order they run.
+def _spread(count: int, nodes: list[int], capacity: dict[int, int]) -> tuple[int, ...]:
+    """Node of each of ``count`` processes: round-robin over ``nodes`` while each has capacity left, then
+    round-robin over all of them (oversubscribed)."""
+    out: list[int] = []
+    left = {j: capacity[j] for j in nodes}
+    while len(out) < count and any(left.values()):
+        for j in nodes:
+            if left[j] > 0 and len(out) < count:
+                out.append(j)
+                left[j] -= 1
+    while len(out) < count:
+        out.append(nodes[len(out) % len(nodes)])
+    return tuple(out)
 
-    Per metric: ``Pc`` (``repeats`` x 1 server x 1 client), ``Ps`` (``repeats`` x all server cores x
-    saturating clients), ``sweep`` (each other server count up to ``sweep_max_servers``, saturating
-    clients), ``grid`` (``grid_servers`` x ``grid_clients``).
+
+def node_set_of(opts: CollectOptions, *, check_launcher: bool = False) -> NodeSet:
+    """The node set of ``opts`` (``selftest.nodes.resolve``). Raises NodeError."""
+    return resolve_nodes(opts.nodes, opts.hostfile, opts.launcher, check_launcher=check_launcher)
+
+
+def plan(opts: CollectOptions, node_set: NodeSet | None = None) -> list[Step]:
+    """Every measurement, in the order they run (Carns et al. sections 4.3 and 5, over N nodes).
+
+    Per metric, node 0 being the server node and nodes 1..N-1 the client nodes:
+
+    * ``Pc``: for each of ``repeats`` rounds, every unordered pair of nodes (i, j), i < j (N(N-1)/2
+      pairs): one client process on node j against one quiescent server process on node i.
+    * ``Ps`` (``repeats`` samples): node 0 fully populated (one server process per slot), saturated by
+      ``clients_per_core`` client processes per slot of every client node (at least 2 in all).
+    * ``sweep``: 1..``sweep_max_servers`` server processes on node 0 (Figures 9 and 10), the Ps clients;
+      the Ps server count itself is not repeated (its point is the Ps samples).
+    * ``grid``: validation samples. ``grid_servers`` x ``grid_clients`` processes (servers on node 0,
+      clients round-robin over the client nodes), or, when given, ``grid_server_nodes`` x
+      ``grid_client_nodes`` fully populated nodes (servers from node 0 up, clients from node N-1 down,
+      s + c <= N).
 
     Raises:
-        ValueError: an unknown metric.
+        ValueError: an unknown metric, or a node grid no point of which fits the N nodes.
+        NodeError: the node set cannot be resolved (``node_set`` not given).
     """
     unknown = [m for m in opts.metrics if m not in ALL_METRICS]
     if unknown:
         raise ValueError(f"unknown metric(s) {unknown}; choose from {list(ALL_METRICS)}")
-    n_sat_servers, n_sat_clients = _saturation(opts)
+    ns = node_set if node_set is not None else node_set_of(opts)
+    n = len(ns)
+    slots = [node.slots for node in ns.nodes]
+    client_node_ids = list(range(1, n))
+    capacity = {j: opts.clients_per_core * slots[j] for j in client_node_ids}
+    n_sat_servers = slots[0]
+    n_sat_clients = max(2, sum(capacity.values()))
+    sat_clients = _spread(n_sat_clients, client_node_ids, capacity)
     n_sweep = n_sat_servers if opts.sweep_max_servers is None else opts.sweep_max_servers
-    steps = []
+    grid: list[tuple[int, int, tuple[int, ...], tuple[int, ...], str]] = []
+    if opts.grid_server_nodes or opts.grid_client_nodes:
+        for s_nodes in opts.grid_server_nodes or [1]:
+            for c_nodes in opts.grid_client_nodes or [1]:
+                if s_nodes < 1 or c_nodes < 1 or s_nodes + c_nodes > n:
+                    continue
+                srv = tuple(i for i in range(s_nodes) for _ in range(slots[i]))
+                cli = tuple(j for j in range(n - c_nodes, n) for _ in range(slots[j]))
+                grid.append((len(srv), len(cli), srv, cli, f"nodes{s_nodes}x{c_nodes}"))
+        if not grid:
+            raise ValueError(f"no grid point of {opts.grid_server_nodes} server nodes x {opts.grid_client_nodes} "
+                             f"client nodes fits {n} nodes (server nodes + client nodes <= {n})")  # fmt: skip
+    else:
+        for s in opts.grid_servers:
+            for c in opts.grid_clients:
+                grid.append((s, c, (0,) * s, _spread(c, client_node_ids, capacity), ""))
+    steps: list[Step] = []
     for metric in opts.metrics:
-        steps += [("Pc", metric, 1, 1)] * opts.repeats
-        steps += [("Ps", metric, n_sat_servers, n_sat_clients)] * opts.repeats
-        steps += [("sweep", metric, n, n_sat_clients) for n in range(1, n_sweep + 1) if n != n_sat_servers]
-        steps += [("grid", metric, s, c) for s in opts.grid_servers for c in opts.grid_clients]
+        for _ in range(opts.repeats):
+            steps += [Step("Pc", metric, 1, 1, (i,), (j,), f"n{i}-{j}") for i, j in ns.pairs]
+        steps += [Step("Ps", metric, n_sat_servers, n_sat_clients, (0,) * n_sat_servers, sat_clients)] * opts.repeats
+        steps += [Step("sweep", metric, k, n_sat_clients, (0,) * k, sat_clients)
+                  for k in range(1, n_sweep + 1) if k != n_sat_servers]  # fmt: skip
+        steps += [Step("grid", metric, s, c, srv, cli, tag) for s, c, srv, cli, tag in grid]
     return steps
 
 
-def step_keys(steps: list[tuple[str, str, int, int]]) -> list[str]:
-    """A key per step, unique within the plan: ``"stage/metric/sS/cC#k"`` (k counts repeats)."""
-    seen: dict[tuple[str, str, int, int], int] = {}
+def step_keys(steps: list[Step]) -> list[str]:
+    """A key per step, unique within the plan: ``"stage/metric/sS/cC[/tag]#k"`` (k counts repeats)."""
+    seen: dict[str, int] = {}
     keys = []
     for step in steps:
-        k = seen.get(step, 0)
-        seen[step] = k + 1
-        stage, metric, s, c = step
-        keys.append(f"{stage}/{metric}/s{s}/c{c}#{k}")
+        base = f"{step.stage}/{step.metric}/s{step.servers}/c{step.clients}" + (f"/{step.tag}" if step.tag else "")
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        keys.append(f"{base}#{k}")
     return keys
 
 
@@ -264,7 +357,8 @@ def collect(
         the model document (also written to ``opts.out / "roofline.json"``)::
 
             {"kind": "svcframe-roofline", "run_id", "options", "environment", "hardware", "software",
-             "server_cores", "client_cores", "metrics": {name: Roofline.to_dict()}, "combined_score",
+             "server_cores", "client_cores", "nodes": {NodeSet.to_dict(), "processes"}, "pc_pairs",
+             "metrics": {name: Roofline.to_dict()}, "combined_score",
              "sweep": {metric: [points]}, "runs": [rows], "wall_seconds", "measurement_seconds",
              "overhead": {...}}
 
@@ -272,9 +366,9 @@ def collect(
         LaunchError / SelftestError: a server or client failed (the message says which and why); the
             run is marked ``failed`` in the store.
         StoreError: ``resume`` names no run, or a run whose plan differs from this machine's.
+        NodeError: the node set or launcher cannot be used (``selftest/nodes.py``).
         KeyboardInterrupt: after tearing everything down and marking the run ``interrupted``.
     """
-    from .pool import ClientPool
     from .store import ResultsStore, StoreError
 
     wall0 = time.monotonic()
@@ -283,9 +377,12 @@ def collect(
     config = _service_config(opts)
     out = Path(opts.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    server_cores, client_cores = _core_split()
-    steps = plan(opts)
+    node_set = node_set_of(opts, check_launcher=True)
+    server_cores = list(node_set.nodes[0].cores or [])
+    client_cores = [c for node in node_set.nodes[1:] for c in (node.cores or [])]
+    steps = plan(opts, node_set)
     keys = step_keys(steps)
+    processes: dict[str, Any] = {}
     store = ResultsStore(opts.store) if opts.store is not None else None
     run_id: int | None = None
     stored: dict[str, dict[str, Any]] = {}
@@ -295,8 +392,8 @@ def collect(
             previous = store.run(run_id)
             if previous["plan"] != keys:
                 raise StoreError(
-                    f"run {run_id} planned {len(previous['plan'])} measurements, this machine and these options "
-                    f"plan {len(keys)} others; resume it with its own options on the same machine"
+                    f"run {run_id} planned {len(previous['plan'])} measurements, these nodes and options plan "
+                    f"{len(keys)} others; resume it with its own options on the same nodes"
                 )
             stored = {s["key"]: s for s in previous["samples"]}
             store.set_status(run_id, "running")
@@ -312,13 +409,16 @@ def collect(
                 hardware=hardware(),
                 software=software(),
                 plan=keys,
+                nodes=node_set.to_dict(),
             )
         todo = [(i, step, key) for i, (step, key) in enumerate(zip(steps, keys, strict=True)) if key not in stored]
         rows_by_key: dict[str, dict[str, Any]] = {k: {kk: v for kk, v in s.items() if kk not in ("id", "key", "created")}
                                                   for k, s in stored.items()}  # fmt: skip
         if todo:
-            _measure(opts, config, todo, rows_by_key, timers, on_step, store, run_id, server_cores, client_cores,
-                     ClientPool)  # fmt: skip
+            if node_set.launcher == "local":
+                _measure_local(opts, config, node_set, todo, rows_by_key, timers, on_step, store, run_id, processes)
+            else:
+                _measure_remote(opts, config, node_set, todo, rows_by_key, timers, on_step, store, run_id, processes)
     except KeyboardInterrupt:
         if store is not None and run_id is not None:
             store.set_status(run_id, "interrupted")
@@ -340,13 +440,13 @@ def collect(
     for r in rows:
         by_metric[r["metric"]][r["stage"]].append(r)
     models: dict[str, Any] = {}
+    where = socket.gethostname() if node_set.source == "local" else f"{len(node_set)} nodes from {node_set.source}"
     for metric, metric_rows in by_metric.items():
         model = _model(metric, metric_rows)
-        plot(model, out / f"{metric}.png",
-             title=f"{METRICS[metric].label.split(' per ')[0]} roofline, {socket.gethostname()}")  # fmt: skip
+        plot(model, out / f"{metric}.png", title=f"{METRICS[metric].label.split(' per ')[0]} roofline, {where}")
         models[metric] = model.to_dict()
     sweep = sweep_points(rows)
-    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {socket.gethostname()}")
+    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}")
     combined = combined_score(models, opts.weights)
     timers["analysis"] += time.monotonic() - t_analysis
     wall = time.monotonic() - wall0
@@ -369,6 +469,8 @@ def collect(
         "software": software(),
         "server_cores": server_cores,
         "client_cores": client_cores,
+        "nodes": {**node_set.to_dict(), "processes": processes},
+        "pc_pairs": sorted({r["tag"] for r in rows if r["stage"] == "Pc" and r.get("tag")}),
         "metrics": models,
         "combined_score": combined,
         "weights": {m: float((opts.weights or {}).get(m, 1.0)) for m in models},
@@ -381,7 +483,8 @@ def collect(
     (out / "roofline.json").write_text(json.dumps(doc, indent=2))
     if store is not None and run_id is not None:
         try:
-            store.finish_run(run_id, model={k: doc[k] for k in ("metrics", "sweep", "server_cores", "client_cores")},
+            store.finish_run(run_id, model={k: doc[k] for k in ("metrics", "sweep", "server_cores", "client_cores",
+                                                                "nodes", "pc_pairs")},
                              summary={k: doc[k] for k in ("combined_score", "weights", "wall_seconds",
                                                           "measurement_seconds", "overhead")})  # fmt: skip
         finally:
@@ -389,74 +492,236 @@ def collect(
     return doc
 
 
-def _measure(
+def _row(opts: CollectOptions, step: Step, index: int, result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    stage, metric, servers, clients = step.stage, step.metric, step.servers, step.clients
+    name = f"{index + 1:03d}-{stage}-{metric}-s{servers}-c{clients}" + (f"-{step.tag}" if step.tag else "") + ".json"
+    row = {
+        "stage": stage,
+        "metric": metric,
+        "servers": servers,
+        "clients": clients,
+        "tag": step.tag,
+        "server_nodes": sorted(set(step.server_nodes)),
+        "client_nodes": sorted(set(step.client_nodes)),
+        "value": _aggregate(metric, result) if stage in ("Ps", "sweep") else _per_client(metric, result),
+        "per_client": _per_client(metric, result),
+        "aggregate": _aggregate(metric, result),
+        "elapsed_seconds": result["aggregate"]["elapsed_seconds"],
+        "latency_p50_usec": result["aggregate"]["latency_usec"]["p50"],
+        "server_cpu_usec_per_op": result["aggregate"]["server_cpu_usec_per_op"],
+        "server_utilization": result["aggregate"]["server_utilization"],
+        "file": f"runs/{name}",
+    }
+    return name, row
+
+
+def _needed(todo: list[tuple[int, Step, str]], attr: str) -> dict[int, int]:
+    """Processes to start per node: the most any step of ``todo`` places there (servers or clients)."""
+    need: dict[int, int] = {}
+    for _, step, _ in todo:
+        counts: dict[int, int] = {}
+        for j in getattr(step, attr):
+            counts[j] = counts.get(j, 0) + 1
+        for j, k in counts.items():
+            need[j] = max(need.get(j, 0), k)
+    return need
+
+
+def _run_steps(
     opts: CollectOptions,
-    config: ServiceConfig,
-    todo: list[tuple[int, tuple[str, str, int, int], str]],
+    todo: list[tuple[int, Step, str]],
+    addresses: dict[int, list[str]],
+    run_one: Callable[[SelftestParams, list[str], Step], dict[str, Any]],
+    node_set: NodeSet,
     rows_by_key: dict[str, dict[str, Any]],
     timers: dict[str, float],
     on_step: Callable[[str, int, int], None] | None,
     store: Any,
     run_id: int | None,
-    server_cores: list[int],
-    client_cores: list[int],
-    pool_cls: Any,
 ) -> None:
-    """Launch the servers and the client pool once, run every step of ``todo``, tear down."""
+    """Every step of ``todo``: its servers (the first k launched on each of its server nodes), one run,
+    the row stored at once. Measurement intervals go to ``timers["measurement"]``."""
     out = Path(opts.out)
-    n_servers = max(step[2] for _, step, _ in todo)
-    n_clients = max(step[3] for _, step, _ in todo)
+    for n, (index, step, key) in enumerate(todo, 1):
+        if on_step is not None:
+            where = f" (nodes {step.tag[1:]})" if step.stage == "Pc" and len(node_set) > 2 else ""
+            on_step(f"{step.stage} {step.metric}: {step.servers} server(s) x {step.clients} client(s){where}", n,
+                    len(todo))  # fmt: skip
+        taken: dict[int, int] = {}
+        servers = []
+        for i in step.server_nodes:
+            servers.append(addresses[i][taken.get(i, 0)])
+            taken[i] = taken.get(i, 0) + 1
+        depth = opts.saturation_depth if step.stage in ("Ps", "sweep") else 1
+        params = _params(opts, step.metric, clients=step.clients, depth=depth)
+        t_run = time.monotonic()
+        result = run_one(params, servers, step)
+        elapsed = result["aggregate"]["elapsed_seconds"]
+        timers["measurement"] += elapsed
+        timers["coordination"] += time.monotonic() - t_run - elapsed
+        t_store = time.monotonic()
+        name, row = _row(opts, step, index, result)
+        save_results(result, out / "runs" / name)
+        rows_by_key[key] = row
+        if store is not None and run_id is not None:
+            store.add_sample(run_id, key, row, result)
+        timers["store"] += time.monotonic() - t_store
+
+
+def _measure_local(
+    opts: CollectOptions,
+    config: ServiceConfig,
+    node_set: NodeSet,
+    todo: list[tuple[int, Step, str]],
+    rows_by_key: dict[str, dict[str, Any]],
+    timers: dict[str, float],
+    on_step: Callable[[str, int, int], None] | None,
+    store: Any,
+    run_id: int | None,
+    processes: dict[str, Any],
+) -> None:
+    """Local nodes: server processes per node forked by :class:`~svcframe.launch.Launch` (pinned to the
+    node's cores), client processes from one :class:`~selftest.pool.ClientPool`, each run pinning client
+    rank r to a core of node ``step.client_nodes[r]``. Everything is launched once, torn down at the end."""
+    from .pool import ClientPool
+
+    servers_needed = _needed(todo, "server_nodes")
+    n_clients = max(step.clients for _, step, _ in todo)
     t0 = time.monotonic()
-    pool = pool_cls(n_clients).start()  # workers import while the servers start
+    pool = ClientPool(n_clients).start()  # workers import while the servers start
     grace_seconds = 5.0
+    launches: dict[int, Launch] = {}
     try:
-        launch = Launch(config, n_servers, cores=server_cores)
         try:
-            launch.start()
+            for i, count in sorted(servers_needed.items()):
+                launches[i] = Launch(config, count, cores=list(node_set.nodes[i].cores or []) or None)
+                launches[i].start()
             timers["launch"] += time.monotonic() - t0
             t1 = time.monotonic()
             pool.wait_ready()
             timers["client_start"] += time.monotonic() - t1
-            addresses = [m.address for m in launch.members]
-            for n, (index, (stage, metric, servers, clients), key) in enumerate(todo, 1):
-                if on_step is not None:
-                    on_step(f"{stage} {metric}: {servers} server(s) x {clients} client(s)", n, len(todo))
-                depth = opts.saturation_depth if stage in ("Ps", "sweep") else 1
-                params = _params(opts, metric, clients=clients, depth=depth, client_cores=client_cores)
-                t_run = time.monotonic()
-                result = pool.run(params, addresses[:servers])
-                elapsed = result["aggregate"]["elapsed_seconds"]
-                timers["measurement"] += elapsed
-                timers["coordination"] += time.monotonic() - t_run - elapsed
-                t_store = time.monotonic()
-                name = f"{index + 1:03d}-{stage}-{metric}-s{servers}-c{clients}.json"
-                save_results(result, out / "runs" / name)
-                row = {
-                    "stage": stage,
-                    "metric": metric,
-                    "servers": servers,
-                    "clients": clients,
-                    "value": _aggregate(metric, result) if stage in ("Ps", "sweep") else _per_client(metric, result),
-                    "per_client": _per_client(metric, result),
-                    "aggregate": _aggregate(metric, result),
-                    "elapsed_seconds": elapsed,
-                    "latency_p50_usec": result["aggregate"]["latency_usec"]["p50"],
-                    "server_cpu_usec_per_op": result["aggregate"]["server_cpu_usec_per_op"],
-                    "server_utilization": result["aggregate"]["server_utilization"],
-                    "file": f"runs/{name}",
-                }
-                rows_by_key[key] = row
-                if store is not None and run_id is not None:
-                    store.add_sample(run_id, key, row, result)
-                timers["store"] += time.monotonic() - t_store
+            processes["servers"] = [{"node": node_set.nodes[i].name, "servers": len(job.members), "launcher": "local"}
+                                    for i, job in launches.items()]  # fmt: skip
+            processes["clients"] = [{"node": "(any local node, pinned per run)", "clients": n_clients,
+                                     "launcher": "local"}]  # fmt: skip
+            addresses = {i: [m.address for m in job.members] for i, job in launches.items()}
+
+            def run_one(params: SelftestParams, servers: list[str], step: Step) -> dict[str, Any]:
+                placed: dict[int, int] = {}
+                cores = []
+                for j in step.client_nodes:
+                    node_cores = node_set.nodes[j].cores or ()
+                    k = placed.get(j, 0)
+                    placed[j] = k + 1
+                    if node_cores:
+                        cores.append(node_cores[k % len(node_cores)])
+                params.client_cores = cores or None
+                return pool.run(params, servers)
+
+            _run_steps(opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id)
         except BaseException:
             grace_seconds = 0.5  # interrupted or failed: do not wait for busy clients
             raise
         finally:
             t2 = time.monotonic()
-            launch.stop()
+            for job in launches.values():
+                job.stop()
             timers["teardown"] += time.monotonic() - t2
     finally:
         t3 = time.monotonic()
         pool.close(grace_seconds)
         timers["teardown"] += time.monotonic() - t3
+
+
+def _measure_remote(
+    opts: CollectOptions,
+    config: ServiceConfig,
+    node_set: NodeSet,
+    todo: list[tuple[int, Step, str]],
+    rows_by_key: dict[str, dict[str, Any]],
+    timers: dict[str, float],
+    on_step: Callable[[str, int, int], None] | None,
+    store: Any,
+    run_id: int | None,
+    processes: dict[str, Any],
+) -> None:
+    """Nodes reached through ``srun`` or ``mpiexec`` (``selftest/remote.py``): one launcher command per node
+    for its server processes (a group file each, published after a barrier) and one per client node for
+    its client processes (they dial this process's coordinator engine and register). Everything is
+    launched once; teardown ends the clients, shuts the servers down over admin RPC and waits for the
+    launchers.
+
+    The output directory must be on a filesystem every node sees (configs and group files)."""
+    from .nodes import mpiexec_flavour
+    from .remote import Coordinator, RemoteClientPool, ServerGroup
+
+    workdir = Path(opts.out).resolve() / "launch"
+    workdir.mkdir(parents=True, exist_ok=True)
+    flavour = mpiexec_flavour(node_set.launcher_path or "mpiexec") if node_set.launcher == "mpiexec" else "hydra"
+    saved_secret = os.environ.get("SVCFRAME_SECRET")
+    if not saved_secret:  # servers on other nodes listen on non-loopback addresses: they need a shared secret
+        os.environ["SVCFRAME_SECRET"] = secrets.token_hex(32)
+    t0 = time.monotonic()
+    coordinator = Coordinator(opts.coordinator_host or socket.gethostname())
+    groups: list[ServerGroup] = []
+    pool: RemoteClientPool | None = None
+    grace_seconds = 5.0
+    try:
+        coordinator.start()
+        for i, count in sorted(_needed(todo, "server_nodes").items()):
+            groups.append(ServerGroup(node_set, i, count, config, workdir, flavour=flavour))
+            groups[-1].start()
+        pool = RemoteClientPool(coordinator, node_set, _needed(todo, "client_nodes"), workdir, flavour=flavour)
+        pool.start()  # client processes start while the servers do
+
+        async def servers_ready() -> None:
+            await asyncio.gather(*(g.wait_ready(coordinator.engine) for g in groups))
+
+        coordinator.run(servers_ready())
+        timers["launch"] += time.monotonic() - t0
+        t1 = time.monotonic()
+        pool.wait_ready()
+        timers["client_start"] += time.monotonic() - t1
+        processes["servers"] = [g.publication for g in groups]
+        processes["clients"] = _client_summary(node_set, pool.clients)
+        addresses = {g.index: [m.address for m in g.members] for g in groups}
+        remote_pool = pool
+
+        def run_one(params: SelftestParams, servers: list[str], step: Step) -> dict[str, Any]:
+            return remote_pool.run(params, servers, client_nodes=step.client_nodes)
+
+        _run_steps(opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id)
+    except BaseException:
+        grace_seconds = 0.5
+        raise
+    finally:
+        t2 = time.monotonic()
+        try:
+            if pool is not None:
+                pool.close(grace_seconds)
+            if coordinator.runner is not None:
+
+                async def shutdown() -> None:
+                    await asyncio.gather(*(g.shutdown(coordinator.engine) for g in groups))
+
+                with contextlib.suppress(Exception):
+                    coordinator.run(shutdown())
+            for g in groups:
+                g.stop(10.0 if grace_seconds > 1 else 2.0)
+        finally:
+            coordinator.close()
+            if not saved_secret:
+                os.environ.pop("SVCFRAME_SECRET", None)
+            timers["teardown"] += time.monotonic() - t2
+
+
+def _client_summary(node_set: NodeSet, clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per client node: how many processes registered, the rank sources their launcher's environment gave
+    (``"pmi"`` for MPICH, ``"slurm"``/``"pmix"`` for srun...), their ranks and job size."""
+    out = []
+    for j in sorted({int(c["node"]) for c in clients}):
+        mine = [c for c in clients if int(c["node"]) == j]
+        out.append({"node": node_set.nodes[j].name, "clients": len(mine), "sources": sorted({c["source"] for c in mine}),
+                    "ranks": sorted(int(c["rank"]) for c in mine), "size": max(int(c["size"]) for c in mine),
+                    "hosts": sorted({c["host"] for c in mine})})  # fmt: skip
+    return out

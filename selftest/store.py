@@ -10,7 +10,7 @@ Schema (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`)::
 
     runs(id INTEGER PRIMARY KEY, kind, status, service, platform, host, created, updated,
          options JSON, environment JSON, hardware JSON, software JSON, plan JSON,
-         model JSON NULL, summary JSON NULL)
+         model JSON NULL, summary JSON NULL, nodes JSON NULL)
     samples(id INTEGER PRIMARY KEY, run_id -> runs.id, key, stage, metric, servers, clients,
             value, row JSON, result JSON, created;  UNIQUE(run_id, key))
 
@@ -40,8 +40,9 @@ from typing import Any
 
 from svcframe.errors import SvcframeError
 
-SCHEMA_VERSION = 1
-"""Version of the tables below, kept in ``PRAGMA user_version``; older files are migrated on open."""
+SCHEMA_VERSION = 2
+"""Version of the tables below, kept in ``PRAGMA user_version``; older files are migrated on open
+(1 -> 2: ``runs.nodes``)."""
 
 STATUSES = ("running", "interrupted", "failed", "complete")
 
@@ -64,7 +65,8 @@ CREATE TABLE IF NOT EXISTS runs (
     software    TEXT NOT NULL,
     plan        TEXT NOT NULL,
     model       TEXT,
-    summary     TEXT
+    summary     TEXT,
+    nodes       TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_platform ON runs (service, platform, created);
 CREATE TABLE IF NOT EXISTS samples (
@@ -83,7 +85,7 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 """
 
-_JSON_COLUMNS = ("options", "environment", "hardware", "software", "plan", "model", "summary")
+_JSON_COLUMNS = ("options", "environment", "hardware", "software", "plan", "model", "summary", "nodes")
 
 
 class StoreError(SvcframeError):
@@ -130,6 +132,9 @@ class ResultsStore:
                 )
             with self._db:
                 self._db.executescript(_SCHEMA)
+                columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+                if "nodes" not in columns:  # a version 1 file
+                    self._db.execute("ALTER TABLE runs ADD COLUMN nodes TEXT")
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path} is not a usable results store: {exc}") from exc
@@ -161,15 +166,19 @@ class ResultsStore:
         hardware: Mapping[str, Any],
         software: Mapping[str, Any],
         plan: Sequence[Any],
+        nodes: Mapping[str, Any] | None = None,
     ) -> int:
-        """Record a new run (status ``running``) and return its id (an integer >= 1)."""
+        """Record a new run (status ``running``) and return its id (an integer >= 1).
+
+        ``nodes`` is the node set (``selftest.nodes.NodeSet.to_dict()``: source, launcher, each node's
+        name, host, slots and cores)."""
         now = time.time()
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO runs (kind, status, service, platform, host, created, updated, options, environment,"
-                " hardware, software, plan) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " hardware, software, plan, nodes) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (kind, service, platform, host, now, now, _dumps(options), _dumps(environment), _dumps(hardware),
-                 _dumps(software), _dumps(list(plan))),
+                 _dumps(software), _dumps(list(plan)), _dumps(nodes)),
             )  # fmt: skip
             return int(cur.lastrowid or 0)
 

@@ -10,6 +10,7 @@ with the reason on stderr.
     svcframe call ADDRESS RPC [ARG_JSON] --provider-id N
     svcframe selftest run (--group F | --target ADDRESS ...) [--clients C] [--workload noop|bulk] ...
     svcframe roofline collect [-o DIR] [--duration-seconds S] [--repeats R] [--paper]
+                              [--nodes local:K | --hostfile F] [--launcher auto|local|mpiexec|srun]
     svcframe roofline plot MODEL.json [-o DIR]
     svcframe history [--store DB] | history show RUN [-o PNG]     runs in the results store; "is that normal?"
     svcframe report RUN [-o FILE.html]                            one self-contained HTML page of a run
@@ -623,6 +624,17 @@ def _open_store(store_path: str | None, *, must_exist: bool = True) -> Any:
 @click.option("--platform", "platform_name", default=None,
               help="Platform name for history (default: $SLURM_CLUSTER_NAME or the host name).")  # fmt: skip
 @click.option("--weight", "weights", multiple=True, help="METRIC=W: weight in the combined score (default 1).")
+@click.option("--nodes", "nodes_spec", default=None, metavar="local:K",
+              help="Split this machine's usable cores into K local nodes (default local:2 outside an allocation).")  # fmt: skip
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Nodes from an Open MPI ('host slots=N') or MPICH ('host:N') hostfile; first host = server node.")  # fmt: skip
+@click.option("--launcher", type=click.Choice(["auto", "local", "mpiexec", "srun"]), default="auto", show_default=True,
+              help="What starts processes: srun inside Slurm, mpiexec with a hostfile, local otherwise.")  # fmt: skip
+@click.option("--grid-server-nodes", default=None,
+              help="Validation grid in fully populated nodes, e.g. 1,2 (with --grid-client-nodes).")  # fmt: skip
+@click.option("--grid-client-nodes", default=None, help="Validation grid client nodes, e.g. 1,2,3.")
+@click.option("--coordinator-host", default=None,
+              help="Host this process's engine binds to for remote client processes (default: the host name).")  # fmt: skip
 @_store_option
 @click.option("--no-store", is_flag=True, help="Do not record the run in the results store.")
 @click.option("--resume", default=None, help="Continue an interrupted run (id, 'latest' or -N) from the store.")
@@ -630,11 +642,13 @@ def roofline_collect(
     out: str, config_file: str | None, duration_seconds: float, repeats: int, paper: bool, metrics: tuple[str, ...],
     bulk_size: int, grid_servers: str, grid_clients: str, sweep_max_servers: int | None, storage_dir: str | None,
     storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str, storage_fsync: bool,
-    service: str | None, platform_name: str | None, weights: tuple[str, ...], store_path: str | None,
-    no_store: bool, resume: str | None,
+    service: str | None, platform_name: str | None, weights: tuple[str, ...], nodes_spec: str | None,
+    hostfile: str | None, launcher: str, grid_server_nodes: str | None, grid_client_nodes: str | None,
+    coordinator_host: str | None, store_path: str | None, no_store: bool, resume: str | None,
 ) -> None:  # fmt: skip
-    """Run the whole suite on this machine: launch, Pc, Ps, server sweep, validation grid, teardown; write
-    plots + JSON and record the run in the results store. Ctrl-C stops cleanly; --resume continues."""
+    """Run the whole suite over a node set: launch, Pc over every pair of nodes, Ps, server sweep, validation
+    grid, teardown; write plots + JSON and record the run in the results store. Ctrl-C stops cleanly;
+    --resume continues. On a cluster: inside salloc/sbatch (--launcher srun) or with --hostfile (mpiexec)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from selftest.collect import ALL_METRICS, DEFAULT_CONFIG, CollectOptions, collect, plan
@@ -673,11 +687,14 @@ def roofline_collect(
             storage_dir=Path(storage_dir) if storage_dir else None, storage_block_size=storage_block_size,
             storage_bandwidth_block_size=storage_bandwidth_block_size, storage_op=storage_op,
             storage_fsync=storage_fsync, store=store_file, service=service, platform=platform_name,
-            weights=weight_map or None,
+            weights=weight_map or None, nodes=nodes_spec, hostfile=Path(hostfile) if hostfile else None,
+            launcher=launcher, coordinator_host=coordinator_host,
+            grid_server_nodes=[int(x) for x in grid_server_nodes.split(",")] if grid_server_nodes else None,
+            grid_client_nodes=[int(x) for x in grid_client_nodes.split(",")] if grid_client_nodes else None,
         )  # fmt: skip
     try:
         total = len(plan(opts))
-    except ValueError as exc:
+    except (ValueError, SvcframeError) as exc:
         _fail(str(exc))
         return
 

@@ -19,7 +19,8 @@ otherwise the process is rank 0 of 1.
 
 Group file (``publish_group``): every rank of ``svcframe serve CONFIG --group-file F`` reports its address
 once it accepts calls; rank 0 writes ``F`` atomically (the shape of ``svcframe.launch``) when all ``size``
-ranks have. The barrier is MPI's own (``gather`` to rank 0, then ``barrier``) when mpi4py is importable,
+ranks have; each member carries ``ready``, when it accepted calls, so a reader can check the file came after
+every member was ready. The barrier is MPI's own (``gather`` to rank 0, then ``barrier``) when mpi4py is importable,
 else the filesystem: each rank writes ``F.d/rank-<r>.json`` atomically and rank 0 waits for ``size`` of
 them by bounded polling of that condition (no fixed sleep; it also answers within milliseconds), checks
 that each member answers an admin ``status`` call with its pid (so a stale file of an earlier job cannot
@@ -177,8 +178,9 @@ def _group_document(members: list[dict[str, Any]], info: RankInfo, barrier: str)
     members = sorted(members, key=lambda m: m["rank"])
     meta = {"host": socket.gethostname(), "created": time.time(), "size": info.size, "launcher": info.source,
             "job": info.job, "barrier": barrier}  # fmt: skip
-    return json.dumps({"members": [{k: m[k] for k in ("rank", "address", "provider_id", "pid")} for m in members],
-                       "metadata": meta}, indent=2)  # fmt: skip
+    keys = ("rank", "address", "provider_id", "pid", "ready")
+    return json.dumps({"members": [{k: m[k] for k in keys if k in m} for m in members], "metadata": meta},
+                      indent=2)  # fmt: skip
 
 
 async def publish_group(
@@ -270,9 +272,10 @@ async def _answers(engine: Any, doc: Mapping[str, Any]) -> bool:
 
 
 def member_record(info: RankInfo, address: str, admin_provider_id: int) -> dict[str, Any]:
-    """This rank's entry of the group file."""
+    """This rank's entry of the group file; ``ready`` is when it accepted calls (seconds since the epoch), so a
+    reader can check the file was written (``metadata.created``) after every member was ready."""
     return {"rank": info.rank, "address": address, "provider_id": admin_provider_id, "pid": os.getpid(),
-            "host": socket.gethostname()}  # fmt: skip
+            "host": socket.gethostname(), "ready": time.time()}  # fmt: skip
 
 
 def describe(info: RankInfo) -> dict[str, Any]:

@@ -633,7 +633,7 @@ class Engine:
         conn.send(
             HEADER.pack(
                 MAGIC, WIRE_VERSION, K_REQUEST, flags, provider_id, rid, len(body), request_id,
-                max(1, int(remaining * 1e6)), 0, parent_provider, parent_rpc, 0, callpath, trace_id, span_id, lamport,
+                wire_deadline(remaining), 0, parent_provider, parent_rpc, 0, callpath, trace_id, span_id, lamport,
             )
             + body
         )  # fmt: skip
@@ -794,7 +794,7 @@ class Engine:
         self.progress.inflight += 1
         self.progress.activity()
         timer = loop.call_at(start + timeout, _expire, future)
-        deadline_usec = max(1, int((timeout - (loop.time() - start)) * 1e6))
+        deadline_usec = wire_deadline(timeout - (loop.time() - start))
         header = encode_frame(kind, request_id, pack_body([handle.bulk_id, offset, size]), deadline_usec=deadline_usec)
         try:
             if src is None:
@@ -1232,6 +1232,17 @@ class _DeadlineExpired(Exception):
 def _expire(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_exception(_DeadlineExpired())
+
+
+_MAX_WIRE_DEADLINE_USEC = 0xFFFF_FFFF  # the header's 32-bit deadline: about 71 minutes
+
+
+def wire_deadline(remaining_seconds: float) -> int:
+    """The header's ``deadline_usec`` for a caller that waits ``remaining_seconds`` more: at least 1 µs;
+    0 ("no deadline") beyond what 32 bits of microseconds hold, so a longer wait is never cut short by the
+    server (the caller's own timer still ends the call)."""
+    usec = int(remaining_seconds * 1e6)
+    return max(1, usec) if usec <= _MAX_WIRE_DEADLINE_USEC else 0
 
 
 def _expire_handler(task: asyncio.Task[Any]) -> None:

@@ -615,3 +615,19 @@ async def test_unix_socket_is_removed_on_close(make_engine: MakeEngine) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.rmdir(os.path.dirname(path))
+
+
+@pytest.mark.asyncio
+async def test_a_deadline_beyond_the_headers_32_bits_is_carried_as_no_deadline(make_engine: Any) -> None:
+    """A caller may wait longer than the header's 32-bit microsecond deadline holds (~71 min): the call
+    goes out without a server-side deadline instead of failing to encode."""
+    from svcframe.engine import wire_deadline
+
+    server = await make_engine("tcp://127.0.0.1:0")
+    client = await make_engine(None)
+    seen: list[float | None] = []
+    server.register(1, "deadline", lambda req, arg: seen.append(req.deadline))
+    await client.call(server.address, "deadline", None, provider_id=1, timeout_seconds=10_000.0)
+    await client.call(server.address, "deadline", None, provider_id=1, timeout_seconds=60.0)
+    assert seen[0] is None and seen[1] is not None
+    assert wire_deadline(4294.0) == 4_294_000_000 and wire_deadline(4295.0) == 0 and wire_deadline(-1.0) == 1

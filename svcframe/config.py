@@ -114,6 +114,9 @@ class EngineConfig(StrictModel):
     drain_timeout_seconds: float = Field(5.0, ge=0)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=4096, le=1 << 30)
     bulk_chunk_bytes: int = Field(1024 * 1024, ge=4096, le=1 << 30)
+    bulk_cma: bool = Field(
+        True, description="same-node bulk over unix:// by cross-memory attach (one kernel copy; Linux)"
+    )
     cpu_affinity: list[int] | None = Field(None, description="pin the server process to these cores")
     max_inflight_per_connection: int = Field(
         1024, ge=1, description="running handlers per connection before its further requests wait (backpressure)"

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgpack
 
+from . import cma
 from .bulk import MODES, READ, WRITE, BulkHandle, as_byte_view
 from .errors import (
     AuthenticationFailed,
@@ -71,6 +72,7 @@ from .transport import (
 )
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
+    F_CMA,
     F_IDEMPOTENT,
     F_NO_REPLY,
     F_TRACED,
@@ -234,6 +236,9 @@ class Engine:
         default_timeout_seconds: deadline of calls that give none.
         max_body_bytes: largest inline frame body accepted (default 4 MiB).
         bulk_chunk_bytes: size of the data frames bulk transfers are cut into.
+        bulk_cma: move bulk data between processes of one node (``unix://`` connections) by cross-memory
+            attach, one kernel copy (``svcframe.cma``); falls back to the socket path when the kernel
+            refuses. Linux only; ignored elsewhere.
         secret: shared secret for connection authentication; by default taken from the SVCFRAME_SECRET
             environment variable when it is set; None = no authentication.
         monitoring: keep per-callpath statistics (see svcframe.monitoring).
@@ -254,6 +259,7 @@ class Engine:
         default_timeout_seconds: float = 30.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         bulk_chunk_bytes: int = 1024 * 1024,
+        bulk_cma: bool = True,
         secret: bytes | object | None = FROM_ENVIRONMENT,
         monitoring: bool = True,
         sample_interval_seconds: float | None = 1.0,
@@ -277,6 +283,8 @@ class Engine:
         self.default_timeout_seconds = default_timeout_seconds
         self.max_body_bytes = max_body_bytes
         self.bulk_chunk_bytes = bulk_chunk_bytes
+        self.bulk_cma = bulk_cma and cma.supported()
+        self.cma_bytes = 0  # bulk bytes moved by cross-memory attach (pulls made, pushes served)
         self.local_host = local_host
         self.max_inflight_per_connection = max_inflight_per_connection
         self.max_output_bytes = max_output_bytes
@@ -320,7 +328,7 @@ class Engine:
 
     @property
     def identity(self) -> Identity:
-        return Identity(self.engine_id, self.address, self._secret)
+        return Identity(self.engine_id, self.address, self._secret, self.bulk_cma)
 
     async def start(self) -> Engine:
         """Bind the listener (if any) and start the progress loop.
@@ -725,6 +733,8 @@ class Engine:
         if handle.engine_id == self.engine_id:
             target[:] = self._local_source(handle, offset, size, READ)
             return dest
+        if self.bulk_cma and size and await self._cma_pull(handle, offset, target, timeout_seconds):
+            return dest
         status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
         if status != Status.OK:
             raise _error_from_status(status, payload, "pull", 0, handle.address)
@@ -749,7 +759,17 @@ class Engine:
         if handle.engine_id == self.engine_id:
             self._local_source(handle, offset, size, WRITE)[:] = view
             return
-        status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
+        status, payload = -1, None
+        if self.bulk_cma and size:
+            conn = await self._peer_connection(handle, timeout_seconds or self.default_timeout_seconds)
+            if conn.peer_cma:  # the owner reads our source itself: no data frames
+                status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view,
+                                                      timeout_seconds, by_cma=True)  # fmt: skip
+                if status == Status.BULK_ERROR and str(unpack_body(payload or b"")).startswith("cma:"):
+                    conn.peer_cma = False  # the kernel refused the owner: use the socket from now on
+                    status = -1
+        if status == -1:
+            status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
         if status != Status.OK:
             raise _error_from_status(status, payload, "push", 0, handle.address)
 
@@ -758,6 +778,48 @@ class Engine:
         if entry is None or need not in entry[1] or offset + size > len(entry[0]):
             raise BulkError(f"bulk handle {handle.bulk_id} is not exposed for {need!r} here, or out of range")
         return entry[0][offset : offset + size]
+
+    async def _cma_pull(
+        self, handle: BulkHandle, offset: int, target: memoryview, timeout_seconds: float | None
+    ) -> bool:
+        """Pull by cross-memory attach when the owner is a process of this node on a unix connection: the
+        owner checks the handle and answers with the range's address, then we read it into ``target`` (one
+        kernel copy). False when that path is not available: the caller then pulls over the socket.
+
+        Raises:
+            BulkError etc.: the owner refused the handle (the socket path would be refused too).
+        """
+        loop = self._loop or asyncio.get_running_loop()
+        start = loop.time()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        deadline = start + timeout
+        conn = await self._peer_connection(handle, timeout)
+        pid = conn.peer_pid
+        if pid is None or not conn.peer_cma:
+            return False
+        status, payload = await self._bulk_op(
+            handle, Kind.BULK_PULL, offset, len(target), None, None, deadline - loop.time(), by_cma=True
+        )
+        if status != Status.OK:
+            if status == Status.BULK_ERROR and str(unpack_body(payload or b"")).startswith("cma:"):
+                conn.peer_cma = False  # the owner cannot serve it: the socket from now on
+                return False
+            raise _error_from_status(status, payload, "pull", 0, handle.address)
+        address = unpack_body(payload or b"")
+        if not isinstance(address, int) or address <= 0:
+            raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
+        try:
+            await _cma_copy(loop, pid, address, target, deadline)
+        except OSError as exc:
+            if exc.errno in _CMA_REFUSED:  # the kernel will keep refusing: the socket path from now on
+                conn.peer_cma = False
+                log.warning("cross-memory pull from pid %s refused (%s); this connection uses the socket", pid, exc)
+            else:
+                log.info("cross-memory pull from pid %s failed (%s); pulling over the socket", pid, exc)
+            return False
+        self.cma_bytes += len(target)
+        self.monitor.record_bulk("cma_pull", conn.peer_label, len(target), int((loop.time() - start) * 1e9))
+        return True
 
     async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
         conn = self._peers.get(handle.engine_id)
@@ -779,7 +841,11 @@ class Engine:
         dest: memoryview | None,
         src: memoryview | None,
         timeout_seconds: float | None,
+        *,
+        by_cma: bool = False,
     ) -> tuple[int, Any]:
+        """Send a BULK_PULL or BULK_PUSH (with its data frames, or with ``cma`` the address of ``src``
+        for the owner to read, ``by_cma``) and wait for its completion."""
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
@@ -795,9 +861,20 @@ class Engine:
         self.progress.activity()
         timer = loop.call_at(start + timeout, _expire, future)
         deadline_usec = wire_deadline(timeout - (loop.time() - start))
-        header = encode_frame(kind, request_id, pack_body([handle.bulk_id, offset, size]), deadline_usec=deadline_usec)
+        if by_cma:  # a pull asks for the range's address; a push gives its source's (kept until answered)
+            fields = (
+                [handle.bulk_id, offset, size]
+                if src is None
+                else [handle.bulk_id, offset, size, cma.buffer_address(src)]
+            )
+            body = pack_body(fields)
+            header = encode_frame(kind, request_id, body, deadline_usec=deadline_usec, flags=F_CMA)
+        else:
+            header = encode_frame(
+                kind, request_id, pack_body([handle.bulk_id, offset, size]), deadline_usec=deadline_usec
+            )
         try:
-            if src is None:
+            if src is None or by_cma:
                 conn.send(header)
             else:
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
@@ -815,9 +892,9 @@ class Engine:
             conn.pending.pop(request_id, None)
             self.progress.inflight -= 1
             self.progress.activity()
-            self.monitor.record_bulk(
-                "pull" if kind == Kind.BULK_PULL else "push", conn.peer_label, size, int((loop.time() - start) * 1e9)
-            )
+            if not (by_cma and kind == Kind.BULK_PULL):  # a cross-memory pull is recorded with its copy
+                what = ("cma_" if by_cma else "") + ("pull" if kind == Kind.BULK_PULL else "push")
+                self.monitor.record_bulk(what, conn.peer_label, size, int((loop.time() - start) * 1e9))
 
     async def _send_chunks(
         self,
@@ -1091,32 +1168,53 @@ class Engine:
             (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
 
     # -- serving bulk transfers (no user code runs here) ------------------------------------------------
-    def _bulk_request(self, conn: Connection, frame: Frame, need: str) -> tuple[memoryview | None, str | None, int]:
+    def _bulk_request(
+        self, conn: Connection, frame: Frame, need: str
+    ) -> tuple[memoryview | None, str | None, int, int | None]:
+        """Parse a BULK_PULL / BULK_PUSH body ``[bulk id, offset, size]`` (a push flagged CMA adds the
+        address of the pusher's source) and find the exposed range: (view or None, error or None, size,
+        source address or None)."""
+        by_cma = bool(frame[1] & F_CMA) and frame[0] == K_BULK_PUSH
         try:
-            bulk_id, offset, size = unpack_body(frame.body or b"")  # type: ignore[misc]
-            if not all(isinstance(v, int) for v in (bulk_id, offset, size)) or offset < 0 or size < 0:
+            fields = unpack_body(frame.body or b"")
+            if (
+                not isinstance(fields, list)
+                or len(fields) != (4 if by_cma else 3)
+                or not all(isinstance(v, int) for v in fields)
+                or min(fields[1:]) < 0
+            ):
                 raise ValueError
         except (ProtocolError, ValueError, TypeError) as exc:
             why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id, offset >= 0, size >= 0]"
             raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
+        bulk_id, offset, size = fields[:3]
+        source = fields[3] if by_cma else None
         entry = self._exposed.get(bulk_id)
         if entry is None:
-            return None, f"bulk handle {bulk_id} is not exposed (expired or never existed)", size
+            return None, f"bulk handle {bulk_id} is not exposed (expired or never existed)", size, source
         view, mode = entry
         if need not in mode:
             return (
                 None,
                 f"bulk handle {bulk_id} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
                 size,
+                source,
             )
         if offset + size > len(view):
-            return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size
-        return view[offset : offset + size], None, size
+            return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size, source
+        return view[offset : offset + size], None, size, source
 
     def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
-        view, error, size = self._bulk_request(conn, frame, READ)
+        view, error, size, _ = self._bulk_request(conn, frame, READ)
         if view is None:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        if frame[1] & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
+            if conn.peer_pid is None or not self.bulk_cma:
+                self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+            else:
+                self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
+                self._reply(conn, frame, Status.OK, pack_body(cma.buffer_address(view)))
             return
         self.monitor.record_bulk("served_pull", conn.peer_label, size, 0)
         if size <= self.bulk_chunk_bytes and not conn.writing_paused:  # small, and room to write: inline
@@ -1139,7 +1237,10 @@ class Engine:
         self._reply(conn, frame, Status.OK, b"")
 
     def _on_push_request(self, conn: Connection, frame: Frame) -> None:
-        view, error, size = self._bulk_request(conn, frame, WRITE)
+        view, error, size, source = self._bulk_request(conn, frame, WRITE)
+        if source is not None:
+            self._serve_cma_push(conn, frame, view, error, source)
+            return
         incoming = _IncomingPush(view, error, frame, size)
         if size == 0:
             self._reply_push(conn, incoming)
@@ -1158,6 +1259,43 @@ class Engine:
             return
         pushes[frame.request_id] = incoming
         self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
+
+    def _serve_cma_push(
+        self, conn: Connection, frame: Frame, view: memoryview | None, error: str | None, source: int
+    ) -> None:
+        """A push by cross-memory attach: read the pusher's source (its pid from the kernel, the address
+        from its request) into the exposed range, then answer. Errors starting with "cma:" tell the pusher
+        to send the data over the socket instead."""
+        if view is None:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        pid = conn.peer_pid
+        if pid is None or not self.bulk_cma:
+            self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+            return
+        loop = self._loop or asyncio.get_running_loop()
+
+        deadline = loop.time() + frame[5] / 1e6 if frame[5] else None
+
+        async def serve() -> None:
+            try:
+                await _cma_copy(loop, pid, source, view, deadline)
+            except OSError as exc:
+                self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
+                return
+            except TimeoutError_ as exc:
+                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, str(exc))
+                return
+            finally:
+                conn.serving.pop(frame.request_id, None)
+            self.cma_bytes += len(view)
+            self.monitor.record_bulk("served_cma_push", conn.peer_label, len(view), 0)
+            self._reply(conn, frame, Status.OK, b"")
+
+        task = loop.create_task(serve())
+        self._tasks.add(task)
+        conn.serving[frame.request_id] = task
+        task.add_done_callback(self._tasks.discard)
 
     def _on_push_data(self, conn: Connection, frame: Frame) -> None:
         pushes = conn.state.get("pushes", {})
@@ -1218,6 +1356,7 @@ class Engine:
             "connections": len(self._all_conns),
             "handlers_running": sum(1 for t in self._tasks if not t.done()),
             "exposed_bulk_buffers": len(self._exposed),
+            "bulk_cma_bytes": self.cma_bytes,
             "progress": self.progress.statistics(),
             "rpcs": self.monitor.to_dict(),
             "samples": list(self.sampler.samples) if self.sampler is not None else [],
@@ -1254,6 +1393,34 @@ def _expire_handler(task: asyncio.Task[Any]) -> None:
 def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # a dial nobody awaited any more: its error is not "never retrieved"
+
+
+#: errno values after which a connection stops trying cross-memory attach (permission, no such process,
+#: not implemented); other errors (EFAULT: a stale handle) only fall back for that one transfer.
+_CMA_REFUSED = frozenset({1, 3, 38})
+#: Copies up to this size run on the event loop (a few hundred µs at most); larger ones in a worker thread,
+#: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
+_CMA_INLINE_BYTES = 8 * 1024 * 1024
+_CMA_PIECE_BYTES = 8 * 1024 * 1024
+
+
+async def _cma_copy(
+    loop: asyncio.AbstractEventLoop, pid: int, address: int, dest: memoryview, deadline: float | None
+) -> None:
+    """``cma.read`` inline when small, else piece by piece in the loop's default executor (the copy
+    releases the GIL). Nothing is written into ``dest`` after this returns or raises.
+
+    Raises:
+        OSError (see cma.read); TimeoutError_ when ``deadline`` (loop time) passes between two pieces.
+    """
+    size = len(dest)
+    if size <= _CMA_INLINE_BYTES:
+        cma.read(pid, address, dest)
+        return
+    for pos in range(0, size, _CMA_PIECE_BYTES):
+        if deadline is not None and loop.time() > deadline:
+            raise TimeoutError_(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
+        await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
 
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:

@@ -136,6 +136,7 @@ class Server:
             default_timeout_seconds=ec.default_timeout_seconds,
             max_body_bytes=ec.max_body_bytes,
             bulk_chunk_bytes=ec.bulk_chunk_bytes,
+            bulk_cma=ec.bulk_cma,
             secret=self._secret,
             monitoring=ec.monitoring.enabled,
             sample_interval_seconds=ec.monitoring.sample_interval_seconds,

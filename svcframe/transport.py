@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import cma
 from .errors import AuthenticationFailed, ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
@@ -111,6 +112,7 @@ class Identity:
     engine_id: str
     address: str | None  # where peers can dial us (None for a client-only engine)
     secret: bytes | None = None
+    cma: bool = False  # we serve and make same-node bulk transfers by cross-memory attach (svcframe.cma)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -150,6 +152,8 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_engine_id: str | None = None
         self.peer_address: str | None = None
         self.peername: str = "?"
+        self.peer_pid: int | None = None  # the peer's pid, from the kernel (unix sockets only)
+        self.peer_cma = False  # the peer serves bulk transfers by cross-memory attach (from its HELLO)
         self.peer_label: str = "?"
         self.close_reason: ConnectionLost | None = None  # why the peer closed, when it said so
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES  # the largest body the peer accepts (from HELLO)
@@ -177,6 +181,7 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # half-open peers are found by the OS
+        self.peer_pid = cma.peer_pid(sock)
         peer = transport.get_extra_info("peername")
         self.peername = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
         self.peer_label = self.peername  # the peer's address once known, for statistics
@@ -189,6 +194,7 @@ class Connection(asyncio.BufferedProtocol):
                 "nonce": self._nonce,
                 "auth": self.identity.secret is not None,
                 "max_body_bytes": self.decoder.max_body_bytes,
+                "cma": self.identity.cma,
             }
             transport.write(encode_frame(Kind.HELLO, 0, pack_body(hello)))
             loop = asyncio.get_running_loop()
@@ -369,6 +375,7 @@ class Connection(asyncio.BufferedProtocol):
         addr = hello.get("address")
         self.peer_address = addr if isinstance(addr, str) else None
         self.peer_label = self.peer_address or f"{self.peername} ({self.peer_engine_id[:8]})"
+        self.peer_cma = hello.get("cma") is True and self.peer_pid is not None
         limit = hello.get("max_body_bytes")
         if isinstance(limit, int) and limit > 0:
             self.peer_max_body_bytes = limit
@@ -390,6 +397,7 @@ class Connection(asyncio.BufferedProtocol):
                 "engine_id": self.identity.engine_id,
                 "address": self.identity.address,
                 "max_body_bytes": self.decoder.max_body_bytes,
+                "cma": self.identity.cma,
             }
             if self.identity.secret is not None:
                 reply["mac"] = auth_mac(self.identity.secret, nonce, self.peer_engine_id, self.identity.engine_id)

@@ -118,6 +118,7 @@ class Flag(enum.IntFlag):
     TRACED = 1  # trace_id / span_id / lamport are meaningful
     IDEMPOTENT = 2  # the caller may retry this request
     NO_REPLY = 4  # one-way request: the server sends no response
+    CMA = 8  # a BULK_PUSH whose data the receiver reads from the sender's memory (svcframe.cma): no data frames
 
 
 class Status(enum.IntEnum):
@@ -160,7 +161,7 @@ _new_tuple = tuple.__new__  # builds a Frame without running NamedTuple's Python
 # Python code; comparisons with these ints do not).
 K_HELLO, K_REQUEST, K_RESPONSE, K_CANCEL = 1, 2, 3, 4
 K_BULK_PULL, K_BULK_PUSH, K_BULK_DATA_REPLY, K_BULK_DATA_PUSH, K_GOODBYE = 5, 6, 7, 8, 9
-F_TRACED, F_IDEMPOTENT, F_NO_REPLY = 1, 2, 4
+F_TRACED, F_IDEMPOTENT, F_NO_REPLY, F_CMA = 1, 2, 4, 8
 S_OK = 0
 
 

@@ -1,0 +1,104 @@
+"""Cross-memory attach (CMA): one-copy bulk transfers between processes on one node.
+
+Mercury's shared-memory plugin (``na+sm``, under Mochi's Margo) moves bulk data between processes of one
+node with Linux's ``process_vm_readv``/``process_vm_writev``: the bytes go from one address space to the
+other in a single kernel copy, instead of a copy into a socket buffer and another out of it. svcframe
+does the same over ``unix://`` connections, with two rules that keep a peer from touching memory it does
+not own:
+
+* a process only ever *reads* a peer's memory into its own buffers (``process_vm_readv``); nothing
+  writes into another process. A pull reads the owner's exposed buffer; a push asks the owner to read
+  the pusher's source.
+* the peer's pid comes from the kernel (``SO_PEERCRED`` of the unix socket), never from a message; the
+  addresses come from the peer and point into its own memory (its exposed buffer, its push source).
+
+The kernel checks the rest: reading another process needs ptrace access to it (same user and, with
+Yama, ``ptrace_scope`` 0, or ``CAP_SYS_PTRACE``). When it is refused, or on any other error, transfers
+fall back to the socket path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import sys
+
+import numpy as np
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def _bind() -> object | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.process_vm_readv
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.POINTER(_IOVec), ctypes.c_ulong,
+                   ctypes.c_ulong]  # fmt: skip
+    fn.restype = ctypes.c_ssize_t
+    return fn
+
+
+_process_vm_readv = _bind()
+
+
+def supported() -> bool:
+    """True on Linux with ``process_vm_readv`` in the C library (whether the kernel allows it for a given
+    peer is only known when reading)."""
+    return _process_vm_readv is not None
+
+
+def peer_pid(sock: socket.socket | None) -> int | None:
+    """The pid of the process at the other end of a unix socket, from the kernel (``SO_PEERCRED``);
+    None for any other socket or when the kernel does not say."""
+    if sock is None or sock.family != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        pid, _, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    except OSError:
+        return None
+    return pid if pid > 0 else None
+
+
+def buffer_address(view: memoryview) -> int:
+    """The virtual address of the first byte of a C-contiguous byte view (read-only views included)."""
+    if not len(view):
+        return 0
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def read(pid: int, address: int, dest: memoryview) -> None:
+    """Copy ``len(dest)`` bytes at ``address`` in process ``pid`` into ``dest`` (one kernel copy).
+
+    The call releases the GIL (ctypes), so large copies may run in a worker thread.
+
+    Raises:
+        OSError: the kernel refused (EPERM: no ptrace access; ESRCH: no such process; EFAULT: the range
+            is not mapped in the peer) or CMA is not supported here (ENOSYS).
+    """
+    if _process_vm_readv is None:
+        raise OSError(38, "process_vm_readv is not available on this platform")  # ENOSYS
+    size = len(dest)
+    if not size:
+        return
+    if dest.readonly:
+        raise ValueError("the destination of a CMA read must be writable")
+    base = buffer_address(dest)
+    done = 0
+    while done < size:  # the kernel may copy less than asked (at most 2 GiB - 4 KiB per call)
+        local = _IOVec(base + done, size - done)
+        remote = _IOVec(address + done, size - done)
+        got = _process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)  # type: ignore[operator]
+        if got <= 0:
+            err = ctypes.get_errno() if got < 0 else 14  # EFAULT: nothing copied
+            raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
+        done += got

@@ -1,0 +1,126 @@
+"""Same-node bulk transfers by cross-memory attach (``svcframe.cma``), between real processes.
+
+Over ``unix://`` both directions move by one kernel copy, the reader being always the process whose
+memory receives the data; over ``tcp://`` (or with ``bulk_cma`` off) the socket path is used; when the
+kernel refuses (no ptrace access), transfers fall back to the socket and stay correct.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from reliability_kit import RELTEST_ID, Procs, service_config
+from reliability_provider import pattern
+
+from svcframe import Engine, cma
+
+pytestmark = [
+    pytest.mark.asyncio(loop_factories=["uvloop"]),
+    pytest.mark.skipif(not cma.supported(), reason="cross-memory attach needs Linux process_vm_readv"),
+]
+MIB = 1 << 20
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sfcma", dir="/tmp"))  # short: unix socket paths are limited
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _bulk_counts(engine: Engine) -> dict[str, int]:
+    """Transfers per direction recorded by the engine's monitor (calls, summed over peers)."""
+    out: dict[str, int] = {}
+    for (direction, _), rec in engine.monitor.bulk.items():
+        out[direction] = out.get(direction, 0) + len(rec.buffer) // 2 + rec.summaries[rec.steps[0]].count
+    return out
+
+
+async def _exercise(engine: Engine, address: str, size: int) -> None:
+    """Three real transfers with the server: we pull its buffer, it pulls ours, it pushes into ours."""
+    exposed = await engine.call(address, "expose", {"size": size, "seed": 7}, provider_id=RELTEST_ID)
+    got = await engine.pull(_handle(exposed["bulk"]))
+    assert hashlib.sha256(got).hexdigest() == exposed["sha256"] == hashlib.sha256(pattern(size, 7)).hexdigest()
+    mine = bytearray(pattern(size, 9))
+    handle = engine.expose(mine, "r")
+    digest = await engine.call(address, "sha_pull", {"bulk": handle.to_wire()}, provider_id=RELTEST_ID)
+    assert digest == hashlib.sha256(mine).hexdigest()
+    engine.unexpose(handle)
+    dest = bytearray(size)
+    handle = engine.expose(dest, "w")
+    await engine.call(address, "push_pattern", {"bulk": handle.to_wire(), "seed": 11}, provider_id=RELTEST_ID)
+    assert dest == pattern(size, 11)
+    engine.unexpose(handle)
+
+
+def _handle(wire: Any) -> Any:
+    from svcframe import BulkHandle
+
+    return BulkHandle.from_wire(wire)
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 3 * MIB, 20 * MIB], ids=["64KiB", "3MiB", "20MiB"])
+async def test_unix_bulk_moves_by_cross_memory_attach(procs: Procs, tmp_path: Path, sockdir: Path, size: int) -> None:
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/s.sock"))
+    async with Engine(None) as engine:
+        await _exercise(engine, server.address, size)
+        counts = _bulk_counts(engine)
+        # we pulled by CMA; the server pulled ours by CMA (we only answered with the address); it pushed
+        # into ours by CMA (we read its source): no byte went through the socket in either direction.
+        assert counts.get("cma_pull") == 1 and counts.get("served_cma_pull") == 1
+        assert counts.get("served_cma_push") == 1
+        assert "pull" not in counts and "served_pull" not in counts and "served_push" not in counts
+        assert engine.cma_bytes == 2 * size  # our pull and the push we served (the server counts its pull)
+
+
+async def test_tcp_and_disabled_cma_use_the_socket(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
+    for sub in ("tcp", "off"):
+        (tmp_path / sub).mkdir()
+    tcp = procs.spawn(service_config(tmp_path / "tcp", kv=None), name="tcp")
+    off = procs.spawn(service_config(tmp_path / "off", kv=None, address=f"unix://{sockdir}/o.sock", bulk_cma=False),
+                      name="off")  # fmt: skip
+    for server in (tcp, off):
+        async with Engine(None) as engine:
+            await _exercise(engine, server.address, 3 * MIB)
+            counts = _bulk_counts(engine)
+            assert engine.cma_bytes == 0 and not any(d.startswith(("cma", "served_cma")) for d in counts), counts
+            assert counts.get("pull") == 1 and counts.get("served_pull") == 1 and counts.get("served_push") == 1
+
+
+async def test_a_kernel_refusal_falls_back_to_the_socket(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
+    """The server runs without CAP_SYS_PTRACE and this process is not dumpable, so the kernel refuses the
+    server's reads of our memory (EPERM): its pull of our buffer and our push into its buffer fall back
+    to the socket, stay correct, and the connection stops trying CMA; our reads of its memory still work."""
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv (util-linux) to drop CAP_SYS_PTRACE")
+    prefix = ["setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace"]
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/r.sock"), prefix=prefix)
+    libc = ctypes.CDLL(None)
+    pr_set_dumpable = 4
+    libc.prctl(pr_set_dumpable, 0, 0, 0, 0)
+    try:
+        async with Engine(None) as engine:
+            mine = bytearray(pattern(3 * MIB, 5))
+            handle = engine.expose(mine, "r")
+            for _ in range(2):
+                digest = await engine.call(
+                    server.address, "sha_pull", {"bulk": handle.to_wire()}, provider_id=RELTEST_ID
+                )
+                assert digest == hashlib.sha256(mine).hexdigest()
+            counts = _bulk_counts(engine)
+            assert counts.get("served_cma_pull") == 1  # asked once, refused by the kernel, never again
+            assert counts.get("served_pull") == 2  # both pulls came over the socket
+            exposed = await engine.call(server.address, "expose", {"size": 3 * MIB, "seed": 2}, provider_id=RELTEST_ID)
+            got = await engine.pull(_handle(exposed["bulk"]))
+            assert hashlib.sha256(got).hexdigest() == exposed["sha256"]
+            assert _bulk_counts(engine).get("cma_pull") == 1  # we may read the server (it is dumpable)
+    finally:
+        libc.prctl(pr_set_dumpable, 1, 0, 0, 0)
+    assert "cross-memory pull from pid" in server.log()

@@ -9,7 +9,8 @@ not own:
 * a process only ever *reads* a peer's memory into its own buffers (``process_vm_readv``); nothing
   writes into another process. A pull reads the owner's exposed buffer; a push asks the owner to read
   the pusher's source.
-* the peer's pid comes from the kernel (``SO_PEERCRED`` of the unix socket), never from a message; the
+* the peer's pid comes from the kernel (``SO_PEERCRED`` of the unix socket), never from a message, and
+  its start time is checked before every read (a pid reused by another process is not read); the
   addresses come from the peer and point into its own memory (its exposed buffer, its push source).
 
 The kernel checks the rest: reading another process needs ptrace access to it (same user and, with
@@ -67,6 +68,18 @@ def peer_pid(sock: socket.socket | None) -> int | None:
     except OSError:
         return None
     return pid if pid > 0 else None
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), None when it is
+    gone. Pids are reused: a pid whose start time changed since a connection was made is another process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may contain spaces: count fields after the last ")"
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
 def buffer_address(view: memoryview) -> int:

@@ -809,7 +809,7 @@ class Engine:
         if not isinstance(address, int) or address <= 0:
             raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
         try:
-            await _cma_copy(loop, pid, address, target, deadline)
+            await _cma_copy(loop, conn, address, target, deadline)
         except OSError as exc:
             if exc.errno in _CMA_REFUSED:  # the kernel will keep refusing: the socket path from now on
                 conn.peer_cma = False
@@ -1279,7 +1279,7 @@ class Engine:
 
         async def serve() -> None:
             try:
-                await _cma_copy(loop, pid, source, view, deadline)
+                await _cma_copy(loop, conn, source, view, deadline)
             except OSError as exc:
                 self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
                 return
@@ -1405,7 +1405,7 @@ _CMA_PIECE_BYTES = 8 * 1024 * 1024
 
 
 async def _cma_copy(
-    loop: asyncio.AbstractEventLoop, pid: int, address: int, dest: memoryview, deadline: float | None
+    loop: asyncio.AbstractEventLoop, conn: Connection, address: int, dest: memoryview, deadline: float | None
 ) -> None:
     """``cma.read`` inline when small, else piece by piece in the loop's default executor (the copy
     releases the GIL). Nothing is written into ``dest`` after this returns or raises.
@@ -1413,6 +1413,9 @@ async def _cma_copy(
     Raises:
         OSError (see cma.read); TimeoutError_ when ``deadline`` (loop time) passes between two pieces.
     """
+    pid = conn.peer_pid
+    if pid is None or cma.start_time(pid) != conn.peer_start_time:
+        raise OSError(3, f"the peer's process {pid} is gone (its pid may now be another process's)")  # ESRCH
     size = len(dest)
     if size <= _CMA_INLINE_BYTES:
         cma.read(pid, address, dest)

@@ -153,6 +153,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_address: str | None = None
         self.peername: str = "?"
         self.peer_pid: int | None = None  # the peer's pid, from the kernel (unix sockets only)
+        self.peer_start_time: int | None = None  # its start time then (pids are reused: svcframe.cma)
         self.peer_cma = False  # the peer serves bulk transfers by cross-memory attach (from its HELLO)
         self.peer_label: str = "?"
         self.close_reason: ConnectionLost | None = None  # why the peer closed, when it said so
@@ -182,6 +183,7 @@ class Connection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # half-open peers are found by the OS
         self.peer_pid = cma.peer_pid(sock)
+        self.peer_start_time = cma.start_time(self.peer_pid) if self.peer_pid is not None else None
         peer = transport.get_extra_info("peername")
         self.peername = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
         self.peer_label = self.peername  # the peer's address once known, for statistics

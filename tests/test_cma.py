@@ -124,3 +124,21 @@ async def test_a_kernel_refusal_falls_back_to_the_socket(procs: Procs, tmp_path:
     finally:
         libc.prctl(pr_set_dumpable, 1, 0, 0, 0)
     assert "cross-memory pull from pid" in server.log()
+
+
+async def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> None:
+    """A pid is only read while it belongs to the process that connected: its start time is parsed from
+    /proc/PID/stat after the command name, which may hold spaces and parentheses."""
+    import subprocess
+
+    odd = tmp_path / "a) b (c"
+    odd.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    proc = subprocess.Popen([str(odd), "30"])
+    try:
+        first = cma.start_time(proc.pid)
+        assert isinstance(first, int) and first > 0
+        assert cma.start_time(proc.pid) == first
+    finally:
+        proc.kill()
+        proc.wait()
+    assert cma.start_time(proc.pid) is None

@@ -287,7 +287,8 @@ class Connection(asyncio.BufferedProtocol):
             assert self.transport is not None
             self.writes += 1
             self.transport.write(data)
-            self._check_output()
+            if self._paused:
+                self._check_output()
 
     def _flush_batch(self) -> None:
         """Write what a large batch has produced so far (bounds its memory; checks the output cap)."""
@@ -315,7 +316,8 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write(parts[0])
         else:
             self.transport.writelines(parts)
-        self._check_output()
+        if self._paused:  # over the high-water mark: is it over the cap?
+            self._check_output()
 
     def _check_output(self) -> None:
         if (

@@ -69,11 +69,13 @@ def _cores() -> tuple[int, list[int]]:
 class PeerServer:
     """A reference server process (raw / zmq / grpc) pinned to a core."""
 
-    def __init__(self, kind: str, core: int, unix: str | None = None) -> None:
+    def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
         r, w = os.pipe()
         cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
         if unix:
             cmd += ["--unix", unix]
+        if spindown_msec:
+            cmd += ["--spindown-msec", str(spindown_msec)]
         self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE)
         os.close(w)
         with os.fdopen(r) as f:
@@ -254,19 +256,23 @@ def _saturate(kind: str, address: str, pid: int, opts: BenchOptions, client_core
 # svcframe's directions are the self-test provider's: in a "pull" the server reads the client's buffer (data
 # flows client -> server), in a "push" it writes into it (server -> client). The reference peers move the
 # same bytes the same way: their client pushes for svcframe's pull, and pulls for its push.
-FLOW = {"pull": "client→server", "push": "server→client"}
+FLOW = {"pull": "c→s", "push": "s→c"}  # the data: client -> server, server -> client
 PEER_OP = {"pull": "push", "push": "pull"}
 RAW_BULK = "raw uvloop stream"
-BLOCK_BULK = "blocking sockets (machine)"
+BLOCK_BULK = "polled sockets (machine)"
 
 
 def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
-    """svcframe, the raw uvloop peer and blocking sockets, interleaved: each (transport, size, direction)
-    is measured ``bulk_repeats`` times in rounds of one sample per implementation (``seconds`` split over
-    the rounds), so drift in the machine's load reaches all three alike; the median is the figure.
+    """svcframe, the raw uvloop peer and plain sockets, interleaved: each (transport, size, direction) is
+    measured ``bulk_repeats`` times in rounds of one sample per implementation (``seconds`` split over the
+    rounds), so drift in the machine's load reaches all three alike; the median is the figure.
 
-    Every client (this process for the peers, the self-test's client process for svcframe) runs on the
-    same client core, every server on ``server_core``.
+    Same conditions for all: every client (this process for the peers, the self-test's client process
+    for svcframe) on the same client core, every server on ``server_core``, one request at a time, and
+    no sleeping in ``epoll_wait`` between messages: svcframe's server and client run in ``spindown``
+    progress mode, the raw peer polls as long after each message, the plain sockets are polled
+    (non-blocking). On a VM, waking an idle core costs tens of µs per message, depending on what else
+    runs there: a peer that sleeps measures the scheduler, not the transport.
     """
     from svcframe.loops import run
 
@@ -283,9 +289,10 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
             unix = {k: f"{tmp}/{k}.sock" if transport == "unix" else None for k in ("raw", "block", "sf")}
             if transport == "unix":
                 cfg.engine.address = f"unix://{unix['sf']}"
+            spin = cfg.engine.progress_spindown_msec  # svcframe's server (and client) poll this long
             with (
-                PeerServer("raw", server_core, unix=unix["raw"]) as raw,
-                PeerServer("block", server_core, unix=unix["block"]) as block,
+                PeerServer("raw", server_core, unix=unix["raw"], spindown_msec=spin) as raw,
+                PeerServer("block", server_core, unix=unix["block"], spindown_msec=spin) as block,
                 Launch(cfg, 1, cores=[server_core]) as job,
             ):
                 for size in BULK_SIZES:
@@ -297,8 +304,8 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
                         samples: dict[str, list[float]] = {RAW_BULK: [], BLOCK_BULK: [], "svcframe": []}
                         for _ in range(opts.bulk_repeats):
                             op = PEER_OP[direction]
-                            samples[RAW_BULK].append(run(_raw_bulk(raw.address, size, op, sample)))
-                            samples[BLOCK_BULK].append(block_bulk(block.address, size, op, sample, warmup=20))
+                            samples[RAW_BULK].append(run(_raw_bulk(raw.address, size, op, sample, spindown_msec=spin)))
+                            samples[BLOCK_BULK].append(block_bulk(block.address, size, op, sample, 20, poll=True))
                             agg = run_selftest(params, [job.members[0].address])["aggregate"]
                             samples["svcframe"].append(agg["bandwidth_gib_per_second"])
                         for impl, xs in samples.items():
@@ -318,11 +325,13 @@ def _spread(samples: list[float]) -> dict[str, Any]:
     }
 
 
-async def _raw_bulk(address: str, size: int, op: str, seconds: float, warmup: int = 20) -> float:
+async def _raw_bulk(
+    address: str, size: int, op: str, seconds: float, warmup: int = 20, spindown_msec: float = 0.0
+) -> float:
     """The raw peer's client ``op`` ("pull": ask for ``size`` bytes; "push": send them), one at a time:
     GiB/s. Replies land in the client's receive buffer in place; a push leaves as header + memoryview of
     the data in one ``writelines``. The timed loop does nothing else."""
-    client = await raw_connect(address)
+    client = await raw_connect(address, spindown_msec)
     try:
         if op == "pull":
             parts: tuple[bytes | memoryview, ...] = (raw_pull_frame(size),)
@@ -470,9 +479,10 @@ def print_table(result: dict[str, Any]) -> None:
             setting = ""
             figure = f"{r['ops_per_second']:,.0f} ops/s  ({r['ratio_to_off']:.3f} of monitoring off)"
         else:
-            setting = f"{r['transport']} {r['direction']} {r['size'] // 1024} KiB ({r['flow']})"
+            size = f"{r['size'] >> 20} MiB" if r["size"] >= 1 << 20 else f"{r['size'] >> 10} KiB"
+            setting = f"{r['transport']} {r['direction']} {size} ({r['flow']})"
             figure = f"{r['gib_per_second']:.2f} GiB/s"
             if "min_gib_per_second" in r:
                 figure += f"  ({r['min_gib_per_second']:.2f}-{r['max_gib_per_second']:.2f})"
         table.add_row(r["workload"], r["impl"], setting, figure, ratio, unix_tcp)
-    Console(width=max(Console().width, 130)).print(table)
+    Console(width=max(Console().width, 150)).print(table)

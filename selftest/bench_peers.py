@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import os
 import socket
 import struct
 import sys
+import time
 from typing import Any
 
 LEN = struct.Struct("<I")
@@ -34,6 +36,35 @@ SIZE = struct.Struct("<Q")
 OP_ECHO, OP_PULL, OP_PUSH = 0, 1, 2  # the client's view: pull = server -> client, push = client -> server
 ACK = b"\x01\x00\x00\x00\x02"
 RECV_BYTES = 256 * 1024  # initial receive buffer (as svcframe's decoder); grows once to the largest frame
+
+
+class Spindown:
+    """svcframe's ``spindown`` progress mode for a plain uvloop loop: after each receive or send, keep the
+    loop polling for ``msec`` (a callback re-scheduled with ``call_soon`` makes every iteration a
+    zero-timeout poll; ``sched_yield`` between polls, as svcframe does). A reply then finds its peer
+    polling instead of asleep in ``epoll_wait`` on an idle core, whose wake-up costs tens of µs on a VM.
+    ``msec=0``: the loop blocks (asyncio's default)."""
+
+    def __init__(self, msec: float) -> None:
+        self.seconds = msec / 1000.0
+        self.last = 0.0
+        self.spinning = False
+        self.polls = 0
+
+    def activity(self) -> None:
+        if self.seconds:
+            self.last = time.monotonic()
+            if not self.spinning:
+                self.spinning = True
+                asyncio.get_running_loop().call_soon(self._poll)
+
+    def _poll(self) -> None:
+        if time.monotonic() - self.last < self.seconds:
+            self.polls += 1
+            os.sched_yield()
+            asyncio.get_running_loop().call_soon(self._poll)
+        else:
+            self.spinning = False
 
 
 class FrameReceiver(asyncio.BufferedProtocol):
@@ -47,7 +78,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
     ``reads`` counts the receives. Subclasses implement ``frames(view, pos, end)``.
     """
 
-    def __init__(self, size: int = RECV_BYTES) -> None:
+    def __init__(self, size: int = RECV_BYTES, spindown_msec: float = 0.0) -> None:
+        self.spin = Spindown(spindown_msec)
         self.buf = bytearray(size)
         self.view = memoryview(self.buf)
         self.start = 0  # first byte not consumed
@@ -67,6 +99,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def buffer_updated(self, n: int) -> None:
         self.reads += 1
+        self.spin.activity()
         self.end = end = self.end + n
         if end - self.start < self.need:  # the middle of a payload: nothing to look at
             return
@@ -98,8 +131,8 @@ class RawServer(FrameReceiver):
     the header and a memoryview of ``blob`` (one ``writelines``: a single ``writev``, no copy).
     """
 
-    def __init__(self, blob: memoryview) -> None:
-        super().__init__()
+    def __init__(self, blob: memoryview, spindown_msec: float = 0.0) -> None:
+        super().__init__(spindown_msec=spindown_msec)
         self.blob = blob
 
     def frames(self, view: memoryview, pos: int, end: int) -> int:
@@ -125,14 +158,14 @@ class RawServer(FrameReceiver):
         return pos
 
 
-async def serve_raw(unix: str | None, ready_fd: int) -> None:
+async def serve_raw(unix: str | None, ready_fd: int, spindown_msec: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
     blob = memoryview(bytearray(os.urandom(1 << 16) * 256))  # 16 MiB of data (a bytearray: touched pages)
     if unix:
-        server = await loop.create_unix_server(lambda: RawServer(blob), unix)
+        server = await loop.create_unix_server(lambda: RawServer(blob, spindown_msec), unix)
         address = f"unix://{unix}"
     else:
-        server = await loop.create_server(lambda: RawServer(blob), "127.0.0.1", 0)
+        server = await loop.create_server(lambda: RawServer(blob, spindown_msec), "127.0.0.1", 0)
         address = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     _ready(ready_fd, address)
     await _until_terminated()
@@ -146,8 +179,8 @@ class RawClient(FrameReceiver):
     receive buffer (valid until the next receive), written there by the kernel.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, spindown_msec: float = 0.0) -> None:
+        super().__init__(spindown_msec=spindown_msec)
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.payload = memoryview(b"")
 
@@ -167,6 +200,7 @@ class RawClient(FrameReceiver):
         """Send a frame (its parts in one ``writelines``: header and payload leave in one ``writev``)."""
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
+        self.spin.activity()
         if len(parts) == 1:
             self.transport.write(parts[0])
         else:
@@ -174,13 +208,14 @@ class RawClient(FrameReceiver):
         return fut
 
 
-async def raw_connect(address: str) -> RawClient:
+async def raw_connect(address: str, spindown_msec: float = 0.0) -> RawClient:
     loop = asyncio.get_running_loop()
+    factory = functools.partial(RawClient, spindown_msec)
     if address.startswith("unix://"):
-        _, proto = await loop.create_unix_connection(RawClient, address[7:])
+        _, proto = await loop.create_unix_connection(factory, address[7:])
     else:
         host, port = address[6:].rsplit(":", 1)
-        _, proto = await loop.create_connection(RawClient, host, int(port))
+        _, proto = await loop.create_connection(factory, host, int(port))
     return proto
 
 
@@ -198,18 +233,27 @@ def raw_push_header(size: int) -> bytes:
 
 # -- the machine limit: blocking sockets ---------------------------------------------------------------------
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """``recv_into`` until ``view`` is full; on a non-blocking socket, poll (``sched_yield`` between tries)."""
     pos, n = 0, len(view)
     while pos < n:
-        got = sock.recv_into(view[pos:])
+        try:
+            got = sock.recv_into(view[pos:])
+        except BlockingIOError:
+            os.sched_yield()
+            continue
         if not got:
             raise EOFError
         pos += got
 
 
 def _send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
-    """``sendmsg`` (one ``sendmsg`` syscall per kernel round, gathered, no copy) until all has left."""
+    """``sendmsg`` (gathered, no copy) until all has left; on a non-blocking socket, poll."""
     while parts:
-        sent = sock.sendmsg(parts)
+        try:
+            sent = sock.sendmsg(parts)
+        except BlockingIOError:
+            os.sched_yield()
+            continue
         while sent:
             if sent >= len(parts[0]):
                 sent -= len(parts[0])
@@ -219,12 +263,13 @@ def _send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
                 sent = 0
 
 
-def serve_block(unix: str | None, ready_fd: int) -> None:
+def serve_block(unix: str | None, ready_fd: int, poll: bool = False) -> None:
     """The raw protocol's pull and push on blocking sockets: what the kernel and memory allow, with no
     event loop (a C ping-pong's figure: Python's cost per syscall is small next to a 64 KiB copy).
 
-    One connection at a time, each on its own thread; headers are read exactly (no over-read), payloads
-    are received with ``recv_into`` into a preallocated buffer and sent as memoryviews of ``blob``."""
+    Each connection on its own thread; headers are read exactly (no over-read), payloads are received
+    with ``recv_into`` into a preallocated buffer and sent as memoryviews of ``blob``. ``poll``: the
+    sockets are non-blocking and polled (no sleep in the kernel, so no wake-up to pay for)."""
     import signal
     import threading
 
@@ -243,6 +288,7 @@ def serve_block(unix: str | None, ready_fd: int) -> None:
     def handle(sock: socket.socket) -> None:
         dest = memoryview(bytearray(RECV_BYTES))
         head = memoryview(bytearray(13))
+        sock.setblocking(not poll)
         with sock:
             try:
                 while True:
@@ -256,7 +302,8 @@ def serve_block(unix: str | None, ready_fd: int) -> None:
                     if length - 1 > len(dest):
                         dest = memoryview(bytearray(length - 1))
                     _recv_exact(sock, dest[: length - 1])
-                    sock.sendall(ACK if head[4] == OP_PUSH else bytes(head[:5]) + bytes(dest[: length - 1]))
+                    reply = [memoryview(ACK)] if head[4] == OP_PUSH else [head[:5], dest[: length - 1]]
+                    _send_parts(sock, reply)
             except (EOFError, ConnectionError):
                 pass
 
@@ -272,11 +319,11 @@ def serve_block(unix: str | None, ready_fd: int) -> None:
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
 
 
-def block_bulk(address: str, size: int, direction: str, seconds: float, warmup: int = 10) -> float:
+def block_bulk(address: str, size: int, direction: str, seconds: float, warmup: int = 10, poll: bool = False) -> float:
     """Pull or push ``size`` bytes one request at a time on a blocking socket for ``seconds``: GiB/s.
 
     The client side of ``serve_block`` (the machine limit): ``recv_into`` a preallocated buffer,
-    header and payload in one ``sendmsg``."""
+    header and payload in one ``sendmsg``; ``poll``: a non-blocking socket, polled."""
     import time
 
     if address.startswith("unix://"):
@@ -286,14 +333,15 @@ def block_bulk(address: str, size: int, direction: str, seconds: float, warmup: 
         host, port = address[6:].rsplit(":", 1)
         sock = socket.create_connection((host, int(port)))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(not poll)
     data = memoryview(bytearray(os.urandom(1 << 16) * (size // (1 << 16) + 1)))[:size]
     dest = memoryview(bytearray(size + 5))
     ack = memoryview(bytearray(5))
     if direction == "pull":
-        request = raw_pull_frame(size)
+        request = memoryview(raw_pull_frame(size))
 
         def op() -> None:
-            sock.sendall(request)
+            _send_parts(sock, [request])
             _recv_exact(sock, dest)
     else:
         header = memoryview(raw_push_header(size))
@@ -374,13 +422,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--unix", default=None)
     parser.add_argument("--cpu", type=int, default=None)
+    parser.add_argument(
+        "--spindown-msec",
+        type=float,
+        default=0.0,
+        help="raw: poll this long after activity; block: poll (any value > 0)",
+    )
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, [args.cpu])
     if args.kind == "raw":
-        run(serve_raw(args.unix, args.ready_fd))
+        run(serve_raw(args.unix, args.ready_fd, args.spindown_msec))
     elif args.kind == "block":
-        serve_block(args.unix, args.ready_fd)
+        serve_block(args.unix, args.ready_fd, poll=args.spindown_msec > 0)
     elif args.kind == "zmq":
         run(serve_zmq(args.ready_fd), "asyncio")
     else:

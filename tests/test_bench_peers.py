@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -14,6 +15,7 @@ from selftest.bench_peers import (
     RECV_BYTES,
     RawClient,
     RawServer,
+    Spindown,
     block_bulk,
     raw_noop_frame,
     raw_pull_frame,
@@ -112,18 +114,37 @@ def test_echo_frames_pipelined_in_one_receive() -> None:
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
-def test_peers_serve_bulk(transport: str, tmp_path: Any) -> None:
+@pytest.mark.parametrize("spin", [0.0, 10.0])
+def test_peers_serve_bulk(transport: str, spin: float, tmp_path: Any) -> None:
     core = sorted(os.sched_getaffinity(0))[0]
     for kind in ("raw", "block"):
         unix = str(tmp_path / f"{kind}.sock") if transport == "unix" else None
-        with PeerServer(kind, core, unix=unix) as peer:
+        with PeerServer(kind, core, unix=unix, spindown_msec=spin) as peer:
             for size in (65536, SIZE):
                 for op in ("pull", "push"):
                     if kind == "raw":
-                        gib = run(_raw_bulk(peer.address, size, op, 0.02, warmup=2))
+                        gib = run(_raw_bulk(peer.address, size, op, 0.02, warmup=2, spindown_msec=spin))
                     else:
-                        gib = block_bulk(peer.address, size, op, 0.02, warmup=2)
+                        gib = block_bulk(peer.address, size, op, 0.02, warmup=2, poll=spin > 0)
                     assert gib > 0
+
+
+def test_spindown_keeps_the_loop_polling_until_its_window_ends() -> None:
+    async def main() -> tuple[int, int, bool, bool]:
+        idle, spin = Spindown(0), Spindown(60_000)
+        idle.activity()
+        spin.activity()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        polled = spin.polls
+        spin.seconds = 1e-9  # the window is over: the next poll lets the loop block
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return idle.polls, polled, spin.spinning, idle.spinning
+
+    idle_polls, polled, spinning, idle_spinning = run(main())
+    assert idle_polls == 0 and not idle_spinning  # msec=0: asyncio's default, the loop blocks
+    assert polled >= 4 and not spinning
 
 
 def test_unix_over_tcp_per_implementation() -> None:

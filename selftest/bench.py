@@ -8,8 +8,8 @@ Workloads (server process pinned to one core, clients on the others; loopback):
   the server: aggregate ops/s, the server's CPU µs per call (from its process CPU time, psutil) and its
   CPU utilisation, so an under-driven server is visible.
 * ``bulk``: pull and push of 64 KiB and 4 MiB over tcp and unix sockets: GiB/s (median of interleaved
-  samples, with their range), next to the raw uvloop peer and blocking sockets (the machine) moving the
-  same bytes the same way; ratios to raw of the same transport and size, and unix / tcp.
+  samples, with their range), next to the raw uvloop peer and polled plain sockets (the machine) moving
+  the same bytes the same way; ratios to raw of the same transport and size, and unix / tcp.
 * ``overhead``: the ``sat`` noop rate with monitoring off, default (statistics) and full tracing.
 
 Every figure is also given as a ratio to the raw limit measured in the same run. Results go to a JSON
@@ -50,13 +50,14 @@ class BenchOptions:
     seconds: float = 3.0
     sat_clients: int = 2
     sat_depth: int = 32
-    bulk_repeats: int = 3
+    bulk_repeats: int = 5  # interleaved rounds per bulk setting (3 with --quick)
     workloads: tuple[str, ...] = ("seq", "sat", "bulk", "overhead")
     peers: tuple[str, ...] = ("raw", "zmq", "grpc")
 
     def __post_init__(self) -> None:
         if self.quick:
             self.seconds = min(self.seconds, 0.6)
+            self.bulk_repeats = min(self.bulk_repeats, 3)
 
 
 def _cores() -> tuple[int, list[int]]:

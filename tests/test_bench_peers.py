@@ -156,3 +156,18 @@ def test_unix_over_tcp_per_implementation() -> None:
     add_ratios(rows)
     assert rows[3]["unix_over_tcp"] == 2.0 and rows[2]["unix_over_tcp"] == 1.5
     assert rows[3]["ratio_to_raw"] == 2.0 / 3.0 and "unix_over_tcp" not in rows[1]
+
+
+def test_bulk_rows_compare_the_same_data_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    from selftest.bench import BLOCK_BULK, FLOW, RAW_BULK, BenchOptions, run_bench
+
+    monkeypatch.delenv("SVCFRAME_SECRET", raising=False)
+    result = run_bench(BenchOptions(quick=True, seconds=0.1, bulk_repeats=2, workloads=("bulk",)))
+    rows = result["rows"]
+    assert len(rows) == 2 * 2 * 2 * 3  # transports x sizes x directions x (raw, machine, svcframe)
+    for r in rows:
+        assert r["flow"] == FLOW[r["direction"]] and len(r["samples"]) == 2
+        assert r["min_gib_per_second"] <= r["gib_per_second"] <= r["max_gib_per_second"]
+        assert r["ratio_to_raw"] > 0 and ("unix_over_tcp" in r) == (r["transport"] == "unix")
+    assert {r["impl"] for r in rows} == {RAW_BULK, BLOCK_BULK, "svcframe"}
+    assert FLOW["pull"] != FLOW["push"]  # svcframe's pull is the peers' push: the same bytes, the same way

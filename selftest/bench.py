@@ -7,7 +7,9 @@ Workloads (server process pinned to one core, clients on the others; loopback):
 * ``sat``: blaster processes (raw sockets, pre-encoded requests, ``sat_depth`` in flight each) saturate
   the server: aggregate ops/s, the server's CPU µs per call (from its process CPU time, psutil) and its
   CPU utilisation, so an under-driven server is visible.
-* ``bulk``: pull and push of 64 KiB and 4 MiB over tcp and unix sockets: GiB/s.
+* ``bulk``: pull and push of 64 KiB and 4 MiB over tcp and unix sockets: GiB/s (median of interleaved
+  samples, with their range), next to the raw uvloop peer and polled plain sockets (the machine) moving
+  the same bytes the same way; ratios to raw of the same transport and size, and unix / tcp.
 * ``overhead``: the ``sat`` noop rate with monitoring off, default (statistics) and full tracing.
 
 Every figure is also given as a ratio to the raw limit measured in the same run. Results go to a JSON
@@ -48,12 +50,14 @@ class BenchOptions:
     seconds: float = 3.0
     sat_clients: int = 2
     sat_depth: int = 32
+    bulk_repeats: int = 5  # interleaved rounds per bulk setting (3 with --quick)
     workloads: tuple[str, ...] = ("seq", "sat", "bulk", "overhead")
     peers: tuple[str, ...] = ("raw", "zmq", "grpc")
 
     def __post_init__(self) -> None:
         if self.quick:
             self.seconds = min(self.seconds, 0.6)
+            self.bulk_repeats = min(self.bulk_repeats, 3)
 
 
 def _cores() -> tuple[int, list[int]]:
@@ -66,11 +70,13 @@ def _cores() -> tuple[int, list[int]]:
 class PeerServer:
     """A reference server process (raw / zmq / grpc) pinned to a core."""
 
-    def __init__(self, kind: str, core: int, unix: str | None = None) -> None:
+    def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
         r, w = os.pipe()
         cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
         if unix:
             cmd += ["--unix", unix]
+        if spindown_msec:
+            cmd += ["--spindown-msec", str(spindown_msec)]
         self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE)
         os.close(w)
         with os.fdopen(r) as f:
@@ -248,60 +254,111 @@ def _saturate(kind: str, address: str, pid: int, opts: BenchOptions, client_core
 
 
 # -- bulk ---------------------------------------------------------------------------------------------------
+# svcframe's directions are the self-test provider's: in a "pull" the server reads the client's buffer (data
+# flows client -> server), in a "push" it writes into it (server -> client). The reference peers move the
+# same bytes the same way: their client pushes for svcframe's pull, and pulls for its push.
+FLOW = {"pull": "c→s", "push": "s→c"}  # the data: client -> server, server -> client
+PEER_OP = {"pull": "push", "push": "pull"}
+RAW_BULK = "raw uvloop stream"
+BLOCK_BULK = "polled sockets (machine)"
+
+
 def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
+    """svcframe, the raw uvloop peer and plain sockets, interleaved: each (transport, size, direction) is
+    measured ``bulk_repeats`` times in rounds of one sample per implementation (``seconds`` split over the
+    rounds), so drift in the machine's load reaches all three alike; the median is the figure. A short
+    first round is not kept: the first use of large buffers in a process can stall for up to hundreds of
+    ms (fresh memory behind the new pages of a VM), whatever the implementation.
+
+    Same conditions for all: every client (this process for the peers, the self-test's client process
+    for svcframe) on the same client core, every server on ``server_core``, one request at a time, and
+    no sleeping in ``epoll_wait`` between messages: svcframe's server and client run in ``spindown``
+    progress mode, the raw peer polls as long after each message, the plain sockets are polled
+    (non-blocking). On a VM, waking an idle core costs tens of µs per message, depending on what else
+    runs there: a peer that sleeps measures the scheduler, not the transport.
+    """
     from svcframe.loops import run
+
+    from .bench_peers import block_bulk
 
     rows = []
     tmp = tempfile.mkdtemp(prefix="sfb", dir="/tmp")
-    for transport in ("tcp", "unix"):
-        unix = f"{tmp}/raw.sock" if transport == "unix" else None
-        with PeerServer("raw", server_core, unix=unix) as raw:
-            for size in BULK_SIZES:
-                for direction in ("pull", "push"):
-                    gib = run(_raw_bulk(raw.address, size, direction, opts.seconds))
-                    rows.append(_row("bulk", "raw uvloop stream", transport=transport, size=size,
-                                     direction=direction, gib_per_second=gib))  # fmt: skip
-        cfg = load_config(CONFIG)
-        if transport == "unix":
-            cfg.engine.address = f"unix://{tmp}/sf.sock"
-        with Launch(cfg, 1, cores=[server_core]) as job:
-            for size in BULK_SIZES:
-                for direction in ("pull", "push"):
-                    params = SelftestParams(
-                        workload="bulk", bulk_size=size, bulk_direction=direction, clients=1,
-                        duration_seconds=opts.seconds, client_cores=client_cores[:1], warmup_iterations=20,
-                    )  # fmt: skip
-                    agg = run_selftest(params, [job.members[0].address])["aggregate"]
-                    rows.append(_row("bulk", "svcframe", transport=transport, size=size, direction=direction,
-                                     gib_per_second=agg["bandwidth_gib_per_second"]))  # fmt: skip
+    sample = opts.seconds / opts.bulk_repeats
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, client_cores[:1])  # the self-test pins its client there too
+    try:
+        for transport in ("tcp", "unix"):
+            cfg = load_config(CONFIG)
+            unix = {k: f"{tmp}/{k}.sock" if transport == "unix" else None for k in ("raw", "block", "sf")}
+            if transport == "unix":
+                cfg.engine.address = f"unix://{unix['sf']}"
+            spin = cfg.engine.progress_spindown_msec  # svcframe's server (and client) poll this long
+            with (
+                PeerServer("raw", server_core, unix=unix["raw"], spindown_msec=spin) as raw,
+                PeerServer("block", server_core, unix=unix["block"], spindown_msec=spin) as block,
+                Launch(cfg, 1, cores=[server_core]) as job,
+            ):
+                for size in BULK_SIZES:
+                    for direction in ("pull", "push"):
+                        params = SelftestParams(
+                            workload="bulk", bulk_size=size, bulk_direction=direction, clients=1,
+                            duration_seconds=sample, client_cores=client_cores[:1], warmup_iterations=20,
+                        )  # fmt: skip
+                        samples: dict[str, list[float]] = {RAW_BULK: [], BLOCK_BULK: [], "svcframe": []}
+                        op = PEER_OP[direction]
+                        for i in range(opts.bulk_repeats + 1):  # round 0: a short warm-up round, not kept
+                            t = sample if i else min(sample, 0.1)
+                            raw_gib = run(_raw_bulk(raw.address, size, op, t, spindown_msec=spin))
+                            block_gib = block_bulk(block.address, size, op, t, 20, poll=True)
+                            p = params.model_copy(update={"duration_seconds": t})
+                            sf_gib = run_selftest(p, [job.members[0].address])["aggregate"]["bandwidth_gib_per_second"]
+                            if i:
+                                samples[RAW_BULK].append(raw_gib)
+                                samples[BLOCK_BULK].append(block_gib)
+                                samples["svcframe"].append(sf_gib)
+                        for impl, xs in samples.items():
+                            rows.append(_row("bulk", impl, transport=transport, size=size, direction=direction,
+                                             flow=FLOW[direction], **_spread(xs)))  # fmt: skip
+    finally:
+        os.sched_setaffinity(0, saved)
     return rows
 
 
-async def _raw_bulk(address: str, size: int, direction: str, seconds: float) -> float:
-    client = await raw_connect(address)
-    buf = memoryview(bytearray(size))
-    if direction == "pull":
-        frame = raw_pull_frame(size)
+def _spread(samples: list[float]) -> dict[str, Any]:
+    return {
+        "gib_per_second": float(np.median(samples)),
+        "min_gib_per_second": min(samples),
+        "max_gib_per_second": max(samples),
+        "samples": samples,
+    }
 
-        async def op() -> None:
-            await client.request(frame, buf)
-    else:
-        header = raw_push_header(size)
 
-        async def op() -> None:
-            fut = client.request(header)
-            client.transport.write(buf)
-            await fut
-
-    for _ in range(10):
-        await op()
-    n = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        await op()
-        n += 1
-    elapsed = time.perf_counter() - start
-    client.transport.close()
+async def _raw_bulk(
+    address: str, size: int, op: str, seconds: float, warmup: int = 20, spindown_msec: float = 0.0
+) -> float:
+    """The raw peer's client ``op`` ("pull": ask for ``size`` bytes; "push": send them), one at a time:
+    GiB/s. Replies land in the client's receive buffer in place; a push leaves as header + memoryview of
+    the data in one ``writelines``. The timed loop does nothing else."""
+    client = await raw_connect(address, spindown_msec)
+    try:
+        if op == "pull":
+            parts: tuple[bytes | memoryview, ...] = (raw_pull_frame(size),)
+        else:
+            data = memoryview(bytearray(os.urandom(1 << 16) * (size // (1 << 16) + 1)))[:size]
+            parts = (raw_push_header(size), data)
+        request = client.request
+        for _ in range(warmup):
+            await request(*parts)
+        n = 0
+        perf = time.perf_counter
+        start = perf()
+        end = start + seconds
+        while perf() < end:
+            await request(*parts)
+            n += 1
+        elapsed = perf() - start
+    finally:
+        client.transport.close()
     return n * size / elapsed / 2**30
 
 
@@ -378,7 +435,8 @@ def _run_bench(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Give every row its ratio to the raw limit of the same workload (and transport/size/direction)."""
+    """Give every row its ratio to the raw limit of the same workload (and transport/size/direction), and
+    every unix bulk row its ratio to the tcp row of the same implementation, size and direction."""
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
         return (r["workload"], r.get("transport"), r.get("size"), r.get("direction"))
@@ -395,17 +453,27 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             r["cpu_per_call_vs_raw"] = r["server_cpu_usec_per_call"] / base["server_cpu_usec_per_call"]
         else:
             r["ratio_to_raw"] = r["gib_per_second"] / base["gib_per_second"]
+    # between processes on one node: what the unix socket gives over tcp, per implementation
+    tcp = {
+        (r["impl"], r["size"], r["direction"]): r for r in rows if r["workload"] == "bulk" and r["transport"] == "tcp"
+    }
+    for r in rows:
+        if r["workload"] == "bulk" and r["transport"] == "unix":
+            t = tcp.get((r["impl"], r["size"], r["direction"]))
+            if t is not None and t["gib_per_second"] > 0:
+                r["unix_over_tcp"] = r["gib_per_second"] / t["gib_per_second"]
 
 
 def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="svcframe bench (server on one core, clients on the others, loopback)")
-    for col in ("workload", "implementation", "setting", "figure", "ratio to raw"):
+    table = Table(title="svcframe bench (server on one core, clients on the others, loopback; bulk: median (min-max))")
+    for col in ("workload", "implementation", "setting", "figure", "ratio to raw", "unix/tcp"):
         table.add_column(col)
     for r in result["rows"]:
         ratio = f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else ""
+        unix_tcp = f"{r['unix_over_tcp']:.2f}" if "unix_over_tcp" in r else ""
         if r["workload"] == "seq":
             setting = r["mode"]
             figure = f"{r['ops_per_second']:,.0f} ops/s  p50 {r['p50_usec']:.0f} µs  p99 {r['p99_usec']:.0f} µs"
@@ -419,7 +487,10 @@ def print_table(result: dict[str, Any]) -> None:
             setting = ""
             figure = f"{r['ops_per_second']:,.0f} ops/s  ({r['ratio_to_off']:.3f} of monitoring off)"
         else:
-            setting = f"{r['transport']} {r['direction']} {r['size'] // 1024} KiB"
+            size = f"{r['size'] >> 20} MiB" if r["size"] >= 1 << 20 else f"{r['size'] >> 10} KiB"
+            setting = f"{r['transport']} {r['direction']} {size} ({r['flow']})"
             figure = f"{r['gib_per_second']:.2f} GiB/s"
-        table.add_row(r["workload"], r["impl"], setting, figure, ratio)
-    Console(width=max(Console().width, 130)).print(table)
+            if "min_gib_per_second" in r:
+                figure += f"  ({r['min_gib_per_second']:.2f}-{r['max_gib_per_second']:.2f})"
+        table.add_row(r["workload"], r["impl"], setting, figure, ratio, unix_tcp)
+    Console(width=max(Console().width, 150)).print(table)

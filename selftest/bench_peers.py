@@ -1,175 +1,216 @@
-"""Reference peers for ``svcframe bench``: the raw uvloop limit, and optional third-party RPC stacks.
+"""Reference peers for ``svcframe bench``: the raw uvloop limit, the machine limit, and third-party RPC stacks.
 
-``raw``: an ``asyncio.Protocol`` server on uvloop that handles length-prefixed frames without decoding
-them. A frame is ``<u32 length><u8 op><payload>``; op 0 echoes the frame back (noop RPC), op 1 asks
-for ``<u64 n>`` bytes back (a pull), op 2 carries data and is acknowledged by a 1-byte frame (a push).
-This is the fastest an asyncio RPC server can be in Python: the limit svcframe is measured against.
+``raw``: an ``asyncio.BufferedProtocol`` server on uvloop that handles length-prefixed frames without
+decoding them. A frame is ``<u32 length><u8 op><payload>``; op 0 echoes the frame back (noop RPC), op 1
+asks for ``<u64 n>`` bytes back (the client pulls: data flows server -> client), op 2 carries data and
+is acknowledged by a 1-byte frame (the client pushes: client -> server). Frames are received whole into
+one preallocated buffer and used in place (bulk bytes are written there by ``recv_into`` and never
+copied); replies leave as memoryviews of a preallocated blob in one ``writelines``. This is the fastest
+an asyncio RPC peer can be in Python: the limit svcframe is measured against.
+
+``block``: the same protocol on blocking sockets in a plain thread (``recv_into`` exact lengths,
+``sendmsg`` of memoryviews): the machine's limit for the same exchange, with no event loop.
 
 ``zmq`` (pyzmq DEALER/ROUTER + msgpack) and ``grpc`` (grpcio asyncio unary, generic handler, raw bytes)
 are used when installed (``pip install svcframe[bench]``).
 
-Run a server: ``python -m selftest.bench_peers raw|zmq|grpc --ready-fd FD [--unix PATH]``; it writes
+Run a server: ``python -m selftest.bench_peers raw|block|zmq|grpc --ready-fd FD [--unix PATH]``; it writes
 ``{"ok": true, "address": ...}`` on FD once it accepts connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import json
 import os
+import socket
 import struct
 import sys
+import time
 from typing import Any
 
 LEN = struct.Struct("<I")
-OP_ECHO, OP_PULL, OP_PUSH = 0, 1, 2
-CHUNK = 1 << 20  # a pull reply leaves in 1 MiB pieces (uvloop sends large single buffers slowly)
+SIZE = struct.Struct("<Q")
+OP_ECHO, OP_PULL, OP_PUSH = 0, 1, 2  # the client's view: pull = server -> client, push = client -> server
+ACK = b"\x01\x00\x00\x00\x02"
+RECV_BYTES = 256 * 1024  # initial receive buffer (as svcframe's decoder); grows once to the largest frame
 
 
-class RawServer(asyncio.BufferedProtocol):
-    """Echo / pull / push over length-prefixed frames, with no decoding beyond the length and op."""
+class Spindown:
+    """svcframe's ``spindown`` progress mode for a plain uvloop loop: after each receive or send, keep the
+    loop polling for ``msec`` (a callback re-scheduled with ``call_soon`` makes every iteration a
+    zero-timeout poll; ``sched_yield`` between polls, as svcframe does). A reply then finds its peer
+    polling instead of asleep in ``epoll_wait`` on an idle core, whose wake-up costs tens of µs on a VM.
+    ``msec=0``: the loop blocks (asyncio's default)."""
 
-    def __init__(self, blob: memoryview) -> None:
-        self.buf = bytearray(8 << 20)
+    def __init__(self, msec: float) -> None:
+        self.seconds = msec / 1000.0
+        self.last = 0.0
+        self.spinning = False
+        self.polls = 0
+
+    def activity(self) -> None:
+        if self.seconds:
+            self.last = time.monotonic()
+            if not self.spinning:
+                self.spinning = True
+                asyncio.get_running_loop().call_soon(self._poll)
+
+    def _poll(self) -> None:
+        if time.monotonic() - self.last < self.seconds:
+            self.polls += 1
+            os.sched_yield()
+            asyncio.get_running_loop().call_soon(self._poll)
+        else:
+            self.spinning = False
+
+
+class FrameReceiver(asyncio.BufferedProtocol):
+    """Receives frames whole into one preallocated buffer and consumes them in place (no decode, no copy).
+
+    ``get_buffer`` hands the kernel all the free space after the bytes received so far, so a bulk
+    payload is written by ``recv_into`` exactly where it is consumed. The buffer restarts at offset 0
+    whenever every received byte has been consumed (each request/response exchange), and grows once,
+    to the largest frame seen, when a frame cannot fit. Only then, or when a partial frame has to move
+    to the front, are received bytes copied: ``copied`` counts them (0 in a steady bulk exchange).
+    ``reads`` counts the receives. Subclasses implement ``frames(view, pos, end)``.
+    """
+
+    def __init__(self, size: int = RECV_BYTES, spindown_msec: float = 0.0) -> None:
+        self.spin = Spindown(spindown_msec)
+        self.buf = bytearray(size)
         self.view = memoryview(self.buf)
-        self.end = 0
-        self.blob = blob
+        self.start = 0  # first byte not consumed
+        self.end = 0  # first byte not received
+        self.need = 5  # bytes from ``start`` that complete the frame being received (5: its header)
+        self.copied = 0
+        self.reads = 0
         self.transport: Any = None
-        self.skip = 0  # bytes of a push payload still to receive
-        self.scratch = memoryview(bytearray(4 << 20))
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.skip:  # a push payload: straight into scratch space, no copy
-            return self.scratch[: min(self.skip, len(self.scratch))]
-        return self.view[self.end : self.end + 65536]
+        if self.start + self.need > len(self.buf):
+            self._make_room()
+        return self.view[self.end :]
 
     def buffer_updated(self, n: int) -> None:
-        if self.skip:
-            self.skip -= n
-            if not self.skip:
-                self.transport.write(b"\x01\x00\x00\x00\x02")  # push acknowledged
+        self.reads += 1
+        self.spin.activity()
+        self.end = end = self.end + n
+        if end - self.start < self.need:  # the middle of a payload: nothing to look at
             return
-        self.end += n
-        view, pos, end = self.view, 0, self.end
-        out = []
-        while True:
-            if self.skip:
-                take = min(self.skip, end - pos)
-                self.skip -= take
-                pos += take
-                if self.skip:
-                    break
-                out.append(b"\x01\x00\x00\x00\x02")  # push acknowledged
-                continue
-            if end - pos < 5:
+        self.start = self.frames(self.view, self.start, end)
+        if self.start == end:
+            self.start = self.end = 0
+
+    def _make_room(self) -> None:
+        kept = self.end - self.start
+        if self.need > len(self.buf):
+            buf = bytearray(max(self.need, 2 * len(self.buf)))
+            buf[:kept] = self.view[self.start : self.end]
+            self.view.release()
+            self.buf, self.view = buf, memoryview(buf)
+        else:
+            self.buf[:kept] = self.view[self.start : self.end]
+        self.copied += kept
+        self.start, self.end = 0, kept
+
+    def frames(self, view: memoryview, pos: int, end: int) -> int:
+        """Handle the complete frames in ``view[pos:end]``; set ``need``; return the first unconsumed byte."""
+        raise NotImplementedError
+
+
+class RawServer(FrameReceiver):
+    """Echo / pull / push over length-prefixed frames, with no decoding beyond the length and op.
+
+    A push payload is received in place and acknowledged with a 1-byte frame; a pull is answered with
+    the header and a memoryview of ``blob`` (one ``writelines``: a single ``writev``, no copy).
+    """
+
+    def __init__(self, blob: memoryview, spindown_msec: float = 0.0) -> None:
+        super().__init__(spindown_msec=spindown_msec)
+        self.blob = blob
+
+    def frames(self, view: memoryview, pos: int, end: int) -> int:
+        out: list[bytes | memoryview] = []
+        self.need = 5
+        while end - pos >= 5:
+            total = 4 + LEN.unpack_from(view, pos)[0]
+            if end - pos < total:
+                self.need = total
                 break
-            (length,) = LEN.unpack_from(view, pos)
             op = view[pos + 4]
-            if op == OP_PUSH:
-                self.skip = length - 1
-                pos += 5
-                continue
-            if end - pos < 4 + length:
-                break
             if op == OP_ECHO:
-                out.append(bytes(view[pos : pos + 4 + length]))
-            else:
-                (size,) = struct.unpack_from("<Q", view, pos + 5)
+                out.append(bytes(view[pos : pos + total]))
+            elif op == OP_PULL:
+                (size,) = SIZE.unpack_from(view, pos + 5)
                 out.append(LEN.pack(size + 1) + b"\x01")
-                out.extend(self.blob[i : min(i + CHUNK, size)] for i in range(0, size, CHUNK))
-            pos += 4 + length
-        if pos:
-            self.buf[: end - pos] = self.view[pos:end]
-            self.end = end - pos
+                out.append(self.blob[:size])
+            else:
+                out.append(ACK)
+            pos += total
         if out:
             self.transport.writelines(out)
+        return pos
 
 
-async def serve_raw(unix: str | None, ready_fd: int) -> None:
+async def serve_raw(unix: str | None, ready_fd: int, spindown_msec: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
-    blob = memoryview(bytearray(64 << 20))
+    blob = memoryview(bytearray(os.urandom(1 << 16) * 256))  # 16 MiB of data (a bytearray: touched pages)
     if unix:
-        server = await loop.create_unix_server(lambda: RawServer(blob), unix)
+        server = await loop.create_unix_server(lambda: RawServer(blob, spindown_msec), unix)
         address = f"unix://{unix}"
     else:
-        server = await loop.create_server(lambda: RawServer(blob), "127.0.0.1", 0)
+        server = await loop.create_server(lambda: RawServer(blob, spindown_msec), "127.0.0.1", 0)
         address = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     _ready(ready_fd, address)
     await _until_terminated()
     server.close()
 
 
-class RawClient(asyncio.BufferedProtocol):
-    """Client side of the raw protocol: one request at a time per ``request`` call, or pipelined."""
+class RawClient(FrameReceiver):
+    """Client side of the raw protocol: requests answered in order (one at a time, or pipelined).
 
-    def __init__(self) -> None:
-        self.buf = bytearray(8 << 20)
-        self.view = memoryview(self.buf)
-        self.end = 0
-        self.waiters: list[asyncio.Future[None]] = []
-        self.transport: Any = None
-        self.sink: memoryview | None = None
-        self.sink_pos = 0
+    A reply is consumed in place: after a pull completes, ``payload`` is a view of its bytes in the
+    receive buffer (valid until the next receive), written there by the kernel.
+    """
 
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
+    def __init__(self, spindown_msec: float = 0.0) -> None:
+        super().__init__(spindown_msec=spindown_msec)
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.payload = memoryview(b"")
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self.sink is not None:
-            return self.sink[self.sink_pos :]
-        return self.view[self.end : self.end + 65536]
-
-    def buffer_updated(self, n: int) -> None:
-        if self.sink is not None:
-            self.sink_pos += n
-            if self.sink_pos == len(self.sink):
-                self.sink = None
-                self.waiters.pop(0).set_result(None)
-            return
-        self.end += n
-        pos, end, view = 0, self.end, self.view
-        while end - pos >= 4:
-            (length,) = LEN.unpack_from(view, pos)
-            if view[pos + 4 : pos + 5] == b"\x01" and length > 1 and self.pending_pull:
-                # a pull reply: receive the payload straight into the destination
-                have = min(end - pos - 5, length - 1)
-                dest = self.pending_pull.pop(0)
-                dest[:have] = view[pos + 5 : pos + 5 + have]
-                pos += 5 + have
-                if have < length - 1:
-                    self.sink, self.sink_pos = dest, have
-                    break
-                self.waiters.pop(0).set_result(None)
-                continue
-            if end - pos < 4 + length:
+    def frames(self, view: memoryview, pos: int, end: int) -> int:
+        self.need = 5
+        while end - pos >= 5:
+            total = 4 + LEN.unpack_from(view, pos)[0]
+            if end - pos < total:
+                self.need = total
                 break
-            pos += 4 + length
-            self.waiters.pop(0).set_result(None)
-        self.buf[: end - pos] = self.view[pos:end]
-        self.end = end - pos
+            self.payload = view[pos + 5 : pos + total]
+            pos += total
+            self.waiters.popleft().set_result(None)
+        return pos
 
-    pending_pull: list[memoryview]
-
-    def request(self, frame: bytes, dest: memoryview | None = None) -> asyncio.Future[None]:
+    def request(self, *parts: bytes | memoryview) -> asyncio.Future[None]:
+        """Send a frame (its parts in one ``writelines``: header and payload leave in one ``writev``)."""
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
-        if dest is not None:
-            self.pending_pull.append(dest)
-        self.transport.write(frame)
+        self.spin.activity()
+        if len(parts) == 1:
+            self.transport.write(parts[0])
+        else:
+            self.transport.writelines(parts)
         return fut
 
 
-async def raw_connect(address: str) -> RawClient:
+async def raw_connect(address: str, spindown_msec: float = 0.0) -> RawClient:
     loop = asyncio.get_running_loop()
-
-    def factory() -> RawClient:
-        c = RawClient()
-        c.pending_pull = []
-        return c
-
+    factory = functools.partial(RawClient, spindown_msec)
     if address.startswith("unix://"):
         _, proto = await loop.create_unix_connection(factory, address[7:])
     else:
@@ -183,11 +224,144 @@ def raw_noop_frame(payload: int = 0) -> bytes:
 
 
 def raw_pull_frame(size: int) -> bytes:
-    return LEN.pack(9) + bytes([OP_PULL]) + struct.pack("<Q", size)
+    return LEN.pack(9) + bytes([OP_PULL]) + SIZE.pack(size)
 
 
 def raw_push_header(size: int) -> bytes:
     return LEN.pack(1 + size) + bytes([OP_PUSH])
+
+
+# -- the machine limit: blocking sockets ---------------------------------------------------------------------
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """``recv_into`` until ``view`` is full; on a non-blocking socket, poll (``sched_yield`` between tries)."""
+    pos, n = 0, len(view)
+    while pos < n:
+        try:
+            got = sock.recv_into(view[pos:])
+        except BlockingIOError:
+            os.sched_yield()
+            continue
+        if not got:
+            raise EOFError
+        pos += got
+
+
+def _send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
+    """``sendmsg`` (gathered, no copy) until all has left; on a non-blocking socket, poll."""
+    while parts:
+        try:
+            sent = sock.sendmsg(parts)
+        except BlockingIOError:
+            os.sched_yield()
+            continue
+        while sent:
+            if sent >= len(parts[0]):
+                sent -= len(parts[0])
+                parts.pop(0)
+            else:
+                parts[0] = parts[0][sent:]
+                sent = 0
+
+
+def serve_block(unix: str | None, ready_fd: int, poll: bool = False) -> None:
+    """The raw protocol's pull and push on blocking sockets: what the kernel and memory allow, with no
+    event loop (a C ping-pong's figure: Python's cost per syscall is small next to a 64 KiB copy).
+
+    Each connection on its own thread; headers are read exactly (no over-read), payloads are received
+    with ``recv_into`` into a preallocated buffer and sent as memoryviews of ``blob``. ``poll``: the
+    sockets are non-blocking and polled (no sleep in the kernel, so no wake-up to pay for)."""
+    import signal
+    import threading
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # for sigwait, below
+    blob = memoryview(bytearray(os.urandom(1 << 16) * 256))
+    if unix:
+        lsock = socket.socket(socket.AF_UNIX)
+        lsock.bind(unix)
+        address = f"unix://{unix}"
+    else:
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{lsock.getsockname()[1]}"
+    lsock.listen()
+
+    def handle(sock: socket.socket) -> None:
+        dest = memoryview(bytearray(RECV_BYTES))
+        head = memoryview(bytearray(13))
+        sock.setblocking(not poll)
+        with sock:
+            try:
+                while True:
+                    _recv_exact(sock, head[:5])
+                    (length,) = LEN.unpack_from(head)
+                    if head[4] == OP_PULL:
+                        _recv_exact(sock, head[5:13])
+                        (size,) = SIZE.unpack_from(head, 5)
+                        _send_parts(sock, [memoryview(LEN.pack(size + 1) + b"\x01"), blob[:size]])
+                        continue
+                    if length - 1 > len(dest):
+                        dest = memoryview(bytearray(length - 1))
+                    _recv_exact(sock, dest[: length - 1])
+                    reply = [memoryview(ACK)] if head[4] == OP_PUSH else [head[:5], dest[: length - 1]]
+                    _send_parts(sock, reply)
+            except (EOFError, ConnectionError):
+                pass
+
+    def accept() -> None:
+        while True:
+            sock, _ = lsock.accept()
+            if sock.family == socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=handle, args=(sock,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    _ready(ready_fd, address)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+def block_bulk(address: str, size: int, direction: str, seconds: float, warmup: int = 10, poll: bool = False) -> float:
+    """Pull or push ``size`` bytes one request at a time on a blocking socket for ``seconds``: GiB/s.
+
+    The client side of ``serve_block`` (the machine limit): ``recv_into`` a preallocated buffer,
+    header and payload in one ``sendmsg``; ``poll``: a non-blocking socket, polled."""
+    import time
+
+    if address.startswith("unix://"):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(address[7:])
+    else:
+        host, port = address[6:].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(not poll)
+    data = memoryview(bytearray(os.urandom(1 << 16) * (size // (1 << 16) + 1)))[:size]
+    dest = memoryview(bytearray(size + 5))
+    ack = memoryview(bytearray(5))
+    if direction == "pull":
+        request = memoryview(raw_pull_frame(size))
+
+        def op() -> None:
+            _send_parts(sock, [request])
+            _recv_exact(sock, dest)
+    else:
+        header = memoryview(raw_push_header(size))
+
+        def op() -> None:
+            _send_parts(sock, [header, data])
+            _recv_exact(sock, ack)
+
+    with sock:
+        for _ in range(warmup):
+            op()
+        n = 0
+        perf = time.perf_counter
+        start = perf()
+        end = start + seconds
+        while perf() < end:
+            op()
+            n += 1
+        elapsed = perf() - start
+    return n * size / elapsed / 2**30
 
 
 # -- optional peers ------------------------------------------------------------------------------------------
@@ -244,15 +418,23 @@ def main(argv: list[str]) -> None:
     from svcframe.loops import run
 
     parser = argparse.ArgumentParser(prog="python -m selftest.bench_peers")
-    parser.add_argument("kind", choices=["raw", "zmq", "grpc"])
+    parser.add_argument("kind", choices=["raw", "block", "zmq", "grpc"])
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--unix", default=None)
     parser.add_argument("--cpu", type=int, default=None)
+    parser.add_argument(
+        "--spindown-msec",
+        type=float,
+        default=0.0,
+        help="raw: poll this long after activity; block: poll (any value > 0)",
+    )
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, [args.cpu])
     if args.kind == "raw":
-        run(serve_raw(args.unix, args.ready_fd))
+        run(serve_raw(args.unix, args.ready_fd, args.spindown_msec))
+    elif args.kind == "block":
+        serve_block(args.unix, args.ready_fd, poll=args.spindown_msec > 0)
     elif args.kind == "zmq":
         run(serve_zmq(args.ready_fd), "asyncio")
     else:

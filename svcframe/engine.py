@@ -733,7 +733,7 @@ class Engine:
         if handle.engine_id == self.engine_id:
             target[:] = self._local_source(handle, offset, size, READ)
             return dest
-        if self.bulk_cma and size and await self._cma_pull(handle, offset, target, timeout_seconds):
+        if self.bulk_cma and size >= CMA_MIN_BYTES and await self._cma_pull(handle, offset, target, timeout_seconds):
             return dest
         status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
         if status != Status.OK:
@@ -760,7 +760,7 @@ class Engine:
             self._local_source(handle, offset, size, WRITE)[:] = view
             return
         status, payload = -1, None
-        if self.bulk_cma and size:
+        if self.bulk_cma and size >= CMA_MIN_BYTES:
             conn = await self._peer_connection(handle, timeout_seconds or self.default_timeout_seconds)
             if conn.peer_cma:  # the owner reads our source itself: no data frames
                 status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view,
@@ -1395,6 +1395,9 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()  # a dial nobody awaited any more: its error is not "never retrieved"
 
 
+#: Same-node transfers of at least this size use cross-memory attach; smaller ones are cheaper over the
+#: socket (the address round trip and the pid check cost about what copying 64 KiB twice does).
+CMA_MIN_BYTES = 256 * 1024
 #: errno values after which a connection stops trying cross-memory attach (permission, no such process,
 #: not implemented); other errors (EFAULT: a stale handle) only fall back for that one transfer.
 _CMA_REFUSED = frozenset({1, 3, 38})

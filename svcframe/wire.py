@@ -351,7 +351,7 @@ class FrameDecoder:
     bits), FrameTooLarge. After an error the decoder is unusable: drop the connection.
     """
 
-    __slots__ = ("_buf", "_direct", "_direct_frame", "_direct_pos", "_end", "_start", "_view",
+    __slots__ = ("_buf", "_direct", "_direct_frame", "_direct_pos", "_end", "_header_only", "_start", "_view",
                  "bulk_sink", "held", "max_body_bytes")  # fmt: skip
 
     def __init__(
@@ -371,6 +371,7 @@ class FrameDecoder:
         self._direct_pos = 0
         self._direct_frame: tuple | None = None  # header fields of the frame being received
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
+        self._header_only = False  # after bulk data: receive the next header alone (more data may follow)
 
     # -- receive interface --------------------------------------------------------------------------
     def get_buffer(self) -> memoryview:
@@ -378,6 +379,14 @@ class FrameDecoder:
         direct = self._direct
         if direct is not None:
             return direct[self._direct_pos :]
+        if self._header_only:  # the next frame is likely more bulk data: its bytes belong in its destination
+            header_end = self._start + HEADER_SIZE
+            if header_end > self._end:
+                if header_end > len(self._buf):
+                    self._compact()
+                    header_end = self._start + HEADER_SIZE
+                return self._view[self._end : header_end]
+            self._header_only = False
         if self._end == len(self._buf):
             self._compact()
         return self._view[self._end :]
@@ -522,7 +531,10 @@ class FrameDecoder:
         self._direct = self._direct_frame = None
         assert dest is not None and fields is not None
         # A large inline body keeps its own bytearray (msgpack decodes it without another copy).
-        return _new_tuple(Frame, (*fields, None if fields[0] in _BULK_DATA_KINDS else dest.obj))
+        if fields[0] in _BULK_DATA_KINDS:
+            self._header_only = True
+            return _new_tuple(Frame, (*fields, None))
+        return _new_tuple(Frame, (*fields, dest.obj))
 
     @staticmethod
     def _describe_bad_header(header: memoryview) -> str:

@@ -20,11 +20,10 @@ from reliability_kit import RELTEST_ID, Procs, service_config
 from reliability_provider import pattern
 
 from svcframe import Engine, cma
+from svcframe.engine import CMA_MIN_BYTES
 
-pytestmark = [
-    pytest.mark.asyncio(loop_factories=["uvloop"]),
-    pytest.mark.skipif(not cma.supported(), reason="cross-memory attach needs Linux process_vm_readv"),
-]
+pytestmark = pytest.mark.skipif(not cma.supported(), reason="cross-memory attach needs Linux process_vm_readv")
+uvloop_test = pytest.mark.asyncio(loop_factories=["uvloop"])
 MIB = 1 << 20
 
 
@@ -66,7 +65,8 @@ def _handle(wire: Any) -> Any:
     return BulkHandle.from_wire(wire)
 
 
-@pytest.mark.parametrize("size", [64 * 1024, 3 * MIB, 20 * MIB], ids=["64KiB", "3MiB", "20MiB"])
+@uvloop_test
+@pytest.mark.parametrize("size", [CMA_MIN_BYTES, 3 * MIB, 20 * MIB], ids=["256KiB", "3MiB", "20MiB"])
 async def test_unix_bulk_moves_by_cross_memory_attach(procs: Procs, tmp_path: Path, sockdir: Path, size: int) -> None:
     server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/s.sock"))
     async with Engine(None) as engine:
@@ -80,6 +80,17 @@ async def test_unix_bulk_moves_by_cross_memory_attach(procs: Procs, tmp_path: Pa
         assert engine.cma_bytes == 2 * size  # our pull and the push we served (the server counts its pull)
 
 
+@uvloop_test
+async def test_small_transfers_use_the_socket(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
+    """Below CMA_MIN_BYTES the socket is cheaper (one round trip, no pid check): it is used."""
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/s.sock"))
+    async with Engine(None) as engine:
+        await _exercise(engine, server.address, CMA_MIN_BYTES - 1)
+        counts = _bulk_counts(engine)
+        assert engine.cma_bytes == 0 and not any(d.startswith(("cma", "served_cma")) for d in counts), counts
+
+
+@uvloop_test
 async def test_tcp_and_disabled_cma_use_the_socket(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
     for sub in ("tcp", "off"):
         (tmp_path / sub).mkdir()
@@ -94,6 +105,7 @@ async def test_tcp_and_disabled_cma_use_the_socket(procs: Procs, tmp_path: Path,
             assert counts.get("pull") == 1 and counts.get("served_pull") == 1 and counts.get("served_push") == 1
 
 
+@uvloop_test
 async def test_a_kernel_refusal_falls_back_to_the_socket(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
     """The server runs without CAP_SYS_PTRACE and this process is not dumpable, so the kernel refuses the
     server's reads of our memory (EPERM): its pull of our buffer and our push into its buffer fall back
@@ -126,7 +138,7 @@ async def test_a_kernel_refusal_falls_back_to_the_socket(procs: Procs, tmp_path:
     assert "cross-memory pull from pid" in server.log()
 
 
-async def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> None:
+def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> None:
     """A pid is only read while it belongs to the process that connected: its start time is parsed from
     /proc/PID/stat after the command name, which may hold spaces and parentheses."""
     import subprocess

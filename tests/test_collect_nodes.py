@@ -26,12 +26,17 @@ def _mpiexec() -> str | None:
         return None
 
 
-def _descendants_gone(within: float = 10.0) -> list[int]:
-    """Children of this process still alive after ``within`` seconds (bounded polling of a condition)."""
+def _descendants() -> set[int]:
+    return {c.pid for c in psutil.Process().children(recursive=True)}
+
+
+def _descendants_gone(before: set[int], within: float = 10.0) -> list[int]:
+    """Children of this process, other than those of ``before`` (earlier tests' helpers in a full run),
+    still alive after ``within`` seconds (bounded polling of a condition)."""
     deadline = time.monotonic() + within
     while True:
         alive = [c.pid for c in psutil.Process().children(recursive=True)
-                 if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+                 if c.pid not in before and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
@@ -39,6 +44,7 @@ def _descendants_gone(within: float = 10.0) -> list[int]:
 
 @pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec on PATH or beside python (pip install mpich)")
 def test_collect_on_three_hosts_launched_by_mpiexec(tmp_path, figures) -> None:
+    before = _descendants()  # e.g. multiprocessing's resource tracker, started by an earlier test
     hosts = tmp_path / "hosts"
     # node 0 (the server node) has 2 slots: two servers under one mpiexec, published after MPI's or the
     # filesystem's barrier; Open MPI and MPICH formats mixed
@@ -90,7 +96,7 @@ def test_collect_on_three_hosts_launched_by_mpiexec(tmp_path, figures) -> None:
     assert run["nodes"]["launcher"] == "mpiexec" and [n["slots"] for n in run["nodes"]["nodes"]] == [2, 1, 1]
     assert run["model"]["pc_pairs"] == ["n0-1", "n0-2", "n1-2"]
     assert json.loads((tmp_path / "rl" / "roofline.json").read_text())["run_id"] == doc["run_id"]
-    assert _descendants_gone() == []
+    assert _descendants_gone(before) == []
     groups = [p for p in (tmp_path / "rl" / "launch").glob("servers-node*.json") if ".config." not in p.name]
     assert groups == []  # group files removed at teardown
     o = doc["overhead"]

@@ -326,13 +326,7 @@ def block_bulk(address: str, size: int, direction: str, seconds: float, warmup: 
     header and payload in one ``sendmsg``; ``poll``: a non-blocking socket, polled."""
     import time
 
-    if address.startswith("unix://"):
-        sock = socket.socket(socket.AF_UNIX)
-        sock.connect(address[7:])
-    else:
-        host, port = address[6:].rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock = connect_blocking(address)
     sock.setblocking(not poll)
     data = memoryview(bytearray(os.urandom(1 << 16) * (size // (1 << 16) + 1)))[:size]
     dest = memoryview(bytearray(size + 5))
@@ -445,6 +439,18 @@ if __name__ == "__main__":
     main(sys.argv[1:])
 
 
+def connect_blocking(address: str) -> socket.socket:
+    """A blocking socket connected to ``tcp://HOST:PORT`` (with TCP_NODELAY) or ``unix:///path``."""
+    if address.startswith("unix://"):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(address[7:])
+        return sock
+    host, port = address[6:].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def blast(kind: str, address: str, depth: int, seconds: float, core: int | None, barrier: Any, out: Any) -> None:
     """Keep ``depth`` noop requests in flight on a raw socket for ``seconds`` and report the replies.
 
@@ -452,18 +458,11 @@ def blast(kind: str, address: str, depth: int, seconds: float, core: int | None,
     the bottleneck: what a saturation measurement needs. ``kind`` is "raw" (the echo protocol above) or
     "svcframe" (handshake with the shared secret from SVCFRAME_SECRET, then ``work`` requests to provider 1).
     """
-    import socket
     import time
 
     if core is not None:
         os.sched_setaffinity(0, [core])
-    if address.startswith("unix://"):
-        sock = socket.socket(socket.AF_UNIX)
-        sock.connect(address[7:])
-    else:
-        host, port = address[6:].rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock = connect_blocking(address)
     if kind == "raw":
         frame, reply_size = raw_noop_frame(), 5
     else:

@@ -350,6 +350,8 @@ def host_port(address: str) -> tuple[str, int]:
 
 
 async def open_raw(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if address.startswith("unix://"):
+        return await asyncio.open_unix_connection(address[7:])
     host, port = host_port(address)
     return await asyncio.open_connection(host, port)
 

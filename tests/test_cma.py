@@ -154,3 +154,40 @@ def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> No
         proc.kill()
         proc.wait()
     assert cma.start_time(proc.pid) is None
+
+
+@uvloop_test
+async def test_cma_requests_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
+    """At the protocol level: a CMA pull over tcp is refused with a "cma:" error and the connection kept
+    (the peer's pid is unknown there); a CMA push whose body lacks the source address is a bad frame."""
+    import msgpack
+    from reliability_kit import open_raw, raw_handshake, read_frame, request, secret, wait_closed_by_peer
+
+    from svcframe.wire import Flag, Kind, Status, encode_frame, pack_body, unpack_body
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "u").mkdir()
+    tcp = procs.spawn(service_config(tmp_path / "t", kv=None), name="tcp")
+    unix = procs.spawn(service_config(tmp_path / "u", kv=None, address=f"unix://{sockdir}/h.sock"), name="unix")
+    for server in (tcp, unix):
+        reader, writer = await open_raw(server.address)
+        await raw_handshake(reader, writer, secret())
+        writer.write(request(1, RELTEST_ID, "expose", pack_body({"size": 1 << 20, "seed": 1})))
+        fields, body = await read_frame(reader)
+        bulk_id = msgpack.unpackb(body)["bulk"][2]
+        if server is tcp:
+            writer.write(encode_frame(Kind.BULK_PULL, 2, pack_body([bulk_id, 0, 1 << 20]), flags=Flag.CMA))
+            fields, body = await read_frame(reader)
+            assert fields[2] == Kind.RESPONSE and fields[9] == Status.BULK_ERROR
+            assert str(unpack_body(body)).startswith("cma:")
+            writer.write(request(3, RELTEST_ID, "noop", pack_body(1)))  # the connection is still served
+            fields, _ = await read_frame(reader)
+            assert fields[2] == Kind.RESPONSE and fields[9] == Status.OK
+        else:
+            writer.write(encode_frame(Kind.BULK_PUSH, 2, pack_body([bulk_id, 0, 16]), flags=Flag.CMA))
+            fields, _ = await read_frame(reader)
+            assert fields[2] == Kind.RESPONSE and fields[9] == Status.BAD_REQUEST
+            fields, _ = await read_frame(reader)
+            assert fields[2] == Kind.GOODBYE
+            await wait_closed_by_peer(reader, 5.0)
+        writer.close()

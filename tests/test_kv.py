@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from conftest import wait_until
 
 from providers.kv import BufferTooSmall, KVClient, KVProvider, ValueTooLarge
 from svcframe.engine import Engine
@@ -352,8 +353,8 @@ async def test_database_work_does_not_block_the_event_loop(
     try:
         blocker.execute("BEGIN IMMEDIATE")  # hold the write lock: the provider's put waits in its thread
         put = asyncio.create_task(kv.put("k", b"v"))
-        await asyncio.sleep(0.3)
-        assert not put.done()
+        await wait_until(lambda: server.statistics()["handlers_running"] >= 1, what="the put's handler to run")
+        assert not put.done()  # its database work waits for the lock, in the provider's thread
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         assert await client_engine.call(server.address, "echo", "ping", provider_id=99, timeout_seconds=2) == "ping"

@@ -6,6 +6,7 @@ import asyncio
 import os
 
 import pytest
+from conftest import wait_until
 
 from selftest.driver import SelftestError, SelftestParams, run_selftest
 from svcframe.config import parse_config
@@ -72,8 +73,11 @@ def test_io_runs_off_the_event_loop(server) -> None:
                 await engine.call(address, "storage", ["write", FILE_BYTES, True], provider_id=1, timeout_seconds=60)
                 order.append("storage")
 
+            conn = await engine.connection(address)
+
             async def small() -> None:
-                await asyncio.sleep(0.002)  # let the write start first
+                # the storage request is sent first (one connection: the server takes them in order)
+                await wait_until(lambda: bool(conn.pending), what="the storage request to be sent")
                 for _ in range(3):
                     await engine.call(address, "work", [0, None, None, b""], provider_id=1)
                 order.append("noop")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -48,7 +49,7 @@ from typing import Any, TypeVar
 
 from svcframe.config import ServiceConfig
 from svcframe.errors import SvcframeError
-from svcframe.launch import LaunchError, Member, _die_with_parent, read_group_file
+from svcframe.launch import LaunchError, Member, read_group_file
 
 from .driver import SelftestError, SelftestParams, _server_stats, summarize
 from .nodes import Node, NodeSet, launcher_command
@@ -104,6 +105,13 @@ class Coordinator:
                 self.runner.run(self.engine.close(0.5))
             self.runner.close()
             self.runner = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    """PR_SET_PDEATHSIG: a launcher (mpiexec, srun) gets SIGTERM when the thread that started it exits
+    (collect starts them from its main thread, so: when collect exits); it then ends its job step."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _popen(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -111,9 +111,11 @@ def main(verbose: int) -> None:
               help="Under srun/mpiexec: rank 0 writes this group file once every rank is ready.")  # fmt: skip
 @click.option("--group-timeout-seconds", type=float, default=120.0, show_default=True,
               help="How long rank 0 waits for the other ranks.")  # fmt: skip
+@click.option("--lifeline-fd", type=int, default=None,
+              help="Shut down when this pipe's write end closes (the launcher exited).")  # fmt: skip
 def serve(
     config: str, ready_fd: int | None, secret_file: str | None, address: str | None, group_file: str | None,
-    group_timeout_seconds: float,
+    group_timeout_seconds: float, lifeline_fd: int | None,
 ) -> None:  # fmt: skip
     """Run one server from a JSON bootstrap CONFIG until SIGTERM / Ctrl-C / admin shutdown.
 
@@ -151,7 +153,8 @@ def serve(
             if members is not None:
                 click.echo(f"svcframe: group of {len(members)} published to {group_file}", err=True)
 
-    sys.exit(run_server(cfg, ready_fd=ready_fd, secret=_read_secret(secret_file), on_ready=on_ready))
+    sys.exit(run_server(cfg, ready_fd=ready_fd, secret=_read_secret(secret_file), on_ready=on_ready,
+                        lifeline_fd=lifeline_fd))  # fmt: skip
 
 
 @main.command()

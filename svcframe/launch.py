@@ -15,7 +15,6 @@ started by the site launcher (srun, mpiexec) instead; this module is the single-
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -70,14 +69,6 @@ def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: no orphaned servers if the launcher dies
-    except (OSError, AttributeError):
-        pass
-
-
 class Launch:
     """N server processes from one config on this machine.
 
@@ -113,6 +104,10 @@ class Launch:
         self.workdir = Path(tempfile.mkdtemp(prefix="svcframe-launch-"))
         self.members: list[Member] = []
         self._procs: list[subprocess.Popen[bytes]] = []
+        # No orphaned servers if the launcher dies: each server watches the read end of this pipe and shuts
+        # down when the write end, held only by this process, closes. (PR_SET_PDEATHSIG is not used: it
+        # fires when the *thread* that started the child exits, not the process.)
+        self._lifeline: int | None = None
 
     def _rank_config(self, rank: int) -> ServiceConfig:
         cfg = self.config.model_copy(deep=True)
@@ -127,18 +122,20 @@ class Launch:
 
     def start(self) -> list[Member]:
         readers: dict[int, int] = {}
+        lifeline_r, self._lifeline = os.pipe()
+        os.set_inheritable(self._lifeline, False)
         try:
             for rank in range(self.procs):
                 path = self.workdir / f"rank-{rank}.json"
                 path.write_text(self._rank_config(rank).model_dump_json())
                 r, w = os.pipe()
-                cmd = [sys.executable, "-m", "svcframe", "serve", str(path), "--ready-fd", str(w)]
+                cmd = [sys.executable, "-m", "svcframe", "serve", str(path), "--ready-fd", str(w),
+                       "--lifeline-fd", str(lifeline_r)]  # fmt: skip
                 if self.secret_file:
                     cmd += ["--secret-file", self.secret_file]
                 log = open(self.workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child
                 proc = subprocess.Popen(
-                    cmd, pass_fds=(w,), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    cmd, pass_fds=(w, lifeline_r), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )  # fmt: skip
                 log.close()
                 os.close(w)
@@ -149,6 +146,7 @@ class Launch:
             self.stop()
             raise
         finally:
+            os.close(lifeline_r)
             for r in readers:
                 os.close(r)
         if self.group_file is not None:
@@ -224,6 +222,9 @@ class Launch:
             except subprocess.TimeoutExpired:
                 p.kill()
                 codes[rank] = p.wait()
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         if self.group_file is not None and self.members:
             with contextlib.suppress(FileNotFoundError):
                 self.group_file.unlink()

@@ -466,6 +466,7 @@ async def _main(
     ready_fd: int | None,
     secret: bytes | None,
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
+    lifeline_fd: int | None = None,
 ) -> bool:
     server = Server(config, secret=secret)
     loop = asyncio.get_running_loop()
@@ -476,6 +477,8 @@ async def _main(
         raise
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_shutdown)
+    if lifeline_fd is not None:
+        loop.add_reader(lifeline_fd, _on_lifeline, loop, lifeline_fd, server)
     try:
         _report(ready_fd, {"ok": True, "address": server.address, "pid": os.getpid()})
         # e.g. the group-file barrier under srun/mpiexec (svcframe/ranks.py); it must not delay serving
@@ -489,6 +492,15 @@ async def _main(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _on_lifeline(loop: asyncio.AbstractEventLoop, fd: int, server: Server) -> None:
+    """The launcher's end of the lifeline pipe closed (it exited, however it died): shut down."""
+    if os.read(fd, 64):
+        return  # nothing is ever written; ignore anything that is
+    loop.remove_reader(fd)
+    log.warning("the launcher is gone (lifeline closed); shutting down")
+    server.request_shutdown()
 
 
 async def _run_hook(on_ready: Callable[[Server], Awaitable[None]], server: Server) -> bool:
@@ -519,16 +531,18 @@ def run_server(
     ready_fd: int | None = None,
     secret: bytes | None = None,
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
+    lifeline_fd: int | None = None,
 ) -> int:
     """A server process's main. Returns the exit code (0 after a clean shutdown, 1 on a start-up error).
 
     ``on_ready(server)`` runs as a task once the server accepts calls (cancelled at shutdown; an exception
-    in it is logged and shuts the server down)."""
+    in it is logged and shuts the server down). ``lifeline_fd``: the read end of a pipe whose write end
+    only the launcher holds; when it closes (the launcher exited, even by SIGKILL) the server shuts down."""
     if config.engine.cpu_affinity:
         os.sched_setaffinity(0, config.engine.cpu_affinity)
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.engine.event_loop)) as runner:
-            ok = runner.run(_main(config, ready_fd, secret, on_ready))
+            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd))
     except (SvcframeError, OSError) as exc:
         log.error("server failed to start: %s", exc)
         return 1

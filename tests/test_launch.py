@@ -116,3 +116,56 @@ def test_admin_shutdown_exits_zero(tmp_path) -> None:
     run(go())
     assert job.wait(15) == {0: 0}
     job.stop()
+
+
+def _gone(pid: int, within: float = 15.0) -> bool:
+    """True once ``pid`` no longer exists (or is a zombie), polling for at most ``within`` seconds."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_servers_outlive_the_thread_that_launched_them(tmp_path) -> None:
+    """PR_SET_PDEATHSIG fires when the launching *thread* exits; the lifeline pipe only when the process
+    does: servers started from a short-lived thread keep serving."""
+    import threading
+
+    job = Launch(parse_config(SELFTEST), 1)
+    starter = threading.Thread(target=job.start)
+    starter.start()
+    starter.join()
+    try:
+        assert job.members and job.poll() == {}
+        assert _status(job.members[0].address)["pid"] == job.members[0].pid  # still serving
+    finally:
+        assert job.stop() == {0: 0}
+
+
+def test_servers_exit_when_the_launcher_is_killed(tmp_path) -> None:
+    """kill -9 of `svcframe launch`: its lifeline pipe closes and every server shuts down by itself."""
+    cfg = tmp_path / "svc.json"
+    cfg.write_text(json.dumps(SELFTEST))
+    group = tmp_path / "g.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "svcframe", "launch", str(cfg), "--procs", "2", "--group-file", str(group)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert "2 server(s) ready" in proc.stderr.readline()
+        pids = [m.pid for m in read_group_file(group)]
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+    assert all(_gone(pid) for pid in pids)

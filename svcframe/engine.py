@@ -112,6 +112,7 @@ SECRET_ENV = "SVCFRAME_SECRET"
 FROM_ENVIRONMENT = object()
 #: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
 _NIL = pack_body(None)
+_SMALL_RESULT_BYTES = 4096  # results up to this size are answered in _on_request itself (under any peer's limit)
 _pack_bytes = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # results that are bytes (bin)
 _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
 # A successful response header is constant but for the body length and request id.
@@ -1012,7 +1013,15 @@ class Engine:
         try:
             result = reg.handler(req, arg)
             if not reg.is_coroutine and (result is None or type(result) in _PLAIN or not inspect.isawaitable(result)):
-                self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
+                if (
+                    start_ns
+                    or frame[1] & F_NO_REPLY
+                    or not (result is None or (type(result) is bytes and len(result) <= _SMALL_RESULT_BYTES))
+                ):
+                    self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
+                else:  # the common case, untimed and untraced: None or small bytes, answered here
+                    body = _NIL if result is None else _pack_bytes(result)
+                    conn.send(_RESPONSE_OK.pack(_RESPONSE_OK_PREFIX, len(body), frame[4], 0, 0) + body)
                 return
             loop = self._loop
             assert loop is not None

@@ -29,6 +29,7 @@ import operator
 import os
 import random
 import struct
+import threading
 import time
 import traceback
 import uuid
@@ -194,9 +195,38 @@ class Request(tuple):
         return None if deadline is None else deadline - asyncio.get_running_loop().time()
 
 
-#: The request whose handler runs in this context (None outside any handler). Nested calls read their
-#: parent (callpath, RPC, provider, trace context) from it.
-current_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("svcframe_request", default=None)
+#: The request of the async handler whose task runs in this context, and of the tasks it spawns.
+_task_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("svcframe_request", default=None)
+
+
+class _SyncRequest(threading.local):
+    """The request of the sync handler running on this thread (set and cleared around the call: a sync
+    handler runs to completion, and two never nest). A thread-local costs a tenth of a contextvar."""
+
+    request: Request | None = None
+
+
+_sync = _SyncRequest()
+
+
+class CurrentRequest:
+    """``current_request.get()``: the request whose handler is running here, None outside any handler.
+    Nested calls read their parent (callpath, RPC, provider, trace context) from it.
+
+    Inside a sync handler it is that handler's request; inside an async handler's task (and the tasks it
+    spawns, which copy its context) it is that handler's. Tasks a *sync* handler spawns run after it has
+    returned and start a new callpath (as a ULT spawned from a Margo handler does); spawn them from an
+    async handler to keep the parent.
+    """
+
+    __slots__ = ()
+
+    def get(self) -> Request | None:
+        req = _sync.request
+        return req if req is not None else _task_request.get()
+
+
+current_request = CurrentRequest()
 
 
 def current_callpath() -> int:
@@ -1009,10 +1039,25 @@ class Engine:
         req = _new_tuple(Request, (self, conn, reg, frame, arrival))
         if tracer is not None and frame[1] & F_TRACED:
             tracer.tick(frame.lamport)
-        token = current_request.set(req)
+        loop = self._loop
+        assert loop is not None
+        if reg.is_coroutine:  # its task copies this context: the request travels in the contextvar
+            token = _task_request.set(req)
+            try:
+                coro = reg.handler(req, arg)
+                task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, coro))
+            except Exception as exc:
+                self._finish_error(conn, frame, reg, exc)
+                return
+            finally:
+                _task_request.reset(token)
+            self._track_task(conn, frame, reg, req, task, coro)
+            return
+        sync = _sync
+        sync.request = req
         try:
             result = reg.handler(req, arg)
-            if not reg.is_coroutine and (result is None or type(result) in _PLAIN or not inspect.isawaitable(result)):
+            if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
                 if (
                     start_ns
                     or frame[1] & F_NO_REPLY
@@ -1023,14 +1068,24 @@ class Engine:
                     body = _NIL if result is None else _pack_bytes(result)
                     conn.send(_RESPONSE_OK.pack(_RESPONSE_OK_PREFIX, len(body), frame[4], 0, 0) + body)
                 return
-            loop = self._loop
-            assert loop is not None
-            task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result))
+            token = _task_request.set(req)  # a sync handler returned an awaitable: it runs as a task
+            try:
+                task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result))
+            finally:
+                _task_request.reset(token)
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
             return
         finally:
-            current_request.reset(token)
+            sync.request = None
+        self._track_task(conn, frame, reg, req, task, result)
+
+    def _track_task(
+        self, conn: Connection, frame: Frame, reg: Registration, req: Request, task: asyncio.Task[Any], result: Any
+    ) -> None:
+        """Bookkeeping of a handler running as a task: cancellation by CANCEL or its deadline, backpressure."""
+        loop = self._loop
+        assert loop is not None
         task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
         self._tasks.add(task)
         conn.serving[frame.request_id] = task

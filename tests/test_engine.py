@@ -631,3 +631,34 @@ async def test_a_deadline_beyond_the_headers_32_bits_is_carried_as_no_deadline(m
     await client.call(server.address, "deadline", None, provider_id=1, timeout_seconds=60.0)
     assert seen[0] is None and seen[1] is not None
     assert wire_deadline(4294.0) == 4_294_000_000 and wire_deadline(4295.0) == 0 and wire_deadline(-1.0) == 1
+
+
+async def test_current_request_in_sync_and_async_handlers_and_their_tasks(server: Engine, client: Engine) -> None:
+    """``current_request.get()`` is the running handler's request, sync or async; tasks an async handler
+    spawns keep it (they copy its context), tasks a sync handler spawns run after it returned and start
+    a new callpath (as a ULT spawned from a Margo handler does)."""
+    from svcframe.engine import current_request
+
+    seen: dict[str, Any] = {}
+
+    def sync_handler(req: Request, arg: Any) -> None:
+        seen["sync"] = current_request.get() is req
+        seen["sync_task"] = asyncio.get_running_loop().create_task(_callpath_later())
+
+    async def async_handler(req: Request, arg: Any) -> None:
+        seen["async"] = current_request.get() is req
+        seen["async_task"] = asyncio.get_running_loop().create_task(_callpath_later())
+        seen["async_callpath"] = req.callpath
+
+    async def _callpath_later() -> int:
+        await asyncio.sleep(0)
+        return current_callpath()
+
+    server.register(1, "sync_handler", sync_handler)
+    server.register(1, "async_handler", async_handler)
+    await call1(client, server, "sync_handler")
+    await call1(client, server, "async_handler")
+    assert seen["sync"] and seen["async"]
+    assert await seen["sync_task"] == 0
+    assert await seen["async_task"] == seen["async_callpath"] != 0
+    assert current_request.get() is None

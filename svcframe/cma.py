@@ -29,6 +29,7 @@ import sys
 import numpy as np
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_MAX_ADDRESS = (1 << 64) - 1
 
 
 class _IOVec(ctypes.Structure):
@@ -103,6 +104,8 @@ def read(pid: int, address: int, dest: memoryview) -> None:
     size = len(dest)
     if not size:
         return
+    if not 0 < address <= _MAX_ADDRESS - size:  # a peer's address is data from the wire: bound it
+        raise OSError(14, f"process_vm_readv from pid {pid}: address {address:#x} + {size} is out of range")
     if dest.readonly:
         raise ValueError("the destination of a CMA read must be writable")
     base = buffer_address(dest)

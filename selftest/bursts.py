@@ -169,7 +169,7 @@ async def _one_mode(engine: Any, admin: Any, server: str, pid: int, mode: str, p
     sampling = loop.create_task(sampler())
     call = engine.call
     for b0, b1 in params.schedule():
-        await asyncio.sleep(max(0.0, start + b0 - perf()))
+        await _sleep_until(start + b0)
         end = start + b1
         while perf() < end:
             await call(server, "work", [0, None, None, b""], provider_id=params.provider_id)
@@ -177,6 +177,14 @@ async def _one_mode(engine: Any, admin: Any, server: str, pid: int, mode: str, p
     await sampling
     rows = timeline_rows(call_ends, samples, energy, params)
     return {"mode": mode, "summary": summarize_mode(rows), "timeline": rows, "rapl_available": rapl.available}
+
+
+async def _sleep_until(when: float) -> None:
+    """Sleep until ``time.perf_counter() >= when``: loop timers may fire up to a millisecond early, and no
+    call of a burst may start before it."""
+    await asyncio.sleep(max(0.0, when - time.perf_counter()))
+    if time.perf_counter() < when:
+        await asyncio.sleep(when - time.perf_counter() + 0.001)
 
 
 async def run_bursts(params: BurstParams, server: str) -> dict[str, Any]:

@@ -790,17 +790,9 @@ class Engine:
         if handle.engine_id == self.engine_id:
             self._local_source(handle, offset, size, WRITE)[:] = view
             return
-        status, payload = -1, None
-        if self.bulk_cma and size >= CMA_MIN_BYTES:
-            conn = await self._peer_connection(handle, timeout_seconds or self.default_timeout_seconds)
-            if conn.peer_cma:  # the owner reads our source itself: no data frames
-                status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view,
-                                                      timeout_seconds, by_cma=True)  # fmt: skip
-                if status == Status.BULK_ERROR and str(unpack_body(payload or b"")).startswith("cma:"):
-                    conn.peer_cma = False  # the kernel refused the owner: use the socket from now on
-                    status = -1
-        if status == -1:
-            status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
+        if self.bulk_cma and size >= CMA_MIN_BYTES and await self._cma_push(handle, offset, view, timeout_seconds):
+            return
+        status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
         if status != Status.OK:
             raise _error_from_status(status, payload, "push", 0, handle.address)
 
@@ -832,7 +824,7 @@ class Engine:
             handle, Kind.BULK_PULL, offset, len(target), None, None, deadline - loop.time(), by_cma=True
         )
         if status != Status.OK:
-            if status == Status.BULK_ERROR and str(unpack_body(payload or b"")).startswith("cma:"):
+            if _cma_refused(status, payload):
                 conn.peer_cma = False  # the owner cannot serve it: the socket from now on
                 return False
             raise _error_from_status(status, payload, "pull", 0, handle.address)
@@ -851,6 +843,27 @@ class Engine:
         self.cma_bytes += len(target)
         self.monitor.record_bulk("cma_pull", conn.peer_label, len(target), int((loop.time() - start) * 1e9))
         return True
+
+    async def _cma_push(self, handle: BulkHandle, offset: int, src: memoryview, timeout_seconds: float | None) -> bool:
+        """Push by cross-memory attach when the owner is a process of this node on a unix connection: the
+        owner reads ``src`` itself (no data frames). False when that path is not available or the owner's
+        kernel refused: the caller then pushes over the socket.
+
+        Raises:
+            BulkError etc.: the owner refused the transfer (the socket path would be refused too).
+        """
+        conn = await self._peer_connection(handle, timeout_seconds or self.default_timeout_seconds)
+        if not conn.peer_cma:
+            return False
+        status, payload = await self._bulk_op(
+            handle, Kind.BULK_PUSH, offset, len(src), None, src, timeout_seconds, by_cma=True
+        )
+        if status == Status.OK:
+            return True
+        if _cma_refused(status, payload):
+            conn.peer_cma = False  # the kernel refused the owner: the socket from now on
+            return False
+        raise _error_from_status(status, payload, "push", 0, handle.address)
 
     async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
         conn = self._peers.get(handle.engine_id)
@@ -875,8 +888,9 @@ class Engine:
         *,
         by_cma: bool = False,
     ) -> tuple[int, Any]:
-        """Send a BULK_PULL or BULK_PUSH (with its data frames, or with ``cma`` the address of ``src``
-        for the owner to read, ``by_cma``) and wait for its completion."""
+        """Send a BULK_PULL or BULK_PUSH and wait for its completion. A push sends its data frames, or with
+        ``by_cma`` the address of ``src`` for the owner to read; a pull with ``by_cma`` asks for the
+        range's address instead of its data."""
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
@@ -1469,6 +1483,12 @@ _CMA_REFUSED = frozenset({1, 3, 38})
 #: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
 _CMA_INLINE_BYTES = 8 * 1024 * 1024
 _CMA_PIECE_BYTES = 8 * 1024 * 1024
+
+
+def _cma_refused(status: int, payload: Any) -> bool:
+    """A BULK_ERROR whose message starts with "cma:": the owner cannot take part in cross-memory attach
+    on this connection (the transfer itself may still go over the socket)."""
+    return status == Status.BULK_ERROR and str(unpack_body(payload or b"")).startswith("cma:")
 
 
 async def _cma_copy(

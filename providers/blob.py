@@ -49,8 +49,13 @@ RPCs (argument -> result; ``name`` is a non-empty string):
 ``list``   ``{prefix?, max?, start_after?}``       sorted names
 =========  ======================================  =================================================
 
-Errors reach the caller as ``RemoteError`` with ``remote_type`` ``"BlobTooLarge"``, ``"BufferTooSmall"``,
-``"TypeError"``/``"ValueError"`` (malformed argument); index errors are the kv provider's.
+Size errors reach the caller as ``svcframe.errors.AppError`` with ``code`` ``"BlobTooLarge"`` or
+``"BufferTooSmall"``; malformed arguments as ``RemoteError`` (``remote_type`` ``"TypeError"``/``"ValueError"``);
+index errors are the kv provider's.
+
+Retries: ``get``, ``stat`` and ``list`` change nothing and are safe to retry. ``put`` writes the whole blob
+and its index entry under one name, so repeating it leaves the same state (safe to retry after
+``DeadlineExceeded``, whose outcome is unknown; ``Dropped`` means it never ran). ``erase`` is safe to retry.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from providers.kv import DEFAULT_LIST_MAX, KVClient
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
-from svcframe.errors import ConfigError, RemoteError
+from svcframe.errors import AppError, ConfigError
 from svcframe.provider import Dependency, Provider, ProviderHandle, register_provider_type, rpc
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
@@ -80,12 +85,16 @@ DEFAULT_MAX_BLOB_BYTES = 1 << 30
 IO_THREADS = 4
 
 
-class BlobTooLarge(ValueError):
+class BlobTooLarge(AppError):
     """The blob is larger than the provider's ``max_blob_bytes``."""
 
+    code = "BlobTooLarge"
 
-class BufferTooSmall(ValueError):
+
+class BufferTooSmall(AppError):
     """The client's bulk buffer cannot hold the blob."""
+
+    code = "BufferTooSmall"
 
 
 def _name(arg: Any) -> str:
@@ -417,8 +426,8 @@ class BlobClient:
             bulk = self.engine.expose(buf, "w")
             try:
                 got = await self.handle.call("get", {"name": name, "bulk": bulk.to_wire()})
-            except RemoteError as exc:
-                if attempt == self.RETRIES or exc.remote_type != BufferTooSmall.__qualname__:
+            except AppError as exc:
+                if attempt == self.RETRIES or exc.code != BufferTooSmall.code:
                     raise
                 continue
             finally:

@@ -62,11 +62,15 @@ RPCs (argument -> result; keys are ``str | bytes``):
 ``stats``      None                                        config plus the live SQLite settings
 =============  ==========================================  =============================================
 
-Handler errors reach the caller as ``svcframe.errors.RemoteError``; its ``remote_type`` is
-``"ValueTooLarge"`` or ``"BufferTooSmall"`` for the size errors below, ``"TypeError"``/``"ValueError"``
-for malformed arguments.
+The size errors below reach the caller as ``svcframe.errors.AppError`` with ``code`` ``"ValueTooLarge"``
+or ``"BufferTooSmall"`` (no traceback); malformed arguments as ``RemoteError`` (``remote_type``
+``"TypeError"``/``"ValueError"``).
 
-A call that is cancelled or times out after reaching the server may still have been applied.
+Retries: a call that is cancelled or ends in ``DeadlineExceeded`` after reaching the server may still have
+been applied (``Dropped`` says it was not). Every RPC of this provider is safe to retry: reads change
+nothing, and ``put``/``put_bulk``/``erase`` set the final state of one key (repeating one leaves the same
+state), so ``KVClient`` may pass ``idempotent=True``. A retried write can still overwrite a newer write by
+another client that landed in between.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
-from svcframe.errors import ConfigError, RemoteError
+from svcframe.errors import AppError, ConfigError
 from svcframe.provider import Provider, ProviderHandle, register_provider_type, rpc
 
 log = logging.getLogger("svcframe.providers.kv")
@@ -98,12 +102,16 @@ DEFAULT_LIST_MAX = 1000
 _SYNCHRONOUS = {"durable": "FULL", "fast": "NORMAL"}
 
 
-class ValueTooLarge(ValueError):
+class ValueTooLarge(AppError):
     """A value is larger than ``inline_max_bytes`` and must move by bulk transfer."""
 
+    code = "ValueTooLarge"
 
-class BufferTooSmall(ValueError):
+
+class BufferTooSmall(AppError):
     """The client's bulk buffer cannot hold the stored value."""
+
+    code = "BufferTooSmall"
 
 
 Key = str | bytes
@@ -540,8 +548,8 @@ class KVClient:
                 try:
                     await self.handle.call("put", {"key": key, "value": inline})
                     return
-                except RemoteError as exc:
-                    if exc.remote_type != ValueTooLarge.__qualname__:
+                except AppError as exc:
+                    if exc.code != ValueTooLarge.code:
                         raise
                     # our inline_max_bytes is larger than the provider's: fall through to bulk
         bulk = self.engine.expose(value, "r")
@@ -566,8 +574,8 @@ class KVClient:
             if size <= limit and not inline_refused:
                 try:
                     value: bytes | None = await self.handle.call("get", {"key": key})
-                except RemoteError as exc:
-                    if last or exc.remote_type != ValueTooLarge.__qualname__:
+                except AppError as exc:
+                    if last or exc.code != ValueTooLarge.code:
                         raise
                     # it grew since we asked its length, or our limit is larger than the provider's
                     inline_refused = True
@@ -577,8 +585,8 @@ class KVClient:
             bulk = self.engine.expose(buf, "w")
             try:
                 got: int | None = await self.handle.call("get_bulk", {"key": key, "bulk": bulk.to_wire()})
-            except RemoteError as exc:
-                if last or exc.remote_type != BufferTooSmall.__qualname__:
+            except AppError as exc:
+                if last or exc.code != BufferTooSmall.code:
                     raise
                 continue  # it grew since we asked its length
             finally:

@@ -22,7 +22,7 @@ shutdown            -                           null; the server drains and exit
 ==================  ==========================  ==================================================
 
 Mutations need an authenticated connection (a shared secret on both ends, see svcframe.wire.auth_mac)
-unless ``admin.require_authentication`` is false. Mutations are refused with ``Refused`` when ``admin.allow_mutations`` is false (switch it off live with
+unless ``admin.require_authentication`` is false. Mutations are refused with ``MutationsDisabled`` (a ``Refused``) when ``admin.allow_mutations`` is false (switch it off live with
 ``patch_config``; it cannot be switched on again remotely). Invalid input gives a ``RemoteError`` whose
 ``remote_type`` is ``"ConfigError"`` and whose message says what was wrong. Queries run JMESPath on the
 server (a query language, never ``eval``).
@@ -52,11 +52,13 @@ from .errors import (
     AuthenticationFailed,
     ConfigError,
     ConnectionLost,
+    MutationsDisabled,
     NoSuchProvider,
     Refused,
     RemoteError,
     RPCError,
     TimeoutError_,
+    Unauthenticated,
 )
 from .provider import PROVIDER_TYPES, Provider, load_library, rpc
 
@@ -82,12 +84,12 @@ class AdminProvider(Provider):
     def _mutation(self, what: str, req: Request) -> None:
         admin = self.server.config.admin
         if not admin.allow_mutations:
-            raise Refused(
+            raise MutationsDisabled(
                 f"{what} refused: admin.allow_mutations is false in this server's config "
                 "(read-only RPCs still work; stop the server with SIGTERM)"
             )
         if admin.require_authentication and not req.conn.authenticated:
-            raise Refused(
+            raise Unauthenticated(
                 f"{what} refused: admin mutations and library loading need an authenticated connection; start "
                 "the server and the client with the same shared secret (SVCFRAME_SECRET or "
                 "engine.auth.secret_file), or set admin.require_authentication to false on a trusted machine"

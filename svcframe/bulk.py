@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BulkError
+from .errors import BulkError, BulkUsageError
 
 READ = "r"
 WRITE = "w"
@@ -58,14 +58,14 @@ def as_byte_view(buf: object, *, writable: bool) -> memoryview:
     """A flat, byte-addressed memoryview of ``buf`` (bytes-like or a C-contiguous numpy array).
 
     Raises:
-        BulkError: not a buffer, not contiguous, or read-only when ``writable``.
+        BulkUsageError: not a buffer, not contiguous, or read-only when ``writable``.
     """
     try:
         view = memoryview(buf)  # type: ignore[arg-type]
     except TypeError as exc:
-        raise BulkError(f"{type(buf).__name__} is not a bytes-like buffer") from exc
+        raise BulkUsageError(f"{type(buf).__name__} is not a bytes-like buffer") from exc
     if not view.c_contiguous:
-        raise BulkError("bulk buffers must be C-contiguous (use numpy.ascontiguousarray)")
+        raise BulkUsageError("bulk buffers must be C-contiguous (use numpy.ascontiguousarray)")
     if writable and view.readonly:
-        raise BulkError(f"a {type(buf).__name__} is read-only; use a bytearray or a writable array")
+        raise BulkUsageError(f"a {type(buf).__name__} is read-only; use a bytearray or a writable array")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view

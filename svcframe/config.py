@@ -128,6 +128,11 @@ class EngineConfig(StrictModel):
         300.0, ge=0, description="close accepted connections idle this long (0 = never)"
     )
     handshake_timeout_seconds: float = Field(10.0, gt=0)
+    send_tracebacks: bool = Field(
+        False,
+        description="send a failed handler's traceback (it names server source paths) to unauthenticated "
+        "callers too; authenticated callers always get it",
+    )
     auth: AuthConfig = AuthConfig()
     trusted_network: bool = Field(
         False, description="allow listening on a non-loopback address without a shared secret"

@@ -42,20 +42,20 @@ import msgpack
 from . import cma
 from .bulk import MODES, READ, WRITE, BulkHandle, as_byte_view
 from .errors import (
+    AppError,
     AuthenticationFailed,
     BulkError,
-    Cancelled,
+    BulkUsageError,
     ConfigError,
     ConnectionLost,
+    DeadlineExceeded,
     LocalProtocolError,
-    NoSuchProvider,
-    NoSuchRPC,
     ProtocolError,
-    Refused,
-    RemoteError,
     RemoteProtocolError,
     RPCError,
-    TimeoutError_,
+    ShuttingDown,
+    error_from_status,
+    status_for,
 )
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor, ProcessSampler
 from .progress import Progress
@@ -135,6 +135,7 @@ class Registration:
     handler: Handler
     is_coroutine: bool
     owner: object = None  # the provider object, when registered by one
+    last_logged: float = -1e9  # monotonic time of the last handler failure logged (one traceback a second)
 
 
 class Request(tuple):
@@ -273,6 +274,8 @@ class Engine:
         secret: shared secret for connection authentication; by default taken from the SVCFRAME_SECRET
             environment variable when it is set; None = no authentication.
         monitoring: keep per-callpath statistics (see svcframe.monitoring).
+        send_tracebacks: send a failed handler's traceback to unauthenticated callers too (it names the
+            server's source paths); authenticated callers always get it.
         sample_interval_seconds: how often to sample loop lag, tasks, in-flight calls, CPU and RSS
             (None = never).
 
@@ -300,6 +303,7 @@ class Engine:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         idle_timeout_seconds: float = 300.0,
         handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+        send_tracebacks: bool = False,
     ) -> None:
         self._listen_address = parse_address(address) if address else None
         if default_timeout_seconds <= 0:
@@ -321,6 +325,7 @@ class Engine:
         self.max_output_bytes = max_output_bytes
         self.idle_timeout_seconds = idle_timeout_seconds
         self.handshake_timeout_seconds = handshake_timeout_seconds
+        self.send_tracebacks = send_tracebacks
         self._sweeper: asyncio.TimerHandle | None = None
         self.monitor = Monitor(monitoring, timing_sample_every)
         self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
@@ -520,7 +525,7 @@ class Engine:
         socket closed.
 
         Raises:
-            TimeoutError_, ConnectionLost, AuthenticationFailed; ConfigError for a malformed address.
+            DeadlineExceeded, ConnectionLost, AuthenticationFailed; ConfigError for a malformed address.
         """
         conn = self._conns.get(address)
         if conn is not None and not conn.closed:
@@ -538,7 +543,7 @@ class Engine:
         try:
             return await asyncio.wait_for(asyncio.shield(task), max(timeout, 0.0))
         except TimeoutError:
-            raise TimeoutError_(f"connecting to {address} took longer than {timeout:g} s") from None
+            raise DeadlineExceeded(f"connecting to {address} took longer than {timeout:g} s") from None
         finally:
             entry[1] -= 1
             if entry[1] == 0 and not task.done():
@@ -590,7 +595,7 @@ class Engine:
                 re-sent: a lost connection is reported, never silently re-executed.
 
         Raises:
-            TimeoutError_, ConnectionLost, AuthenticationFailed, NoSuchProvider, NoSuchRPC, RemoteError,
+            DeadlineExceeded, ConnectionLost, AuthenticationFailed, NoSuchProvider, NoSuchRPC, RemoteError,
             Refused, Cancelled (see svcframe.errors); LocalProtocolError when ``arg`` cannot be encoded.
         """
         if not idempotent:
@@ -602,10 +607,8 @@ class Engine:
         for attempt in range(attempts):
             try:
                 return await self._call_once(address, name, arg, provider_id, deadline - loop.time(), F_IDEMPOTENT)
-            except (ConnectionLost, Refused) as exc:
+            except (ConnectionLost, ShuttingDown) as exc:
                 if isinstance(exc, AuthenticationFailed) or attempt == attempts - 1:
-                    raise
-                if isinstance(exc, Refused) and "shutting down" not in str(exc):
                     raise
                 pause = min(0.05 * 2**attempt * random.uniform(0.5, 1.5), deadline - loop.time())
                 if pause <= 0:
@@ -687,7 +690,7 @@ class Engine:
         except _DeadlineExpired:
             if not conn.closed:
                 conn.send(encode_frame(K_CANCEL, request_id))  # nobody waits any more: tell the server
-            raise TimeoutError_(
+            raise DeadlineExceeded(
                 f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s"
             ) from None
         except asyncio.CancelledError:
@@ -713,7 +716,7 @@ class Engine:
                               parent_span, lamport, address, status)  # fmt: skip
         if status == S_OK:
             return unpack_body(payload)
-        raise _error_from_status(status, payload, name, provider_id, address)
+        raise error_from_status_body(status, payload, name, provider_id, address)
 
     # -- bulk ----------------------------------------------------------------------------------------
     def expose(self, buffer: Any, mode: str = "r") -> BulkHandle:
@@ -724,7 +727,7 @@ class Engine:
             BulkError: not a contiguous buffer, or read-only with a writable mode.
         """
         if mode not in MODES:
-            raise BulkError(f"bulk mode {mode!r}: expected one of {MODES}")
+            raise BulkUsageError(f"bulk mode {mode!r}: expected one of {MODES}")
         view = as_byte_view(buffer, writable=WRITE in mode)
         self._next_bulk_id += 1
         self._exposed[self._next_bulk_id] = (view, mode)
@@ -751,7 +754,7 @@ class Engine:
         into ``dest`` at ``dest_offset`` (a new bytearray when ``dest`` is None). Returns ``dest``.
 
         Raises:
-            BulkError (bad handle, mode or range), TimeoutError_, ConnectionLost.
+            BulkUsageError (bad range or mode, checked locally), BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
         """
         size = handle.size - offset if size is None else size
         _check_range(handle, offset, size, READ)
@@ -759,16 +762,22 @@ class Engine:
             dest = bytearray(size)
         view = as_byte_view(dest, writable=True)
         if dest_offset < 0 or dest_offset + size > len(view):
-            raise BulkError(f"destination of {len(view)} bytes cannot take {size} bytes at {dest_offset}")
+            raise BulkUsageError(f"destination of {len(view)} bytes cannot take {size} bytes at {dest_offset}")
         target = view[dest_offset : dest_offset + size]
         if handle.engine_id == self.engine_id:
             target[:] = self._local_source(handle, offset, size, READ)
             return dest
-        if self.bulk_cma and size >= CMA_MIN_BYTES and await self._cma_pull(handle, offset, target, timeout_seconds):
-            return dest
+        if self.bulk_cma and size >= CMA_MIN_BYTES:
+            loop = self._loop or asyncio.get_running_loop()
+            deadline = loop.time() + (self.default_timeout_seconds if timeout_seconds is None else timeout_seconds)
+            if await self._cma_pull(handle, offset, target, timeout_seconds):
+                return dest
+            timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
+            if timeout_seconds <= 0:
+                raise DeadlineExceeded(f"pull of {size} bytes from {handle.address}: the deadline passed")
         status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
         if status != Status.OK:
-            raise _error_from_status(status, payload, "pull", 0, handle.address)
+            raise error_from_status_body(status, payload, "pull", 0, handle.address)
         return dest
 
     async def push(
@@ -782,7 +791,7 @@ class Engine:
         """Write all of ``src`` into the remote buffer at ``offset``.
 
         Raises:
-            BulkError (bad handle, mode or range), TimeoutError_, ConnectionLost.
+            BulkUsageError (bad range or mode, checked locally), BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
         """
         view = as_byte_view(src, writable=False)
         size = len(view)
@@ -790,11 +799,17 @@ class Engine:
         if handle.engine_id == self.engine_id:
             self._local_source(handle, offset, size, WRITE)[:] = view
             return
-        if self.bulk_cma and size >= CMA_MIN_BYTES and await self._cma_push(handle, offset, view, timeout_seconds):
-            return
+        if self.bulk_cma and size >= CMA_MIN_BYTES:
+            loop = self._loop or asyncio.get_running_loop()
+            deadline = loop.time() + (self.default_timeout_seconds if timeout_seconds is None else timeout_seconds)
+            if await self._cma_push(handle, offset, view, timeout_seconds):
+                return
+            timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
+            if timeout_seconds <= 0:
+                raise DeadlineExceeded(f"push of {size} bytes to {handle.address}: the deadline passed")
         status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
         if status != Status.OK:
-            raise _error_from_status(status, payload, "push", 0, handle.address)
+            raise error_from_status_body(status, payload, "push", 0, handle.address)
 
     def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
         entry = self._exposed.get(handle.bulk_id)
@@ -827,7 +842,7 @@ class Engine:
             if _cma_refused(status, payload):
                 conn.peer_cma = False  # the owner cannot serve it: the socket from now on
                 return False
-            raise _error_from_status(status, payload, "pull", 0, handle.address)
+            raise error_from_status_body(status, payload, "pull", 0, handle.address)
         address = unpack_body(payload or b"")
         if not isinstance(address, int) or address <= 0:
             raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
@@ -863,7 +878,7 @@ class Engine:
         if _cma_refused(status, payload):
             conn.peer_cma = False  # the kernel refused the owner: the socket from now on
             return False
-        raise _error_from_status(status, payload, "push", 0, handle.address)
+        raise error_from_status_body(status, payload, "push", 0, handle.address)
 
     async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
         conn = self._peers.get(handle.engine_id)
@@ -927,7 +942,7 @@ class Engine:
         except _DeadlineExpired:
             if not conn.closed:
                 conn.send(encode_frame(Kind.CANCEL, request_id))
-            raise TimeoutError_(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None
+            raise DeadlineExceeded(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None
         except asyncio.CancelledError:
             if not conn.closed:
                 conn.send(encode_frame(Kind.CANCEL, request_id))
@@ -1101,12 +1116,15 @@ class Engine:
         loop = self._loop
         assert loop is not None
         task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
+        task.svcframe_frame = frame  # type: ignore[attr-defined]
         self._tasks.add(task)
         conn.serving[frame.request_id] = task
         if len(conn.serving) >= self.max_inflight_per_connection:
             conn.pause_reading()  # backpressure: this peer's further requests wait in its socket buffer
         self.progress.inflight += 1
         deadline = req.deadline
+        if deadline is not None and deadline <= loop.time():  # it waited past its deadline (behind a blocking
+            _expire_handler(task)  # handler): dropped before its first step, answered DROPPED by _task_done
         timer = loop.call_at(deadline, _expire_handler, task) if deadline is not None else None
         task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result))
 
@@ -1148,6 +1166,19 @@ class Engine:
         if deadline is not None:
             deadline.cancel()
         if inspect.iscoroutine(handler_result):
+            if (
+                task.cancelled()
+                and inspect.getcoroutinestate(handler_result) == inspect.CORO_CREATED
+                and not conn.closed
+                and conn.serving.get(request_id) is task
+            ):  # cancelled before its first step: nothing ran and nothing answered yet
+                frame = task.svcframe_frame  # type: ignore[attr-defined]
+                if self._closing:
+                    self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
+                elif getattr(task, "svcframe_deadline_passed", False):
+                    self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
+                else:
+                    self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled before it ran")
             handler_result.close()  # cancelled before it first ran: never awaited, so close it (no-op otherwise)
         self._tasks.discard(task)
         if conn.serving.get(request_id) is task:
@@ -1176,7 +1207,10 @@ class Engine:
                         conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished"
                     )
                 elif getattr(asyncio.current_task(), "svcframe_deadline_passed", False):
-                    self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, "the caller's deadline passed")
+                    if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
+                        self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
+                    else:  # it ran: whatever it changed may have been applied
+                        self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, "the deadline passed as it ran")
                 else:
                     self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
             raise
@@ -1234,13 +1268,31 @@ class Engine:
         return rec
 
     def _finish_error(self, conn: Connection, frame: Frame, reg: Registration, exc: BaseException) -> None:
-        if isinstance(exc, Refused):  # a handler may refuse on purpose (e.g. mutations disabled)
-            self._reply_error(conn, frame, Status.REFUSED, str(exc))
+        """Answer a handler's exception: a refusal or an ``AppError`` as the status the errors table gives
+        (svcframe.errors.status_for), anything else as HANDLER_ERROR with the type and message, and the
+        traceback only to an authenticated peer or when ``send_tracebacks`` is set (it names server paths).
+        Unexpected exceptions are logged here, at most one traceback per RPC a second."""
+        status = status_for(exc)
+        if status == Status.APP_ERROR:
+            assert isinstance(exc, AppError)
+            try:
+                body = pack_body([exc.code, exc.message, exc.details])
+            except ProtocolError:
+                body = pack_body([exc.code, exc.message, None])
+            self._reply(conn, frame, Status.APP_ERROR, body)
+        elif status != Status.HANDLER_ERROR:
+            self._reply_error(conn, frame, status, str(exc))
             return
-        tb = "".join(traceback.format_exception(exc))
-        self._reply(
-            conn, frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]])
-        )
+        else:
+            tb = "".join(traceback.format_exception(exc)) if conn.authenticated or self.send_tracebacks else ""
+            self._reply(
+                conn, frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]])
+            )
+            now = time.monotonic()
+            if now - reg.last_logged >= 1.0:
+                reg.last_logged = now
+                log.error("handler %r of provider %d failed (peer %s)", reg.name, reg.provider_id, conn.peer_label,
+                          exc_info=exc)  # fmt: skip
         if self.monitor.enabled:
             key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
             (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
@@ -1358,11 +1410,11 @@ class Engine:
         async def serve() -> None:
             try:
                 await _cma_copy(loop, conn, source, view, deadline)
+            except DeadlineExceeded as exc:  # first: a deadline is never a kernel refusal (issue 12)
+                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, str(exc))
+                return
             except OSError as exc:
                 self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
-                return
-            except TimeoutError_ as exc:
-                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, str(exc))
                 return
             finally:
                 conn.serving.pop(frame.request_id, None)
@@ -1443,7 +1495,7 @@ class Engine:
 
 
 class _DeadlineExpired(Exception):
-    """Set on a pending call's future by its deadline timer (turned into TimeoutError_ by the caller)."""
+    """Set on a pending call's future by its deadline timer (turned into DeadlineExceeded by the caller)."""
 
 
 def _expire(future: asyncio.Future[Any]) -> None:
@@ -1498,7 +1550,7 @@ async def _cma_copy(
     releases the GIL). Nothing is written into ``dest`` after this returns or raises.
 
     Raises:
-        OSError (see cma.read); TimeoutError_ when ``deadline`` (loop time) passes between two pieces.
+        OSError (see cma.read); DeadlineExceeded when ``deadline`` (loop time) passes between two pieces.
     """
     pid = conn.peer_pid
     if pid is None or cma.start_time(pid) != conn.peer_start_time:
@@ -1509,41 +1561,23 @@ async def _cma_copy(
         return
     for pos in range(0, size, _CMA_PIECE_BYTES):
         if deadline is not None and loop.time() > deadline:
-            raise TimeoutError_(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
+            raise DeadlineExceeded(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
         await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
 
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:
     if need not in handle.mode:
-        raise BulkError(
+        raise BulkUsageError(
             f"bulk handle is exposed as {handle.mode!r}; it cannot be {'pulled' if need == READ else 'pushed'}"
         )
     if offset < 0 or size < 0 or offset + size > handle.size:
-        raise BulkError(f"range {offset}+{size} is outside the {handle.size}-byte bulk handle")
+        raise BulkUsageError(f"range {offset}+{size} is outside the {handle.size}-byte bulk handle")
 
 
-def _error_from_status(status: int, payload: Any, name: str, provider_id: int, address: str | None) -> RPCError:
-    where = f"{name!r} (provider {provider_id}) at {address}"
+def error_from_status_body(status: int, payload: Any, name: str, provider_id: int, address: str | None) -> RPCError:
+    """The exception for a non-OK response whose body is ``payload`` (msgpack): svcframe.errors' table."""
     try:
         info = unpack_body(payload or b"")
     except ProtocolError:
         info = None
-    if status == Status.HANDLER_ERROR and isinstance(info, list) and len(info) == 3:
-        return RemoteError(str(info[0]), str(info[1]), str(info[2]))
-    if status == Status.NO_SUCH_PROVIDER:
-        return NoSuchProvider(f"no provider with id {provider_id} at {address} (is it registered?)")
-    if status == Status.NO_SUCH_RPC:
-        return NoSuchRPC(f"provider {provider_id} at {address} has no RPC named {name!r}")
-    if status == Status.CANCELLED:
-        return Cancelled(f"{where} was cancelled")
-    if status == Status.BULK_ERROR:
-        return BulkError(f"bulk transfer with {address} failed: {info}")
-    if status == Status.DEADLINE_EXCEEDED:
-        return TimeoutError_(f"{where}: the server dropped the request after its deadline")
-    if status == Status.SHUTTING_DOWN:
-        return Refused(f"{where} refused: the server is shutting down")
-    if status in (Status.REFUSED, Status.UNAUTHENTICATED):
-        return Refused(f"{where} refused: {info}")
-    if status == Status.BAD_REQUEST:
-        return RemoteError("BadRequest", str(info), "")
-    return RPCError(f"{where} failed with status {status}: {info}")
+    return error_from_status(status, info, name, provider_id, address)

@@ -29,12 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import ServiceConfig, load_config
-from .errors import SvcframeError
+from .errors import LaunchError
 from .transport import parse_address
-
-
-class LaunchError(SvcframeError):
-    """A server process failed to start; the message says which and why."""
 
 
 @dataclass(frozen=True)

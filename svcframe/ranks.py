@@ -44,11 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import SvcframeError
-
-
-class GroupError(SvcframeError):
-    """The group of ranks could not be formed (a rank missing after the timeout, bad launcher variables)."""
+from .errors import GroupError, SvcframeError
 
 
 @dataclass(frozen=True)

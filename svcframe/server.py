@@ -146,6 +146,7 @@ class Server:
             max_output_bytes=ec.max_output_bytes,
             idle_timeout_seconds=ec.idle_timeout_seconds,
             handshake_timeout_seconds=ec.handshake_timeout_seconds,
+            send_tracebacks=ec.send_tracebacks,
         )
         self._apply_monitoring(ec.monitoring)
         listen = parse_address(plumbed.listen_address)

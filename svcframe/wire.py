@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from .errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
+from .errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError, Status  # Status: errors owns the table
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -119,20 +119,6 @@ class Flag(enum.IntFlag):
     IDEMPOTENT = 2  # the caller may retry this request
     NO_REPLY = 4  # one-way request: the server sends no response
     CMA = 8  # a BULK_PUSH whose data the receiver reads from the sender's memory (svcframe.cma): no data frames
-
-
-class Status(enum.IntEnum):
-    OK = 0
-    HANDLER_ERROR = 1
-    NO_SUCH_PROVIDER = 2
-    NO_SUCH_RPC = 3
-    DEADLINE_EXCEEDED = 4
-    CANCELLED = 5
-    REFUSED = 6
-    BAD_REQUEST = 7
-    UNAUTHENTICATED = 8
-    BULK_ERROR = 9
-    SHUTTING_DOWN = 10
 
 
 class Frame(NamedTuple):

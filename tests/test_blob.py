@@ -24,7 +24,7 @@ from providers.kv import KVClient
 from svcframe.admin import ServiceHandle
 from svcframe.config import ServiceConfig, load_config
 from svcframe.engine import Engine
-from svcframe.errors import RemoteError
+from svcframe.errors import AppError, RemoteError
 from svcframe.launch import Launch
 from svcframe.loops import run
 from svcframe.server import parse_dependency
@@ -193,17 +193,17 @@ def test_errors_are_clear(service: dict[str, Any]) -> None:
         await blobs.put("big", bytes(10_000))
         small = bytearray(100)
         handle = engine.expose(small, "w")
-        with pytest.raises(RemoteError) as info:
+        with pytest.raises(AppError) as info:
             await blobs.handle.call("get", {"name": "big", "bulk": handle.to_wire()})
-        assert info.value.remote_type == "BufferTooSmall"
-        assert "at least 10000 bytes" in info.value.remote_message
+        assert info.value.code == "BufferTooSmall"
+        assert "at least 10000 bytes" in info.value.message
         assert small == bytearray(100)
         with pytest.raises(RemoteError) as info:
             await blobs.handle.call("put", {"name": "", "bulk": handle.to_wire()})
         assert info.value.remote_type == "TypeError"
         with pytest.raises(RemoteError) as info:
             await blobs.handle.call("put", {"name": "y", "bulk": handle.to_wire()})  # a write-only handle
-        assert info.value.remote_type == "BulkError" or "pulled" in info.value.remote_message
+        assert info.value.remote_type == "BulkUsageError" and "pulled" in info.value.remote_message
         engine.unexpose(handle)
         await blobs.erase("big")
 

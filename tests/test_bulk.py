@@ -14,6 +14,7 @@ import pytest
 from conftest import WAIT_SECONDS, register_test_rpcs
 
 from svcframe import BulkError, BulkHandle, Engine, Request, TimeoutError_
+from svcframe.errors import BulkUsageError
 
 pytestmark = pytest.mark.asyncio
 
@@ -202,13 +203,13 @@ async def test_pull_into_numpy_destination(server: Engine, client: Engine) -> No
 
 async def test_unsuitable_buffers_are_refused(client: Engine) -> None:
     arr = np.arange(100, dtype=np.float64)
-    with pytest.raises(BulkError, match="contiguous"):
+    with pytest.raises(BulkUsageError, match="contiguous"):
         client.expose(arr[::2], "r")
-    with pytest.raises(BulkError, match="read-only"):
+    with pytest.raises(BulkUsageError, match="read-only"):
         client.expose(b"immutable", "w")
-    with pytest.raises(BulkError):
+    with pytest.raises(BulkUsageError):
         client.expose("not a buffer", "r")
-    with pytest.raises(BulkError, match="mode"):
+    with pytest.raises(BulkUsageError, match="mode"):
         client.expose(bytearray(4), "x")
     with pytest.raises(BulkError):
         BulkHandle.from_wire(["addr", "id", 1, -1, "r"])
@@ -216,16 +217,16 @@ async def test_unsuitable_buffers_are_refused(client: Engine) -> None:
         BulkHandle.from_wire({"not": "a handle"})
 
 
-# --- errors: each a BulkError, and the connection keeps working ------------------------------------------------
+# --- errors: local misuse is a BulkUsageError, the owner's refusal a BulkError; the connection keeps working ------------------------------------------------
 
 
 async def test_wrong_mode_is_bulk_error(server: Engine, client: Engine) -> None:
     exposer = Exposer(server)
     readonly = await remote_handle(client, server, 100, "r")
-    with pytest.raises(BulkError, match="push"):
+    with pytest.raises(BulkUsageError, match="push"):
         await client.push(readonly, b"x" * 10)  # refused before sending: the handle says "r"
     writeonly = await remote_handle(client, server, 100, "w")
-    with pytest.raises(BulkError, match="pull"):
+    with pytest.raises(BulkUsageError, match="pull"):
         await client.pull(writeonly)
     # A handle that lies about its mode: the owner refuses it too
     forged = BulkHandle(readonly.address, readonly.engine_id, readonly.bulk_id, readonly.size, "rw")
@@ -240,11 +241,11 @@ async def test_out_of_range_is_bulk_error(server: Engine, client: Engine) -> Non
     exposer = Exposer(server)
     handle = await remote_handle(client, server, 100, "rw")
     for kwargs in ({"offset": 99, "size": 2}, {"offset": -1, "size": 1}, {"offset": 0, "size": 101}, {"offset": 101}):
-        with pytest.raises(BulkError, match=r"range|outside"):
+        with pytest.raises(BulkUsageError, match=r"range|outside"):  # checked locally: nothing sent
             await client.pull(handle, **kwargs)
-    with pytest.raises(BulkError):
+    with pytest.raises(BulkUsageError):
         await client.push(handle, b"z" * 10, offset=95)
-    with pytest.raises(BulkError):
+    with pytest.raises(BulkUsageError):
         await client.pull(handle, bytearray(10))  # destination too small
     # A handle that claims more bytes than exposed: the owner checks the range itself
     forged = BulkHandle(handle.address, handle.engine_id, handle.bulk_id, 10_000, "rw")
@@ -347,9 +348,9 @@ async def test_local_pull_and_push(server: Engine, client: Engine, engine_kind: 
     await engine.push(handle, b"\x00" * 100, offset=50)
     assert buf[50:150] == bytes(100) and buf[:50] == pattern(10_000, 6)[:50]
     ro = engine.expose(bytearray(10), "r")
-    with pytest.raises(BulkError):
+    with pytest.raises(BulkUsageError):
         await engine.push(ro, b"x")
-    with pytest.raises(BulkError):
+    with pytest.raises(BulkUsageError):
         await engine.pull(handle, offset=9_999, size=2)
     engine.unexpose(handle)
     with pytest.raises(BulkError):

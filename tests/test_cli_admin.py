@@ -186,7 +186,7 @@ def test_mutating_verbs_refused_when_disabled(locked: str) -> None:
         ("shutdown", locked),
     ):
         err = cli(*args, ok=False).stderr
-        assert f"svcframe: {locked}: Refused" in err and "admin.allow_mutations is false" in err, args
+        assert f"svcframe: {locked}: MutationsDisabled" in err and "admin.allow_mutations is false" in err, args
     assert cli_json("provider", "list", locked) == {locked: []}  # reads still work, nothing changed
 
 

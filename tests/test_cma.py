@@ -191,3 +191,25 @@ async def test_cma_requests_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdi
             assert fields[2] == Kind.GOODBYE
             await wait_closed_by_peer(reader, 5.0)
         writer.close()
+
+
+@uvloop_test
+async def test_cma_pull_past_its_deadline_is_a_deadline_error_not_a_socket_retry(sockdir: Path) -> None:
+    """Issue 12: a deadline raised between two pieces of a cross-memory copy was an OSError (the old
+    TimeoutError_ derived from the builtin TimeoutError), so the CMA path swallowed it and pulled again over
+    the socket with the full timeout: about twice the deadline. Now the deadline ends the pull, and nothing
+    goes over the socket."""
+    from svcframe.errors import DeadlineExceeded
+
+    size = 512 * MIB  # about 100-200 ms of copying in 8 MiB pieces: the 30 ms deadline passes between pieces
+    async with Engine(f"unix://{sockdir}/d.sock") as server, Engine(None) as client:
+        handle = server.expose(bytearray(size), "r")
+        await client.pull(handle, size=CMA_MIN_BYTES)  # connected, and CMA works on this connection
+        before = _bulk_counts(client)
+        with pytest.raises(DeadlineExceeded):
+            await client.pull(handle, bytearray(size), timeout_seconds=0.03)
+        after = _bulk_counts(client)
+        assert after.get("pull", 0) == before.get("pull", 0), "the pull was retried over the socket"
+        assert _bulk_counts(server).get("served_pull", 0) == 0
+        conn = client._peers[server.engine_id]
+        assert conn.peer_cma, "a deadline is not a kernel refusal: the connection keeps cross-memory attach"

@@ -18,7 +18,7 @@ from conftest import wait_until
 
 from providers.kv import BufferTooSmall, KVClient, KVProvider, ValueTooLarge
 from svcframe.engine import Engine
-from svcframe.errors import BulkError, ConfigError, RemoteError
+from svcframe.errors import AppError, BulkUsageError, ConfigError, RemoteError
 from svcframe.provider import PROVIDER_TYPES, ProviderHandle
 
 PID = 3
@@ -243,18 +243,18 @@ async def test_missing_key(kv: KVClient, raw: ProviderHandle) -> None:
 
 @pytest.mark.asyncio
 async def test_oversize_inline_put_is_refused(raw: ProviderHandle, kv: KVClient) -> None:
-    with pytest.raises(RemoteError, match=r"65537 bytes.*inline_max_bytes \(65536\).*put_bulk") as info:
+    with pytest.raises(AppError, match=r"65537 bytes.*inline_max_bytes \(65536\).*put_bulk") as info:
         await raw.call("put", {"key": "k", "value": b"x" * (64 * 1024 + 1)})
-    assert info.value.remote_type == ValueTooLarge.__name__
+    assert info.value.code == ValueTooLarge.code and not isinstance(info.value, RemoteError)
     assert not await kv.exists("k")
 
 
 @pytest.mark.asyncio
 async def test_inline_get_of_large_value_is_refused(raw: ProviderHandle, kv: KVClient) -> None:
     await kv.put("big", b"x" * (100 * 1024))
-    with pytest.raises(RemoteError, match=r"102400 bytes.*get_bulk") as info:
+    with pytest.raises(AppError, match=r"102400 bytes.*get_bulk") as info:
         await raw.call("get", {"key": "big"})
-    assert info.value.remote_type == ValueTooLarge.__name__
+    assert info.value.code == ValueTooLarge.code and not isinstance(info.value, RemoteError)
 
 
 @pytest.mark.asyncio
@@ -263,11 +263,11 @@ async def test_get_bulk_into_too_small_buffer(raw: ProviderHandle, kv: KVClient)
     buf = bytearray(1000)
     handle = raw.engine.expose(buf, "w")
     try:
-        with pytest.raises(RemoteError, match=r"200000 bytes.*only 1000 bytes.*at least 200000 bytes") as info:
+        with pytest.raises(AppError, match=r"200000 bytes.*only 1000 bytes.*at least 200000 bytes") as info:
             await raw.call("get_bulk", {"key": "big", "bulk": handle.to_wire()})
     finally:
         raw.engine.unexpose(handle)
-    assert info.value.remote_type == BufferTooSmall.__name__
+    assert info.value.code == BufferTooSmall.code
     assert buf == bytearray(1000)  # nothing was written
 
 
@@ -306,7 +306,7 @@ async def test_get_bulk_into_read_only_handle_fails(raw: ProviderHandle, kv: KVC
             await raw.call("get_bulk", {"key": "v", "bulk": handle.to_wire()})
     finally:
         raw.engine.unexpose(handle)
-    assert info.value.remote_type == BulkError.__name__
+    assert info.value.remote_type == BulkUsageError.__name__
 
 
 @pytest.mark.asyncio

@@ -142,10 +142,11 @@ async def test_one_millisecond_deadline(server: ServerProcess, figures: Any) -> 
                 break
             events = await server_events(observer, server)
         figures.record("calls: 1 ms deadline, worst time to an error", round(max(elapsed) * 1e3, 2), "ms")
-        wrong = len(errors) - errors.count("TimeoutError_")
-        figures.record("calls: 1 ms deadline, calls ending other than TimeoutError_", wrong, f"of {len(errors)}")
+        deadline_names = ("DeadlineExceeded", "Dropped")  # Dropped: the server says the handler never ran
+        wrong = sum(1 for e in errors if e not in deadline_names)
+        figures.record("calls: 1 ms deadline, calls ending other than DeadlineExceeded", wrong, f"of {len(errors)}")
         assert max(elapsed) <= 0.001 + SLACK_SECONDS
-        assert errors == ["TimeoutError_"] * len(errors), sorted(set(errors))
+        assert wrong == 0, sorted(set(errors))
         assert all_ended(events), "a handler whose caller gave up 1 ms after calling is still running"
         assert await call(engine, server, "noop", "ok") == "ok"
 

@@ -19,6 +19,7 @@ the larger counts.
 from __future__ import annotations
 
 import asyncio
+import re
 import contextlib
 import json
 import logging
@@ -253,7 +254,13 @@ async def _health_probe(address: str, stop: asyncio.Event, latencies: list[float
 def _server_log_problems(log: str) -> list[str]:
     """Lines of a server log that show a crash or an unhandled error (warnings about dropped peers are fine)."""
     bad = ("Traceback", " ERROR ", " CRITICAL ", "never awaited", "was never retrieved", "Exception in callback")
-    return [line for line in log.splitlines() if any(b in line for b in bad)][:20]
+    problems, in_handler_failure = [], False
+    for line in log.splitlines():
+        if re.match(r"\d{4}-\d\d-\d\d ", line):  # a new record: is it a handler failure (logged on purpose)?
+            in_handler_failure = bool(re.search(r" ERROR handler '\w+' of provider \d+ failed ", line))
+        if not in_handler_failure and any(b in line for b in bad):
+            problems.append(line)
+    return problems[:20]
 
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
@@ -388,7 +395,7 @@ async def test_soft_errors_are_answered_and_keep_the_connection(procs: Procs, tm
             assert all(f.kind == Kind.RESPONSE for f in got.values()), (name, got)
             assert sorted(got) == ([rid] if status is not None else []) + [rid + 1], (name, got)
             if status is not None:
-                assert got[rid].status == status, (name, got[rid])
+                assert got[rid].status in (status if isinstance(status, tuple) else (status,)), (name, got[rid])
             assert (got[rid + 1].status, unpack_body(got[rid + 1].body)) == (Status.OK, name)
     finally:
         await close_writer(writer)

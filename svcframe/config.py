@@ -128,6 +128,16 @@ class EngineConfig(StrictModel):
         300.0, ge=0, description="close accepted connections idle this long (0 = never)"
     )
     handshake_timeout_seconds: float = Field(10.0, gt=0)
+    frame_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="a frame must complete this long after its first bytes arrived, else the "
+        "connection is dropped (a peer trickling bytes cannot hold it open)",
+    )
+    max_connections: int | None = Field(
+        None, ge=1, description="accepted connections at once (default: 4096, or the descriptor limit less 64)"
+    )
+    max_connections_per_host: int = Field(1024, ge=1, description="accepted tcp connections at once from one IP")
     send_tracebacks: bool = Field(
         False,
         description="send a failed handler's traceback (it names server source paths) to unauthenticated "

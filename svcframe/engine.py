@@ -274,6 +274,11 @@ class Engine:
         secret: shared secret for connection authentication; by default taken from the SVCFRAME_SECRET
             environment variable when it is set; None = no authentication.
         monitoring: keep per-callpath statistics (see svcframe.monitoring).
+        frame_timeout_seconds: a frame whose first bytes arrived must be complete this long after, or its
+            connection is dropped (a peer trickling a byte now and then cannot hold a connection open).
+        max_connections: accepted connections at once (default: 4096, or the descriptor limit less 64 when
+            lower); see ``admit`` for what happens over the cap.
+        max_connections_per_host: accepted tcp connections at once from one IP address.
         send_tracebacks: send a failed handler's traceback to unauthenticated callers too (it names the
             server's source paths); authenticated callers always get it.
         sample_interval_seconds: how often to sample loop lag, tasks, in-flight calls, CPU and RSS
@@ -303,7 +308,10 @@ class Engine:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         idle_timeout_seconds: float = 300.0,
         handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+        frame_timeout_seconds: float = 30.0,
         send_tracebacks: bool = False,
+        max_connections: int | None = None,
+        max_connections_per_host: int = 1024,
     ) -> None:
         self._listen_address = parse_address(address) if address else None
         if default_timeout_seconds <= 0:
@@ -326,6 +334,17 @@ class Engine:
         self.idle_timeout_seconds = idle_timeout_seconds
         self.handshake_timeout_seconds = handshake_timeout_seconds
         self.send_tracebacks = send_tracebacks
+        if frame_timeout_seconds <= 0:
+            raise ConfigError("frame_timeout_seconds must be > 0")
+        self.frame_timeout_seconds = frame_timeout_seconds
+        self.max_connections = default_max_connections() if max_connections is None else max_connections
+        self.max_connections_per_host = max_connections_per_host
+        if self.max_connections < 1 or max_connections_per_host < 1:
+            raise ConfigError("max_connections and max_connections_per_host must be >= 1")
+        self._accepted = 0  # accepted connections counted against the caps
+        self._per_host: dict[str, int] = {}
+        self._handshaking: dict[Connection, None] = {}  # accepted, handshake not complete, oldest first
+        self._last_refusal_log = 0.0
         self._sweeper: asyncio.TimerHandle | None = None
         self.monitor = Monitor(monitoring, timing_sample_every)
         self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
@@ -376,8 +395,7 @@ class Engine:
         if self._listen_address is not None:
             self._server, self._bound = await listen(self._listen_address, self._accept)
         self.progress.start(self._loop)
-        if self._server is not None and self.idle_timeout_seconds > 0:
-            self._sweeper = self._loop.call_later(self.idle_timeout_seconds / 4, self._sweep)
+        self._sweeper = self._loop.call_later(self._sweep_interval(), self._sweep)
         if self.sampler is not None:
             self.sampler.start(
                 self._loop, lambda: self.progress.inflight + sum(len(c.pending) for c in self._all_conns)
@@ -401,19 +419,28 @@ class Engine:
     def _accept(self) -> Connection:
         return self._new_connection(server_side=True)
 
+    def _sweep_interval(self) -> float:
+        idle = self.idle_timeout_seconds if self._server is not None and self.idle_timeout_seconds > 0 else 1e9
+        return min(idle, self.frame_timeout_seconds) / 4
+
     def _sweep(self) -> None:
-        """Close accepted connections that carried nothing for idle_timeout_seconds and have no work
-        in flight (half-open or forgotten peers); runs every quarter of the timeout."""
+        """Drop connections whose current frame did not complete within frame_timeout_seconds (a peer
+        trickling bytes), and close accepted connections that completed no frame for idle_timeout_seconds
+        and have no work in flight (half-open or forgotten peers); runs every quarter of the shorter one."""
         now = time.monotonic()
+        idle_timeout = self.idle_timeout_seconds if self._server is not None else 0
         for conn in list(self._all_conns):
-            if (
-                conn.server_side and not conn.pending and not conn.serving
-                and now - conn.last_activity > self.idle_timeout_seconds
+            started = conn.frame_started
+            if started and now - started > self.frame_timeout_seconds and not conn.decoder.idle:
+                conn.abort(RemoteProtocolError(f"a frame did not complete within {self.frame_timeout_seconds:g} s"))
+            elif (
+                idle_timeout > 0 and conn.server_side and not conn.pending and not conn.serving
+                and now - conn.last_activity > idle_timeout
             ):  # fmt: skip
                 log.info("closing idle connection from %s", conn.peer_label)
-                conn.goodbye(Status.REFUSED, f"idle for more than {self.idle_timeout_seconds:g} s")
+                conn.goodbye(Status.REFUSED, f"idle for more than {idle_timeout:g} s")
         if self._loop is not None and not self._closing:
-            self._sweeper = self._loop.call_later(self.idle_timeout_seconds / 4, self._sweep)
+            self._sweeper = self._loop.call_later(self._sweep_interval(), self._sweep)
 
     @property
     def closing(self) -> bool:
@@ -565,7 +592,7 @@ class Engine:
             return made[0]
         except BaseException:
             for conn in made:
-                conn.abort(ConnectionLost("dial abandoned"))
+                conn.abort(ConnectionLost("dial abandoned"), expected=True)
                 self._all_conns.discard(conn)
             raise
         finally:
@@ -980,11 +1007,54 @@ class Engine:
             conn.send_many((encode_header(kind, request_id, len(part)), part))
 
     # -- ConnectionOwner: incoming frames ---------------------------------------------------------------
+    def admit(self, conn: Connection) -> str | None:
+        """An accepted connection counts against ``max_connections`` and, over tcp, ``max_connections_per_host``.
+        Over a cap, the oldest connection of that scope still in its handshake is dropped to make room (it
+        has proved nothing; a flood of them never locks a new client out for more than one handshake
+        timeout); when every connection in scope has completed its handshake, the new one is refused.
+        Returns None when admitted, else the refusal sent to the peer."""
+        host = conn.peer_host
+        over_total = self._accepted >= self.max_connections
+        if over_total or (host is not None and self._per_host.get(host, 0) >= self.max_connections_per_host):
+            victim = next((c for c in self._handshaking if over_total or c.peer_host == host), None)
+            if victim is None:
+                now = time.monotonic()
+                if now - self._last_refusal_log >= 1.0:
+                    self._last_refusal_log = now
+                    log.warning("refusing connections (from %s): %d connections, caps %d total / %d per host",
+                                conn.peername, self._accepted, self.max_connections, self.max_connections_per_host)  # fmt: skip
+                return (f"too many connections ({self._accepted}; caps: {self.max_connections} in all, "
+                        f"{self.max_connections_per_host} per host): try again later")  # fmt: skip
+            self._release(victim)
+            victim.abort(ConnectionLost("evicted: a connection cap was reached during its handshake"), expected=True)
+        self._accepted += 1
+        if host is not None:
+            self._per_host[host] = self._per_host.get(host, 0) + 1
+        conn.admitted = True
+        self._handshaking[conn] = None
+        return None
+
+    def _release(self, conn: Connection) -> None:
+        """Stop counting ``conn`` against the connection caps (closed or evicted)."""
+        if conn.admitted:
+            conn.admitted = False
+            self._accepted -= 1
+            host = conn.peer_host
+            if host is not None:
+                left = self._per_host[host] - 1
+                if left:
+                    self._per_host[host] = left
+                else:
+                    del self._per_host[host]
+        self._handshaking.pop(conn, None)
+
     def on_open(self, conn: Connection) -> None:
+        self._handshaking.pop(conn, None)
         if conn.peer_engine_id is not None:
             self._peers[conn.peer_engine_id] = conn
 
     def on_close(self, conn: Connection, exc: BaseException | None) -> None:
+        self._release(conn)
         self._all_conns.discard(conn)
         if self._peers.get(conn.peer_engine_id or "") is conn:
             del self._peers[conn.peer_engine_id or ""]
@@ -1504,6 +1574,20 @@ def _expire(future: asyncio.Future[Any]) -> None:
 
 
 _MAX_WIRE_DEADLINE_USEC = 0xFFFF_FFFF  # the header's 32-bit deadline: about 71 minutes
+
+
+def default_max_connections() -> int:
+    """4096 accepted connections, or fewer when the process's descriptor limit (RLIMIT_NOFILE) leaves less
+    than that after 64 for listeners, files and outgoing connections."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 4096
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(16, min(4096, soft - 64))
 
 
 def wire_deadline(remaining_seconds: float) -> int:

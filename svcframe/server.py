@@ -147,6 +147,9 @@ class Server:
             idle_timeout_seconds=ec.idle_timeout_seconds,
             handshake_timeout_seconds=ec.handshake_timeout_seconds,
             send_tracebacks=ec.send_tracebacks,
+            frame_timeout_seconds=ec.frame_timeout_seconds,
+            max_connections=ec.max_connections,
+            max_connections_per_host=ec.max_connections_per_host,
         )
         self._apply_monitoring(ec.monitoring)
         listen = parse_address(plumbed.listen_address)

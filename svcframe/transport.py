@@ -102,6 +102,7 @@ class ConnectionOwner(Protocol):
     def on_frames(self, conn: Connection, frames: list[Frame]) -> None: ...
     def on_open(self, conn: Connection) -> None: ...
     def on_close(self, conn: Connection, exc: BaseException | None) -> None: ...
+    def admit(self, conn: Connection) -> str | None: ...
     def bulk_sink(self, conn: Connection, kind: int, request_id: int, length: int) -> memoryview: ...
 
 
@@ -138,7 +139,8 @@ class Connection(asyncio.BufferedProtocol):
         self.owner = owner
         self.handshake_timeout_seconds = handshake_timeout_seconds
         self.authenticated = False  # the peer proved the shared secret (server side) / we proved it (client side)
-        self.last_activity = 0.0
+        self.last_activity = 0.0  # monotonic time the last frame completed
+        self.frame_started = 0.0  # monotonic time the frame under way began arriving (0: none known)
         self.reading_paused = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._batch_bytes = 0
@@ -156,6 +158,8 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_start_time: int | None = None  # its start time then (pids are reused: svcframe.cma)
         self.peer_cma = False  # the peer serves bulk transfers by cross-memory attach (from its HELLO)
         self.peer_label: str = "?"
+        self.peer_host: str | None = None  # the peer's IP address (tcp); None for unix sockets
+        self.admitted = False  # counted against the owner's connection caps (server side)
         self.close_reason: ConnectionLost | None = None  # why the peer closed, when it said so
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES  # the largest body the peer accepts (from HELLO)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -187,8 +191,15 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peername = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
         self.peer_label = self.peername  # the peer's address once known, for statistics
+        self.peer_host = peer[0] if isinstance(peer, tuple) else None
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         if self.server_side:
+            refusal = self.owner.admit(self)
+            if refusal is not None:  # over a connection cap: say why and close; the peer pays its descriptor
+                self.closed = True
+                transport.write(encode_frame(Kind.GOODBYE, 0, pack_body(refusal), status=Status.OVERLOADED))
+                transport.close()
+                return
             self._nonce = secrets.token_bytes(16)
             hello = {
                 "engine_id": self.identity.engine_id,
@@ -210,11 +221,14 @@ class Connection(asyncio.BufferedProtocol):
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.last_activity = time.monotonic()
         try:
             frames = self.decoder.buffer_updated(nbytes)
             if not frames:
+                if not self.frame_started:  # a frame is under way: the owner's sweep bounds how long it takes
+                    self.frame_started = time.monotonic()
                 return
+            self.last_activity = time.monotonic()  # activity = a frame completed, not a byte received
+            self.frame_started = 0.0
             if not self._open:
                 frames = self._handshake(frames) or self.decoder.more()
                 if not frames or not self._open:
@@ -354,10 +368,11 @@ class Connection(asyncio.BufferedProtocol):
             self.closed = True
             self.transport.close()
 
-    def abort(self, exc: BaseException) -> None:
-        """Drop the connection at once (protocol violation, slow reader)."""
+    def abort(self, exc: BaseException, *, expected: bool = False) -> None:
+        """Drop the connection at once (protocol violation, slow reader). ``expected``: our own decision
+        that needs no warning (a dial nobody waits for any more), logged at debug level."""
         if not self.closed:
-            log.warning("dropping connection %s: %s", self.peername, exc)
+            log.log(logging.DEBUG if expected else logging.WARNING, "dropping connection %s: %s", self.peername, exc)
         self.closed = True
         if self.transport is not None:
             self.transport.abort()

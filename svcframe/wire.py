@@ -48,6 +48,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import mmap
 import re
 import struct
 import zlib
@@ -138,7 +139,7 @@ class Frame(NamedTuple):
     trace_id: bytes
     span_id: int
     lamport: int
-    body: bytes | bytearray | None
+    body: bytes | bytearray | memoryview | None
 
 
 _new_tuple = tuple.__new__  # builds a Frame without running NamedTuple's Python-level __new__
@@ -317,6 +318,14 @@ def auth_mac(secret: bytes, nonce: bytes, server_engine_id: str, client_engine_i
 BulkSink = Callable[[int, int, int], memoryview]
 
 
+def lazy_buffer(size: int) -> mmap.mmap:
+    """A writable, zero-filled buffer of ``size`` bytes (> 0) whose pages the kernel commits only when they
+    are written (an anonymous mapping): the memory a connection costs follows the bytes its peer sent, not
+    the size a header declared nor the room a receive buffer offers. Slicing it gives ``bytes``; it is
+    unmapped when the last reference goes."""
+    return mmap.mmap(-1, size)
+
+
 class FrameDecoder:
     """Incremental frame decoder with a zero-copy receive interface.
 
@@ -348,7 +357,7 @@ class FrameDecoder:
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.bulk_sink = bulk_sink
-        self._buf = bytearray(max(buffer_bytes, 2 * HEADER_SIZE))
+        self._buf = lazy_buffer(max(buffer_bytes, 2 * HEADER_SIZE))
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
@@ -420,7 +429,8 @@ class FrameDecoder:
         self._direct = None
         self._direct_frame = None
         self.bulk_sink = None
-        self._buf = bytearray(0)
+        self._view.release()
+        self._buf = b""  # the mapping is unmapped when the frames sliced from it are gone
         self._view = memoryview(self._buf)
         self._start = self._end = 0
 
@@ -493,8 +503,9 @@ class FrameDecoder:
                 if body_end > len(buf):
                     self._compact()
                 return
-            # A body larger than the receive buffer gets a buffer of its own (already bounded above).
-            self._start_direct(memoryview(bytearray(length)), (kind, flags, provider_id, rpc, request_id, deadline,
+            # A body larger than the receive buffer gets a buffer of its own, whose memory the kernel commits
+            # only as its bytes arrive: a peer that announces 4 MiB and sends 80 bytes costs a page (issue 13).
+            self._start_direct(memoryview(lazy_buffer(length)), (kind, flags, provider_id, rpc, request_id, deadline,
                                status, parent_provider, parent_rpc, callpath, trace_id, span_id, lamport),
                                body_start, frames)  # fmt: skip
             view, buf, end, start = self._view, self._buf, self._end, self._start
@@ -516,11 +527,11 @@ class FrameDecoder:
         dest, fields = self._direct, self._direct_frame
         self._direct = self._direct_frame = None
         assert dest is not None and fields is not None
-        # A large inline body keeps its own bytearray (msgpack decodes it without another copy).
+        # A large inline body keeps its own buffer, as a memoryview (msgpack decodes it without another copy).
         if fields[0] in _BULK_DATA_KINDS:
             self._header_only = True
             return _new_tuple(Frame, (*fields, None))
-        return _new_tuple(Frame, (*fields, dest.obj))
+        return _new_tuple(Frame, (*fields, dest))
 
     @staticmethod
     def _describe_bad_header(header: memoryview) -> str:

@@ -19,10 +19,10 @@ the larger counts.
 from __future__ import annotations
 
 import asyncio
-import re
 import contextlib
 import json
 import logging
+import re
 import secrets
 import time
 import tracemalloc

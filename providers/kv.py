@@ -88,6 +88,7 @@ from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
 from svcframe.errors import AppError, ConfigError
 from svcframe.provider import Provider, ProviderHandle, register_provider_type, rpc
+from svcframe.wire import lazy_buffer
 
 log = logging.getLogger("svcframe.providers.kv")
 
@@ -276,6 +277,11 @@ class KVProvider(Provider):
         inline_max_bytes: int | None = Field(
             None, ge=0, strict=True, description="default: 64 KiB, within the frame limit"
         )
+        max_value_bytes: int = Field(
+            256 * 1024 * 1024, ge=0, le=1_000_000_000, strict=True,
+            description="largest value put_bulk accepts (a caller's size claim is checked against it before "
+            "anything is allocated; SQLite's own limit is 1e9 bytes)",
+        )  # fmt: skip
 
     def __init__(
         self,
@@ -291,6 +297,7 @@ class KVProvider(Provider):
         self.path: str = self.config["path"]
         self.durability: str = self.config["durability"]
         self.inline_max_bytes: int = self.config["inline_max_bytes"]
+        self.max_value_bytes: int = self.config.get("max_value_bytes", 256 * 1024 * 1024)
         self._executor: ThreadPoolExecutor | None = None
         self._store: _Store | None = None
         self._journal_mode: str | None = None
@@ -415,7 +422,14 @@ class KVProvider(Provider):
         assert size is not None
         if size > handle.size:
             raise ValueError(f"'size' is {size} bytes but the bulk handle covers only {handle.size} bytes")
-        value = await req.engine.pull(handle, size=size, timeout_seconds=req.remaining_seconds())
+        if size > self.max_value_bytes:
+            raise ValueTooLarge(
+                f"the value is {size} bytes, over this provider's max_value_bytes ({self.max_value_bytes})"
+            )
+        # pages are committed as the owner's bytes arrive: a size claim alone costs nothing (issue 13)
+        value = memoryview(lazy_buffer(size)) if size else b""
+        if size:
+            await req.engine.pull(handle, value, size=size, timeout_seconds=req.remaining_seconds())
         await self._run(_Store.put, key, value)
 
     @rpc

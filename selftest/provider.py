@@ -37,10 +37,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from svcframe import BulkHandle, Provider, Request, register_provider_type, rpc
+from svcframe.wire import lazy_buffer
 
 PULL = "pull"
 PUSH = "push"
 DIRECTIONS = (PULL, PUSH)
+_KEEP_BUFFERS = 4  # bulk/storage buffer sizes kept for reuse (a run uses one or two)
 
 
 def work_arg(
@@ -69,9 +71,20 @@ class SelftestProvider(Provider):
     def __init__(self, engine: Any, provider_id: int, **kwargs: Any) -> None:
         super().__init__(engine, provider_id, **kwargs)
         self._responses: dict[int, bytes] = {}
-        self._buffers: dict[int, bytearray] = {}
+        self._buffers: dict[int, Any] = {}  # size -> buffer, least recently used first
         self._storage_fd: int | None = None
         self._storage_path: str | None = None
+
+    def _buffer(self, size: int) -> Any:
+        """A buffer of ``size`` bytes, reused from the last call of that size. Its pages are committed only as
+        data lands in it, and at most ``_KEEP_BUFFERS`` sizes are kept: a caller that names many sizes, or a
+        transfer that never comes, leaves nothing behind (issue 13)."""
+        buf = self._buffers.pop(size, None)
+        if buf is None:
+            buf = memoryview(lazy_buffer(size)) if size else bytearray(0)
+            while len(self._buffers) >= _KEEP_BUFFERS:
+                del self._buffers[next(iter(self._buffers))]  # the least recently used size
+        return buf
 
     def _response(self, size: int) -> bytes:
         resp = self._responses.get(size)
@@ -95,7 +108,7 @@ class SelftestProvider(Provider):
             raise ValueError(f"bulk_direction {direction!r}: expected 'pull' or 'push'")
         if size > self.config["max_bulk_bytes"]:
             raise ValueError(f"bulk of {size} bytes exceeds max_bulk_bytes {self.config['max_bulk_bytes']}")
-        buf = self._buffers.pop(size, None) or bytearray(size)
+        buf = self._buffer(size)
         try:
             if direction == PULL:
                 await req.engine.pull(handle, buf)
@@ -126,7 +139,7 @@ class SelftestProvider(Provider):
             )
         fd = self._storage_file()
         offset = random.randrange(file_bytes // block_size) * block_size
-        buf = self._buffers.pop(block_size, None) or bytearray(block_size)
+        buf = self._buffer(block_size)
         try:
             loop = asyncio.get_running_loop()
             if op == "write":

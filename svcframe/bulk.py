@@ -21,16 +21,24 @@ MODES = (READ, WRITE, READ_WRITE)
 Buffer = bytes | bytearray | memoryview
 
 
+#: Bytes of randomness in a bulk id: a bulk handle is a capability (issue 13), so its id must be unguessable.
+BULK_ID_BYTES = 16
+
+
 @dataclass(frozen=True, slots=True)
 class BulkHandle:
     """A reference to an exposed buffer: owner's engine id and address, bulk id, size in bytes, mode.
+
+    The bulk id is 16 random bytes (128 bits): holding the handle is what allows a pull or push, like an
+    RDMA key, so whoever the handle is given to can use it, and nobody can guess one. The owner revokes it
+    with ``Engine.unexpose``.
 
     Serialise with ``to_wire()`` (a msgpack-friendly list) and rebuild with ``BulkHandle.from_wire``.
     """
 
     address: str | None
     engine_id: str
-    bulk_id: int
+    bulk_id: bytes
     size: int
     mode: str
 
@@ -45,7 +53,8 @@ class BulkHandle:
             and len(obj) == 5
             and (obj[0] is None or isinstance(obj[0], str))
             and isinstance(obj[1], str)
-            and isinstance(obj[2], int)
+            and isinstance(obj[2], bytes)
+            and len(obj[2]) == BULK_ID_BYTES
             and isinstance(obj[3], int)
             and obj[3] >= 0
             and obj[4] in MODES

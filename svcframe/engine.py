@@ -28,6 +28,7 @@ import logging
 import operator
 import os
 import random
+import secrets
 import struct
 import threading
 import time
@@ -40,7 +41,7 @@ from typing import Any
 import msgpack
 
 from . import cma
-from .bulk import MODES, READ, WRITE, BulkHandle, as_byte_view
+from .bulk import BULK_ID_BYTES, MODES, READ, WRITE, BulkHandle, as_byte_view
 from .errors import (
     AppError,
     AuthenticationFailed,
@@ -363,8 +364,7 @@ class Engine:
         self._peers: dict[str, Connection] = {}  # any open connection, by peer engine id
         self._all_conns: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._exposed: dict[int, tuple[memoryview, str]] = {}
-        self._next_bulk_id = 0
+        self._exposed: dict[bytes, tuple[memoryview, str]] = {}  # bulk id (16 random bytes) -> (buffer, mode)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scratch = memoryview(bytearray(0))
         self._root_callpaths: dict[tuple[int, int], int] = {}
@@ -756,9 +756,9 @@ class Engine:
         if mode not in MODES:
             raise BulkUsageError(f"bulk mode {mode!r}: expected one of {MODES}")
         view = as_byte_view(buffer, writable=WRITE in mode)
-        self._next_bulk_id += 1
-        self._exposed[self._next_bulk_id] = (view, mode)
-        return BulkHandle(self.address, self.engine_id, self._next_bulk_id, len(view), mode)
+        bulk_id = secrets.token_bytes(BULK_ID_BYTES)
+        self._exposed[bulk_id] = (view, mode)
+        return BulkHandle(self.address, self.engine_id, bulk_id, len(view), mode)
 
     def unexpose(self, handle: BulkHandle) -> None:
         """Stop serving ``handle``; transfers that start later fail with BulkError. A transfer already
@@ -841,7 +841,7 @@ class Engine:
     def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
         entry = self._exposed.get(handle.bulk_id)
         if entry is None or need not in entry[1] or offset + size > len(entry[0]):
-            raise BulkError(f"bulk handle {handle.bulk_id} is not exposed for {need!r} here, or out of range")
+            raise BulkError(f"bulk handle {_short(handle.bulk_id)} is not exposed for {need!r} here, or out of range")
         return entry[0][offset : offset + size]
 
     async def _cma_pull(
@@ -908,6 +908,16 @@ class Engine:
         raise error_from_status_body(status, payload, "push", 0, handle.address)
 
     async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
+        """The connection to the handle's owner. Inside a handler, a handle of the caller's own engine is
+        reached over the connection the caller called on: the transfer is made on behalf of whoever
+        presented the handle, never of another peer that merely claims the same engine id in its HELLO
+        (issue 13). Otherwise: a connection we dialled, or an authenticated accepted one, to that engine;
+        else the handle's address is dialled and the engine found there must be the owner."""
+        req = current_request.get()
+        if req is not None:
+            conn = req[1]
+            if conn.peer_engine_id == handle.engine_id and not conn.closed:
+                return conn
         conn = self._peers.get(handle.engine_id)
         if conn is not None and not conn.closed:
             return conn
@@ -1050,7 +1060,9 @@ class Engine:
 
     def on_open(self, conn: Connection) -> None:
         self._handshaking.pop(conn, None)
-        if conn.peer_engine_id is not None:
+        # An engine id in a HELLO is a claim: only connections we dialled (we chose the address) or whose peer
+        # proved the shared secret are found by it (bulk transfers to that engine, _peer_connection).
+        if conn.peer_engine_id is not None and (not conn.server_side or conn.authenticated):
             self._peers[conn.peer_engine_id] = conn
 
     def on_close(self, conn: Connection, exc: BaseException | None) -> None:
@@ -1380,23 +1392,24 @@ class Engine:
             if (
                 not isinstance(fields, list)
                 or len(fields) != (4 if by_cma else 3)
-                or not all(isinstance(v, int) for v in fields)
+                or not isinstance(fields[0], bytes)
+                or not all(isinstance(v, int) for v in fields[1:])
                 or min(fields[1:]) < 0
             ):
                 raise ValueError
         except (ProtocolError, ValueError, TypeError) as exc:
-            why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id, offset >= 0, size >= 0]"
+            why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id (bytes), offset >= 0, size >= 0]"
             raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
         bulk_id, offset, size = fields[:3]
         source = fields[3] if by_cma else None
         entry = self._exposed.get(bulk_id)
         if entry is None:
-            return None, f"bulk handle {bulk_id} is not exposed (expired or never existed)", size, source
+            return None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, source
         view, mode = entry
         if need not in mode:
             return (
                 None,
-                f"bulk handle {bulk_id} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
+                f"bulk handle {_short(bulk_id)} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
                 size,
                 source,
             )
@@ -1574,6 +1587,11 @@ def _expire(future: asyncio.Future[Any]) -> None:
 
 
 _MAX_WIRE_DEADLINE_USEC = 0xFFFF_FFFF  # the header's 32-bit deadline: about 71 minutes
+
+
+def _short(bulk_id: object) -> str:
+    """A bulk id in messages and logs: its first 4 bytes in hex (enough to tell handles apart, not to use one)."""
+    return bulk_id[:4].hex() + "…" if isinstance(bulk_id, bytes) else repr(bulk_id)[:20]
 
 
 def default_max_connections() -> int:

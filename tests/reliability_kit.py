@@ -498,7 +498,7 @@ def hard_case(name: str, key: bytes) -> tuple[bool, bytes]:
         "bulk-data-nobody-expects": encode_frame(Kind.BULK_DATA_PUSH, 5, b"abc"),
         "second-hello": hello_reply({"nonce": b"n", "engine_id": "e"}, key, "again"),
         "truncated-then-hangup": request(1, RELTEST_ID, "noop", pack_body("x" * 100))[:90],
-        "push-overrun": encode_frame(Kind.BULK_PUSH, 9, pack_body([999_999, 0, 10]))
+        "push-overrun": encode_frame(Kind.BULK_PUSH, 9, pack_body([bytes(16), 0, 10]))
         + encode_frame(Kind.BULK_DATA_PUSH, 9, b"y" * 20),
         "goodbye": encode_frame(Kind.GOODBYE, 0, pack_body("bye"), status=Status.REFUSED),
     }
@@ -533,11 +533,11 @@ def soft_cases() -> list[tuple[str, Status | None, Any]]:
         ("expired-deadline", (Status.DROPPED, Status.DEADLINE_EXCEEDED),
          lambda i: request(i, RELTEST_ID, "sleep", pack_body(10), deadline_usec=1)),
         ("pull-unknown-handle", Status.BULK_ERROR,
-         lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([999_999, 0, 10]))),
+         lambda i: encode_frame(Kind.BULK_PULL, i, pack_body([bytes(16), 0, 10]))),
         ("push-empty-unknown", Status.BULK_ERROR,
-         lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([999_999, 0, 0]))),
+         lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([bytes(16), 0, 0]))),
         ("push-unknown-handle-with-data", Status.BULK_ERROR,
-         lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([999_999, 0, 16]))
+         lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([bytes(16), 0, 16]))
          + encode_frame(Kind.BULK_DATA_PUSH, i, b"d" * 16)),
         ("cancel-unknown", None, lambda i: encode_frame(Kind.CANCEL, i)),
         ("response-unknown", None, lambda i: encode_frame(Kind.RESPONSE, i, pack_body("unsolicited"))),

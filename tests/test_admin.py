@@ -119,7 +119,7 @@ def test_get_config_fills_defaults_keeps_configured_address(svc: Member, workdir
     store, blobs = cfg["providers"][:2]
     assert store == {"name": "store", "type": "kv", "provider_id": 1, "tags": [], "dependencies": {},
                      "config": {"path": str(workdir / "store.sqlite"), "durability": "durable",
-                                "inline_max_bytes": 65536}}  # fmt: skip
+                                "inline_max_bytes": 65536, "max_value_bytes": 268435456}}  # fmt: skip
     assert blobs["dependencies"] == {"index": "store"}
     assert blobs["config"]["index_prefix"] == "blobs/"  # the provider's defaults are filled in too
     assert parse_config(cfg).model_dump(mode="json") == cfg
@@ -198,7 +198,7 @@ def test_add_provider_then_remove_it(svc: Member) -> None:
     assert run(use()) == b"v"
     (entry,) = admin(svc.address, "query_config", "providers[?name=='cache']")
     assert entry["provider_id"] == pid
-    assert entry["config"] == {"path": ":memory:", "durability": "durable", "inline_max_bytes": 65536}
+    assert entry["config"] == {"path": ":memory:", "durability": "durable", "inline_max_bytes": 65536, "max_value_bytes": 268435456}
     assert admin(svc.address, "remove_provider", "cache") is None
     with pytest.raises(NoSuchProvider):
         run(use())

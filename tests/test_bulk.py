@@ -52,7 +52,7 @@ class Exposer:
         self.handles[handle.bulk_id] = handle
         return handle.to_wire()
 
-    def unexpose(self, req: Request, bulk_id: int) -> None:
+    def unexpose(self, req: Request, bulk_id: bytes) -> None:
         self.engine.unexpose(self.handles[bulk_id])
 
     async def pull_digest(self, req: Request, wire: list[Any]) -> str:
@@ -266,7 +266,7 @@ async def test_unexposed_handle_is_bulk_error(server: Engine, client: Engine) ->
         await client.pull(handle)
     with pytest.raises(BulkError, match="not exposed"):
         await client.push(handle, b"x" * 1000)
-    never = BulkHandle(handle.address, handle.engine_id, 424242, 10, "rw")
+    never = BulkHandle(handle.address, handle.engine_id, bytes(16), 10, "rw")
     with pytest.raises(BulkError, match="not exposed"):
         await client.pull(never)
     other = await remote_handle(client, server, 10, "r", seed=4)

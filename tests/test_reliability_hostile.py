@@ -467,7 +467,7 @@ async def test_announced_pushes_without_data_do_not_accumulate(procs: Procs, tmp
         await raw_handshake(reader, writer, secret())
         replies = asyncio.ensure_future(read_replies())
         for start in range(0, announcements, 1_000):  # small writes: our reader keeps pace with the replies
-            writer.write(b"".join(encode_frame(Kind.BULK_PUSH, start + i + 1, pack_body([999_999, 0, 1000]),
+            writer.write(b"".join(encode_frame(Kind.BULK_PUSH, start + i + 1, pack_body([bytes(16), 0, 1000]),
                                                deadline_usec=1_000_000) for i in range(1_000)))  # fmt: skip
             await writer.drain()
             while answered < start + 1_000:  # in step with the replies: we test state, not our reading speed

@@ -1,0 +1,138 @@
+"""Bulk handles as capabilities (issue 13), against real server processes with hand-made frames.
+
+* A bulk id is 128 random bits: guessing small integers, or random ids, reads and writes nothing.
+* A server pulls a caller's handle over the caller's own connection: a peer that says HELLO with the
+  victim's engine id no longer receives the victim's bulk traffic (its puts stored the attacker's data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets as pysecrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+from reliability_kit import (
+    KV_ID,
+    RELTEST_ID,
+    Procs,
+    close_writer,
+    open_raw,
+    raw_handshake,
+    read_frame,
+    secret,
+    server_env,
+    service_config,
+    spawn_server,
+    wait_closed_by_peer,
+)
+
+from svcframe import Engine
+from svcframe.wire import Kind, Status, encode_frame, pack_body, unpack_body
+
+uvloop_test = pytest.mark.asyncio(loop_factories=["uvloop"])
+
+
+@uvloop_test
+async def test_guessed_bulk_ids_read_and_write_nothing(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    server = procs.spawn(service_config(tmp_path, kv=None))
+    async with Engine(None) as owner:
+        exposed = await owner.call(server.address, "expose", {"size": 64, "seed": 3}, provider_id=RELTEST_ID)
+        assert isinstance(exposed["bulk"][2], bytes) and len(exposed["bulk"][2]) == 16
+    refused = 0
+    reader, writer = await open_raw(server.address)
+    try:
+        await raw_handshake(reader, writer, secret(), engine_id="guesser")
+        guesses = [pysecrets.token_bytes(16) for _ in range(200)]
+        for i, guess in enumerate(guesses, 1):
+            kind = Kind.BULK_PULL if i % 2 else Kind.BULK_PUSH
+            writer.write(encode_frame(kind, i, pack_body([guess, 0, 0 if kind == Kind.BULK_PUSH else 64])))
+        for _ in guesses:
+            fields, body = await read_frame(reader)
+            assert fields[2] == Kind.RESPONSE and fields[9] == Status.BULK_ERROR, (fields, body)
+            assert "not exposed" in unpack_body(body)
+            refused += 1
+        # the old guess, a small integer, is not even a bulk id any more: a bad frame, the connection dropped
+        writer.write(encode_frame(Kind.BULK_PULL, 999, pack_body([1, 0, 64])))
+        await wait_closed_by_peer(reader, 5.0)
+    finally:
+        await close_writer(writer)
+    figures.record("hostile: guessed bulk ids refused", refused, "of 200")
+    assert refused == 200
+
+
+def _victim_script(address: str, out: Path) -> str:
+    return f"""
+import asyncio, json, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from svcframe import Engine
+from svcframe.loops import run
+from providers.kv import KVClient
+
+async def main():
+    async with Engine(None, secret=None) as engine:
+        kv = KVClient(engine, {address!r}, {KV_ID})
+        await kv.put(b"warm", b"w")
+        print(engine.engine_id, flush=True)
+        sys.stdin.readline()  # the attacker has said HELLO with our engine id
+        await kv.put(b"victim-key", b"V" * 100_000)  # over inline_max_bytes: a bulk pull by the server
+        got = await kv.get(b"victim-key")
+        open({str(out)!r}, "w").write(json.dumps({{"intact": got == b"V" * 100_000}}))
+
+run(main())
+"""
+
+
+@uvloop_test
+async def test_a_hello_with_another_engines_id_gets_none_of_its_bulk_traffic(tmp_path: Path, figures: Any) -> None:
+    """The attack of issue 13: with no shared secret, a peer says HELLO with the victim's engine id. Before,
+    the server's next pull of the victim's handle went to the attacker, who supplied the bytes stored
+    under the victim's key while the victim was told OK. Now the server pulls over the caller's connection."""
+    import subprocess
+    import sys
+
+    config = service_config(tmp_path, kv="fast")
+    env = server_env(secret=False)
+    server = spawn_server(config, tmp_path, env=env)
+    attacker_writer = None
+    try:
+        out = tmp_path / "victim.json"
+        victim = subprocess.Popen(  # noqa: ASYNC220 (started once, read from a thread)
+            [sys.executable, "-c", _victim_script(server.address, out)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=os.getcwd(),
+        )  # fmt: skip
+        assert victim.stdout is not None and victim.stdin is not None
+        victim_id = (await asyncio.to_thread(victim.stdout.readline)).strip()
+        assert victim_id, "the victim did not start"
+        reader, attacker_writer = await open_raw(server.address)
+        await raw_handshake(reader, attacker_writer, None, engine_id=victim_id)
+        served = asyncio.create_task(_serve_pulls_with_garbage(reader, attacker_writer))
+        victim.stdin.write("go\n")
+        victim.stdin.flush()
+        assert await asyncio.to_thread(victim.wait, 60) == 0
+        victim.stdin.close()
+        victim.stdout.close()
+        served.cancel()
+        await asyncio.gather(served, return_exceptions=True)
+        result = out.read_text()
+    finally:
+        if attacker_writer is not None:
+            await close_writer(attacker_writer)
+        server.stop()
+    figures.record("hostile: victim's data intact after an engine-id HELLO impostor", result, "")
+    assert '"intact": true' in result
+
+
+async def _serve_pulls_with_garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The impostor: answer any BULK_PULL sent to it with the attacker's bytes."""
+    while True:
+        try:
+            fields, body = await read_frame(reader, 120)
+        except asyncio.IncompleteReadError:
+            return
+        if fields[2] == Kind.BULK_PULL:
+            _, _, size = unpack_body(body)
+            writer.write(encode_frame(Kind.BULK_DATA_REPLY, fields[7], b"A" * size))
+            writer.write(encode_frame(Kind.RESPONSE, fields[7], b""))

@@ -476,9 +476,17 @@ def blast(kind: str, address: str, depth: int, seconds: float, core: int | None,
         me = f"blaster-{os.getpid()}"
         reply: dict[str, Any] = {"engine_id": me, "address": None}
         secret = os.environ.get("SVCFRAME_SECRET")
-        if secret:
-            reply["mac"] = auth_mac(secret.encode(), info["nonce"], info["engine_id"], me)
+        if secret and info.get("auth"):  # the mutual handshake (svcframe.wire): our proof, then the server's
+            peer = sock.getpeername()
+            via = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            nonce = os.urandom(16)
+            mac = auth_mac(secret.encode(), "client", info["nonce"], nonce, info["engine_id"], me, via)
+            reply.update(nonce=nonce, via=via, mac=mac)
         sock.sendall(encode_frame(Kind.HELLO, 0, pack_body(reply)))
+        if secret and info.get("auth"):
+            proof = hello[HEADER_SIZE + LEN.unpack_from(hello, 12)[0] :]
+            while len(proof) < HEADER_SIZE or len(proof) < HEADER_SIZE + LEN.unpack_from(proof, 12)[0]:
+                proof += sock.recv(65536)
         frame = encode_frame(Kind.REQUEST, 1, pack_body([0, None, None, b""]), provider_id=1, rpc=rpc_id("work"))
         reply_size = HEADER_SIZE + len(pack_body(b""))
     window = frame * depth

@@ -32,8 +32,9 @@ from typing import Any
 import click
 
 from .config import ADMIN_PROVIDER_ID, config_schema, load_config
-from .errors import SvcframeError
+from .errors import ConfigError, SvcframeError
 from .loops import LOOP_FACTORIES
+from .wire import check_secret
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -46,10 +47,20 @@ def _echo_json(obj: Any) -> None:
 
 
 def _read_secret(secret_file: str | None) -> bytes | None:
-    if secret_file:
-        return Path(secret_file).read_bytes().strip()
+    if secret_file is not None:
+        from .server import read_secret_file
+
+        try:
+            return read_secret_file(secret_file)
+        except ConfigError as exc:
+            _fail(str(exc), 2)
     env = os.environ.get("SVCFRAME_SECRET")
-    return env.encode() if env else None
+    if env is None:
+        return None
+    try:
+        return check_secret(env.encode(), "the SVCFRAME_SECRET variable")
+    except ConfigError as exc:
+        _fail(str(exc), 2)
 
 
 def _targets(addresses: tuple[str, ...], group: str | None) -> list[tuple[str, int]]:

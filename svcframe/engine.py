@@ -99,6 +99,7 @@ from .wire import (
     _new_tuple,
     bin_header,
     callpath_extend,
+    check_secret,
     encode_frame,
     encode_header,
     pack_body,
@@ -351,7 +352,9 @@ class Engine:
         self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
         if secret is FROM_ENVIRONMENT:
             env = os.environ.get(SECRET_ENV)
-            secret = env.encode() if env else None
+            secret = None if env is None else check_secret(env.encode(), f"the {SECRET_ENV} variable")
+        elif secret is not None:
+            check_secret(secret, "Engine(secret=...)")  # type: ignore[arg-type]
         self._secret: bytes | None = secret  # type: ignore[assignment]
         self._table: dict[tuple[int, int], Registration] = {}
         self._providers: dict[int, set[str]] = {}

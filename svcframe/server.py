@@ -29,6 +29,7 @@ from .errors import ConfigError, SvcframeError
 from .loops import loop_factory
 from .provider import Provider, ProviderHandle, load_library, provider_type
 from .transport import parse_address
+from .wire import check_secret
 
 log = logging.getLogger("svcframe.server")
 
@@ -40,15 +41,26 @@ def read_secret(auth: Any) -> bytes | None:
         ConfigError: the secret file cannot be read or is empty.
     """
     if auth.secret_file:
-        try:
-            secret = Path(auth.secret_file).read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"engine.auth.secret_file {auth.secret_file!r}: cannot read: {exc.strerror}") from None
-        if not secret:
-            raise ConfigError(f"engine.auth.secret_file {auth.secret_file!r} is empty")
-        return secret
+        return read_secret_file(auth.secret_file, "engine.auth.secret_file")
     value = os.environ.get(auth.secret_env)
-    return value.encode() if value else None
+    return None if value is None else check_secret(value.encode(), f"the {auth.secret_env} variable")
+
+
+def read_secret_file(path: str, what: str = "--secret-file") -> bytes:
+    """The shared secret in the file at ``path`` (surrounding whitespace stripped). Warns when other users
+    may read the file.
+
+    Raises:
+        ConfigError: the file cannot be read, or holds an empty, blank or short secret.
+    """
+    try:
+        secret = Path(path).read_bytes().strip()
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigError(f"{what} {path!r}: cannot read: {exc.strerror}") from None
+    if mode & 0o077:
+        log.warning("%s %s can be read by other users (mode %o): chmod 600 it", what, path, mode & 0o777)
+    return check_secret(secret, f"{what} {path}")
 
 
 def parse_dependency(spec: str | int) -> tuple[str | None, str | None, int | None, str | None]:

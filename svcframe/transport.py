@@ -168,7 +168,8 @@ class Connection(asyncio.BufferedProtocol):
         self.serving: dict[int, Any] = {}
         self.state: dict[str, Any] = {}
         self._next_id = 0
-        self._nonce = b""
+        self._nonce = b""  # the server's nonce (ours on the server side)
+        self._client_nonce = b""  # the client's nonce of a mutual handshake (client side, once sent)
         self._open = False
         self._batch: list[bytes | memoryview] | None = None
         self._paused = False
@@ -388,7 +389,11 @@ class Connection(asyncio.BufferedProtocol):
         if first.kind != Kind.HELLO:
             raise RemoteProtocolError(f"expected HELLO first, got frame kind {first.kind}")
         hello = unpack_body(first.body or b"")
-        if not isinstance(hello, dict) or not isinstance(hello.get("engine_id"), str):
+        if not isinstance(hello, dict):
+            raise RemoteProtocolError("malformed HELLO")
+        if self._client_nonce:  # the server's proof, second HELLO of a mutual handshake
+            return self._check_server_proof(hello, rest)
+        if not isinstance(hello.get("engine_id"), str):
             raise RemoteProtocolError("malformed HELLO")
         self.peer_engine_id = hello["engine_id"]
         addr = hello.get("address")
@@ -398,38 +403,64 @@ class Connection(asyncio.BufferedProtocol):
         limit = hello.get("max_body_bytes")
         if isinstance(limit, int) and limit > 0:
             self.peer_max_body_bytes = limit
+        secret = self.identity.secret
+        assert self.transport is not None
         if self.server_side:
-            secret = self.identity.secret
             if secret is not None:
-                mac = hello.get("mac")
-                expect = auth_mac(secret, self._nonce, self.identity.engine_id, self.peer_engine_id)
-                if not isinstance(mac, bytes) or not hmac.compare_digest(mac, expect):
+                mac, client_nonce = hello.get("mac"), hello.get("nonce")
+                via = hello.get("via")
+                ok = isinstance(mac, bytes) and isinstance(client_nonce, bytes) and len(client_nonce) == 16
+                ok = ok and via == self._local_endpoint()  # a relay's client dialled another endpoint
+                if ok:
+                    expect = auth_mac(secret, "client", self._nonce, client_nonce, self.identity.engine_id,
+                                      self.peer_engine_id, via)  # fmt: skip
+                    ok = hmac.compare_digest(mac, expect)
+                if not ok:
                     log.warning("refused connection from %s: authentication failed", self.peername)
                     self.goodbye(Status.UNAUTHENTICATED, "authentication failed (shared secret)")
                     return []
+                proof = auth_mac(secret, "server", self._nonce, client_nonce, self.identity.engine_id,
+                                 self.peer_engine_id, self._remote_endpoint())  # fmt: skip
+                self.transport.write(encode_frame(Kind.HELLO, 0, pack_body({"mac": proof})))
                 self.authenticated = True
         else:
             nonce = hello.get("nonce")
-            if not isinstance(nonce, bytes):
-                raise RemoteProtocolError("HELLO without a nonce")
+            if not isinstance(nonce, bytes) or len(nonce) != 16:
+                raise RemoteProtocolError("HELLO without a 16-byte nonce")
             reply: dict[str, Any] = {
                 "engine_id": self.identity.engine_id,
                 "address": self.identity.address,
                 "max_body_bytes": self.decoder.max_body_bytes,
                 "cma": self.identity.cma,
             }
-            if self.identity.secret is not None:
-                reply["mac"] = auth_mac(self.identity.secret, nonce, self.peer_engine_id, self.identity.engine_id)
-                self.authenticated = bool(hello.get("auth"))
-            elif hello.get("auth"):
-                if not self.ready.done():
-                    self.ready.set_exception(
-                        AuthenticationFailed(f"{self.peername} requires a shared secret and none is configured")
-                    )
-                self.close()
+            if secret is not None:
+                if not hello.get("auth"):  # a holder of the secret talks only to servers that prove it
+                    self._refuse_server(f"{self.peername} does not authenticate (no shared secret configured)")
+                    return []
+                self._nonce, self._client_nonce = nonce, secrets.token_bytes(16)
+                via = self._remote_endpoint()
+                reply.update(nonce=self._client_nonce, via=via, mac=auth_mac(
+                    secret, "client", nonce, self._client_nonce, self.peer_engine_id, self.identity.engine_id, via
+                ))  # fmt: skip
+                self.transport.write(encode_frame(Kind.HELLO, 0, pack_body(reply)))
+                return self._handshake(rest) if rest else []  # open once the server's proof arrives
+            if hello.get("auth"):
+                self._refuse_server(f"{self.peername} requires a shared secret and none is configured")
                 return []
-            assert self.transport is not None
             self.transport.write(encode_frame(Kind.HELLO, 0, pack_body(reply)))
+        return self._opened(rest)
+
+    def _check_server_proof(self, hello: dict[str, Any], rest: list[Frame]) -> list[Frame]:
+        mac = hello.get("mac")
+        expect = auth_mac(self.identity.secret or b"", "server", self._nonce, self._client_nonce,
+                          self.peer_engine_id or "", self.identity.engine_id, self._local_endpoint())  # fmt: skip
+        if not isinstance(mac, bytes) or not hmac.compare_digest(mac, expect):
+            self._refuse_server(f"{self.peername} did not prove the shared secret (an impostor or a relay?)")
+            return []
+        self.authenticated = True
+        return self._opened(rest)
+
+    def _opened(self, rest: list[Frame]) -> list[Frame]:
         self._open = True
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
@@ -439,8 +470,29 @@ class Connection(asyncio.BufferedProtocol):
             self.ready.set_result(None)
         return rest
 
+    def _refuse_server(self, reason: str) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(AuthenticationFailed(reason))
+        self.close()
+
+    def _local_endpoint(self) -> str:
+        """Our end of the connection: "host:port" (tcp) or the socket path (unix)."""
+        return _endpoint(self.transport.get_extra_info("sockname") if self.transport is not None else None)
+
+    def _remote_endpoint(self) -> str:
+        """The peer's end of the connection as our socket sees it."""
+        return _endpoint(self.transport.get_extra_info("peername") if self.transport is not None else None)
+
     def _bulk_sink(self, kind: int, request_id: int, length: int) -> memoryview:
         return self.owner.bulk_sink(self, kind, request_id, length)
+
+
+def _endpoint(name: Any) -> str:
+    if isinstance(name, tuple):
+        return f"{name[0]}:{name[1]}"
+    if isinstance(name, bytes):
+        return name.decode(errors="replace")
+    return str(name or "")
 
 
 def goodbye_error(conn: Connection, frame: Frame) -> ConnectionLost:

@@ -33,10 +33,16 @@ Bodies: msgpack (strict: no extension types, string map keys only) for ``HELLO``
 ``BULK_DATA_PUSH``, which the decoder writes straight into the destination buffer a *bulk sink* names,
 so bulk payloads never pass through msgpack nor through an intermediate Python copy.
 
-Connection set-up (authentication happens once, here): the listening side sends ``HELLO`` with a fresh
-nonce first; the dialling side answers with its own ``HELLO`` carrying, when a shared secret is
-configured, ``auth_mac(secret, nonce, server_engine_id, client_engine_id)``. Requests may follow the
-client's HELLO at once. A refused handshake is answered by ``GOODBYE`` with status ``UNAUTHENTICATED``.
+Connection set-up (authentication happens once, here; mutual when a shared secret is configured): the
+listening side sends ``HELLO`` with a fresh nonce first; the dialling side answers with its own ``HELLO``
+carrying its own nonce, the endpoint it connected to as its socket sees it (``via``), and
+``auth_mac(secret, "client", ...)`` over both nonces, both engine ids and that endpoint. The server checks
+``via`` against its own end of the connection and the MAC, then proves the secret in turn with a second
+``HELLO`` carrying ``auth_mac(secret, "server", ...)`` over the same nonces and ids and the client's end as
+the server sees it; the client checks it before it sends anything else. The direction label stops a
+reflection, the endpoints stop a relay (an impostor at a stale address cannot pass a client's proof on to
+the real server, nor the server's back), the nonces stop a replay. A refused handshake is answered by
+``GOODBYE`` with status ``UNAUTHENTICATED``. Without a secret on either side nothing is proved.
 
 Decoder invariant (fuzzed in tests/test_wire.py): any byte string fed in any split either yields the
 frames that were encoded, or raises ``RemoteProtocolError`` (never another exception), and never
@@ -57,7 +63,13 @@ from typing import NamedTuple
 
 import msgpack
 
-from .errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError, Status  # Status: errors owns the table
+from .errors import (  # Status: errors owns the table
+    ConfigError,
+    FrameTooLarge,
+    LocalProtocolError,
+    RemoteProtocolError,
+    Status,
+)
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -307,9 +319,36 @@ def _str_keyed_dict(pairs: list[tuple[object, object]]) -> dict[str, object]:
     return dict(pairs)  # type: ignore[arg-type]
 
 
-def auth_mac(secret: bytes, nonce: bytes, server_engine_id: str, client_engine_id: str) -> bytes:
-    """HMAC-SHA256 proof of the shared secret, bound to this connection's nonce and both engines."""
-    msg = b"svcframe-auth-v1\0" + nonce + b"\0" + server_engine_id.encode() + b"\0" + client_engine_id.encode()
+#: The shortest shared secret accepted (bytes): 128 bits, as the nonces.
+MIN_SECRET_BYTES = 16
+
+
+def check_secret(secret: bytes, source: str) -> bytes:
+    """``secret`` when it can serve as a shared secret, else ConfigError naming ``source`` (a file, a
+    variable, an option): an empty, blank or short key would let anyone authenticate (issue 13)."""
+    if len(secret.strip()) < MIN_SECRET_BYTES:
+        raise ConfigError(
+            f"the shared secret from {source} is {'empty' if not secret.strip() else 'too short'}: it needs at "
+            f"least {MIN_SECRET_BYTES} bytes (e.g. python -c 'import secrets; print(secrets.token_hex(16))')"
+        )
+    return secret
+
+
+def auth_mac(
+    secret: bytes, direction: str, server_nonce: bytes, client_nonce: bytes, server_engine_id: str,
+    client_engine_id: str, endpoint: str,
+) -> bytes:  # fmt: skip
+    """HMAC-SHA256 proof of the shared secret over the handshake's transcript.
+
+    Args:
+        direction: "client" (the dialling side proves) or "server" (the listening side proves).
+        server_nonce, client_nonce: the 16 random bytes each side sent in its HELLO.
+        server_engine_id, client_engine_id: the engine ids of the two HELLOs.
+        endpoint: for "client", the server's end of the connection as the client's socket sees it
+            ("host:port", or the unix socket path); for "server", the client's end as the server sees it.
+    """
+    msg = b"\0".join((b"svcframe-auth-v2", direction.encode(), server_nonce, client_nonce,
+                      server_engine_id.encode(), client_engine_id.encode(), endpoint.encode()))  # fmt: skip
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 

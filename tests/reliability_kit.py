@@ -363,12 +363,24 @@ async def read_frame(reader: asyncio.StreamReader, timeout_seconds: float = 10.0
     return fields, await asyncio.wait_for(reader.readexactly(fields[6]), timeout_seconds)
 
 
-def hello_reply(server_hello: dict, key: bytes | None, engine_id: str = "raw-peer") -> bytes:
-    """The dialling side's HELLO for ``server_hello`` (with the HMAC proof when ``key`` is given)."""
+CLIENT_NONCE = b"raw-peer-nonce16"  # a raw peer's fixed nonce (16 bytes)
+
+
+def hello_reply(server_hello: dict, key: bytes | None, engine_id: str = "raw-peer", via: str = "") -> bytes:
+    """The dialling side's HELLO for ``server_hello``; with ``key``, the client's proof over the transcript
+    (``via``: the server's end of the connection as the raw socket sees it, "host:port" or the unix path).
+    A server that accepts it answers with its own proof, a second HELLO, before anything else."""
     reply: dict[str, Any] = {"engine_id": engine_id, "address": None}
     if key is not None:
-        reply["mac"] = auth_mac(key, server_hello["nonce"], server_hello["engine_id"], engine_id)
+        reply.update(nonce=CLIENT_NONCE, via=via, mac=auth_mac(
+            key, "client", server_hello["nonce"], CLIENT_NONCE, server_hello["engine_id"], engine_id, via
+        ))  # fmt: skip
     return encode_frame(Kind.HELLO, 0, pack_body(reply))
+
+
+def endpoint_of(name: Any) -> str:
+    """A socket's peername as the handshake names endpoints: "host:port" or the unix path."""
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name or "")
 
 
 async def raw_handshake(
@@ -378,7 +390,10 @@ async def raw_handshake(
     assert fields[2] == Kind.HELLO, fields
     hello = unpack_body(body)
     assert isinstance(hello, dict)
-    writer.write(hello_reply(hello, key, engine_id))
+    writer.write(hello_reply(hello, key, engine_id, endpoint_of(writer.get_extra_info("peername"))))
+    if key is not None and hello.get("auth"):
+        fields, body = await read_frame(reader)  # the server's proof
+        assert fields[2] == Kind.HELLO and "mac" in unpack_body(body), fields
     return hello
 
 
@@ -496,7 +511,7 @@ def hard_case(name: str, key: bytes) -> tuple[bool, bytes]:
         "reserved-bits": _header(Kind.REQUEST, 0, reserved=1),
         "oversize-4gib": _header(Kind.REQUEST, 2**32 - 1),
         "bulk-data-nobody-expects": encode_frame(Kind.BULK_DATA_PUSH, 5, b"abc"),
-        "second-hello": hello_reply({"nonce": b"n", "engine_id": "e"}, key, "again"),
+        "second-hello": hello_reply({"nonce": b"n" * 16, "engine_id": "e"}, key, "again"),
         "truncated-then-hangup": request(1, RELTEST_ID, "noop", pack_body("x" * 100))[:90],
         "push-overrun": encode_frame(Kind.BULK_PUSH, 9, pack_body([bytes(16), 0, 10]))
         + encode_frame(Kind.BULK_DATA_PUSH, 9, b"y" * 20),
@@ -663,7 +678,7 @@ def _slowreader(args: dict[str, Any]) -> dict[str, Any]:
                 buf += sock.recv(65536)
             hello = unpack_body(buf[HEADER_SIZE:])
             assert isinstance(hello, dict)
-            sock.sendall(hello_reply(hello, key, "slow-reader"))
+            sock.sendall(hello_reply(hello, key, "slow-reader", endpoint_of(sock.getpeername())))
             sent, t0, how = 0, time.monotonic(), "still connected"
             try:
                 while sent < args["max_requests"]:
@@ -708,7 +723,7 @@ async def _bulkvictim_raw(args: dict[str, Any]) -> None:
     from us, answer its BULK_PULL with half of a 1 MiB data frame, say so, then wait to be killed."""
     reader, writer = await open_raw(args["address"])
     await raw_handshake(reader, writer, secret(), "victim-1")
-    handle = [None, "victim-1", 1, args["size"], "r"]
+    handle = [None, "victim-1", b"v" * 16, args["size"], "r"]
     writer.write(request(1, RELTEST_ID, "sha_pull", pack_body({"bulk": handle}), deadline_usec=60_000_000))
     while True:
         fields, _ = await read_frame(reader)

@@ -198,7 +198,12 @@ def test_add_provider_then_remove_it(svc: Member) -> None:
     assert run(use()) == b"v"
     (entry,) = admin(svc.address, "query_config", "providers[?name=='cache']")
     assert entry["provider_id"] == pid
-    assert entry["config"] == {"path": ":memory:", "durability": "durable", "inline_max_bytes": 65536, "max_value_bytes": 268435456}
+    assert entry["config"] == {
+        "path": ":memory:",
+        "durability": "durable",
+        "inline_max_bytes": 65536,
+        "max_value_bytes": 268435456,
+    }
     assert admin(svc.address, "remove_provider", "cache") is None
     with pytest.raises(NoSuchProvider):
         run(use())

@@ -591,19 +591,38 @@ async def test_nested_call_extends_the_callpath(server: Engine, client: Engine) 
     assert current_callpath() == 0
 
 
-async def test_shared_secret_accepts_the_same_secret(address: str, make_engine: MakeEngine) -> None:
-    server = await make_engine(address, secret=b"s")
+SECRET_S = b"s" * 32
+
+
+async def test_short_or_empty_secrets_are_refused() -> None:
+    for bad in (b"", b"   ", b"short"):
+        with pytest.raises(ConfigError, match="shared secret"):
+            Engine(None, secret=bad)
+
+
+async def test_a_client_with_a_secret_refuses_a_server_that_cannot_prove_it(
+    address: str, make_engine: MakeEngine
+) -> None:
+    server = await make_engine(address, secret=None)
     register_test_rpcs(server)
-    good = await make_engine(None, secret=b"s")
+    holder = await make_engine(None, secret=SECRET_S)
+    with pytest.raises(AuthenticationFailed, match="does not authenticate"):
+        await call1(holder, server, "echo", 1, timeout_seconds=WAIT_SECONDS)
+
+
+async def test_shared_secret_accepts_the_same_secret(address: str, make_engine: MakeEngine) -> None:
+    server = await make_engine(address, secret=SECRET_S)
+    register_test_rpcs(server)
+    good = await make_engine(None, secret=SECRET_S)
     assert await call1(good, server, "echo", "authenticated") == "authenticated"
     assert await call1(good, server, "aecho", "again") == "again"
 
 
-@pytest.mark.parametrize("secret", [None, b"wrong"], ids=["no-secret", "wrong-secret"])
+@pytest.mark.parametrize("secret", [None, b"wrong-secret-of-16+bytes"], ids=["no-secret", "wrong-secret"])
 async def test_shared_secret_refuses_others(address: str, make_engine: MakeEngine, secret: bytes | None) -> None:
-    server = await make_engine(address, secret=b"s")
+    server = await make_engine(address, secret=SECRET_S)
     register_test_rpcs(server)
-    good = await make_engine(None, secret=b"s")
+    good = await make_engine(None, secret=SECRET_S)
     assert await call1(good, server, "echo", "authenticated") == "authenticated"
     intruder = await make_engine(None, secret=secret)
     with pytest.raises(AuthenticationFailed):

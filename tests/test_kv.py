@@ -100,7 +100,12 @@ def test_registered_as_kv_type() -> None:
 @pytest.mark.asyncio
 async def test_default_config_is_filled_in(server: Engine) -> None:
     p = KVProvider(server, 7)
-    assert p.get_config() == {"path": "kv-7.sqlite", "durability": "durable", "inline_max_bytes": 64 * 1024, "max_value_bytes": 256 * 1024 * 1024}
+    assert p.get_config() == {
+        "path": "kv-7.sqlite",
+        "durability": "durable",
+        "inline_max_bytes": 64 * 1024,
+        "max_value_bytes": 256 * 1024 * 1024,
+    }
 
 
 @pytest.mark.asyncio

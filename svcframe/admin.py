@@ -70,6 +70,10 @@ log = logging.getLogger("svcframe.admin")
 #: Time the admin keeps for itself when a caller's deadline bounds a dependency wait: the error must
 #: reach the caller before the caller gives up.
 _REPLY_MARGIN_SECONDS = 0.5
+#: Longest JMESPath expression query_config evaluates. jmespath keeps up to 128 parsed expressions in a
+#: process-wide cache, so this also bounds what callers can make the server keep (issue 13: 4 x 800 KB
+#: expressions kept the loop busy 7-10 s and 424 MiB in that cache).
+MAX_QUERY_CHARS = 4096
 
 
 class AdminProvider(Provider):
@@ -107,10 +111,14 @@ class AdminProvider(Provider):
 
         if not isinstance(expression, str):
             raise ConfigError("query_config takes a JMESPath expression (a string)")
+        if len(expression) > MAX_QUERY_CHARS:  # bounds parse and evaluation time and the parser's cache
+            raise ConfigError(f"a JMESPath expression of {len(expression)} characters: the limit is {MAX_QUERY_CHARS}")
         try:
             return jmespath.search(expression, self.server.live_config())
         except JMESPathError as exc:
-            raise ConfigError(f"invalid JMESPath expression {expression!r}: {exc}") from None
+            raise ConfigError(f"invalid JMESPath expression {expression[:200]!r}: {exc}") from None
+        except RecursionError:
+            raise ConfigError("the JMESPath expression nests too deeply") from None
 
     @rpc
     def status(self, req: Request, _: Any) -> dict[str, Any]:
@@ -125,8 +133,11 @@ class AdminProvider(Provider):
 
     @rpc
     def statistics(self, req: Request, arg: Any) -> dict[str, Any]:
+        reset = isinstance(arg, dict) and arg.get("reset")
+        if reset:  # forgetting what was measured changes the server: an admin mutation (issue 13)
+            self._mutation("statistics reset", req)
         stats = self.engine.statistics()
-        if isinstance(arg, dict) and arg.get("reset"):
+        if reset:
             self.engine.monitor.reset()
         return stats
 
@@ -136,7 +147,10 @@ class AdminProvider(Provider):
         tracer = self.engine.tracer
         if tracer is None:
             return []
-        return tracer.take(clear=bool(isinstance(arg, dict) and arg.get("clear")))
+        clear = bool(isinstance(arg, dict) and arg.get("clear"))
+        if clear:
+            self._mutation("trace_events clear", req)
+        return tracer.take(clear=clear)
 
     @rpc
     def lookup_provider(self, req: Request, spec: Any) -> dict[str, Any] | None:

@@ -185,6 +185,12 @@ class AdminConfig(StrictModel):
         ge=0,
         description="how long a remote dependency (NAME@ADDRESS, TYPE:ID@ADDRESS) is retried before it is an error",
     )
+    provider_start_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="a provider whose start() has not returned after this long fails the server's start-up "
+        "(or the add_provider call), instead of leaving a server that never reports ready",
+    )
 
 
 DependencyValue = str | int | list[str | int]
@@ -249,8 +255,28 @@ def format_validation_error(exc: ValidationError, source: str = "config") -> str
     return "\n".join(lines)
 
 
+#: A config nested deeper than this, or larger than MAX_CONFIG_BYTES, is a config error (not a RecursionError).
+MAX_CONFIG_DEPTH = 64
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def check_depth(data: Any, source: str = "config", limit: int = MAX_CONFIG_DEPTH) -> None:
+    """ConfigError when ``data`` nests lists/dicts deeper than ``limit``, naming the path where it does
+    (iterative: a hostile 100,000-deep document cannot exhaust the stack)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > limit:
+            raise ConfigError(f"{source}: {path or '/'} is nested more than {limit} levels deep")
+        if isinstance(value, dict):
+            stack.extend((v, f"{path}/{k}", depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}/{i}", depth + 1) for i, v in enumerate(value))
+
+
 def parse_config(data: Any, source: str = "config") -> ServiceConfig:
     """Validate a decoded JSON document. Raises ConfigError naming each bad JSON path."""
+    check_depth(data, source)
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as exc:
@@ -265,6 +291,8 @@ def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
     """
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: not a bootstrap config")
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
@@ -272,6 +300,8 @@ def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{p}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deeply to be a bootstrap config") from None
     return parse_config(data, str(p))
 
 

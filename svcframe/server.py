@@ -58,9 +58,10 @@ def read_secret_file(path: str, what: str = "--secret-file") -> bytes:
         mode = os.stat(path).st_mode
     except OSError as exc:
         raise ConfigError(f"{what} {path!r}: cannot read: {exc.strerror}") from None
+    check_secret(secret, f"{what} {path}")
     if mode & 0o077:
         log.warning("%s %s can be read by other users (mode %o): chmod 600 it", what, path, mode & 0o777)
-    return check_secret(secret, f"{what} {path}")
+    return secret
 
 
 def parse_dependency(spec: str | int) -> tuple[str | None, str | None, int | None, str | None]:
@@ -229,8 +230,15 @@ class Server:
             deps = await self.resolve_dependencies(spec, cls, timeout_seconds=timeout_seconds)
             provider = cls(self.engine, provider_id, name=spec.name, config=spec.config, dependencies=deps)
             provider.register()
+            limit = self.config.admin.provider_start_timeout_seconds
             try:
-                await provider.start()
+                await asyncio.wait_for(provider.start(), limit)
+            except TimeoutError:
+                self.engine.deregister_provider(provider_id)
+                raise ConfigError(
+                    f"provider {spec.name!r} (type {spec.type!r}) did not start within {limit:g} s "
+                    "(admin.provider_start_timeout_seconds)"
+                ) from None
             except BaseException:
                 self.engine.deregister_provider(provider_id)
                 raise

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -398,7 +399,9 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_engine_id = hello["engine_id"]
         addr = hello.get("address")
         self.peer_address = addr if isinstance(addr, str) else None
-        self.peer_label = self.peer_address or f"{self.peername} ({self.peer_engine_id[:8]})"
+        # Statistics are kept per peer label: a server's address, or for client-only peers (no address) one
+        # label per client host, so churn of short connections from ephemeral ports adds no record (issue 13).
+        self.peer_label = self.peer_address or f"clients@{self.peer_host or 'local'}"
         self.peer_cma = hello.get("cma") is True and self.peer_pid is not None
         limit = hello.get("max_body_bytes")
         if isinstance(limit, int) and limit > 0:
@@ -536,9 +539,17 @@ async def listen(
 
 
 def _remove_stale_socket(path: str) -> None:
-    """Remove a unix socket file left by a dead process; refuse to steal a live one."""
-    if not os.path.exists(path):
+    """Remove a unix socket file left by a dead process; refuse to steal a live one, and never remove
+    anything that is not a socket (a mistyped address must not delete a user's file: issue 13)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return
+    except OSError as exc:
+        raise ConnectionLost(f"cannot listen on unix://{path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        kind = "directory" if stat.S_ISDIR(mode) else "symbolic link" if stat.S_ISLNK(mode) else "file"
+        raise ConnectionLost(f"cannot listen on unix://{path}: a {kind} is there, not a stale socket (left as it is)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)

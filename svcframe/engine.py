@@ -266,7 +266,9 @@ class Engine:
     Args:
         address: where to listen, ``tcp://HOST:PORT`` (port 0 = ephemeral) or ``unix:///path``; None
             for a client-only engine (it can call, expose buffers and serve bulk on its own connections).
-        progress_mode / progress_spindown_msec / progress_timeout_ub_msec: see ``svcframe.progress``.
+        progress_mode / progress_spindown_msec / progress_timeout_ub_msec: see ``svcframe.progress``; the mode
+            defaults to "spindown" for an engine that listens and "block" for a client-only one (a client
+            spinning on a core it shares with its server slows both: issue 14).
         default_timeout_seconds: deadline of calls that give none.
         max_body_bytes: largest inline frame body accepted (default 4 MiB).
         bulk_chunk_bytes: size of the data frames bulk transfers are cut into.
@@ -294,7 +296,7 @@ class Engine:
         self,
         address: str | None = "tcp://127.0.0.1:0",
         *,
-        progress_mode: str = "spindown",
+        progress_mode: str | None = None,
         progress_spindown_msec: float = 10.0,
         progress_timeout_ub_msec: float = 100.0,
         default_timeout_seconds: float = 30.0,
@@ -320,6 +322,8 @@ class Engine:
             raise ConfigError("default_timeout_seconds must be > 0")
         if not 0 < bulk_chunk_bytes <= max_body_bytes:
             raise ConfigError("bulk_chunk_bytes must be in 1..max_body_bytes")
+        if progress_mode is None:  # a client-only engine must not burn a core it may share with its server
+            progress_mode = "spindown" if address else "block"
         try:
             self.progress = Progress(progress_mode, progress_spindown_msec, progress_timeout_ub_msec)
         except ValueError as exc:

@@ -841,8 +841,8 @@ def _stats_rows(previous: dict[str, Any] | None, current: dict[str, Any], second
         for side, step in (("target", "handler_usec"), ("origin", "total_usec")):
             for r in stats["rpcs"][side]:
                 key = (side, r["parent_rpc"], r["rpc"], r["provider_id"], r["peer"])
-                count = r[step]["count"]
-                old = before.get(key, {}).get(step, {}).get("count", 0) if previous else 0
+                count = r["calls"]  # exact: every call is counted; only latencies are sampled (timing_sample_every)
+                old = before.get(key, {}).get("calls", 0) if previous else 0
                 rate = (count - old) / seconds if previous and seconds > 0 else 0.0
                 parent = f"{r['parent_rpc']}[{r['parent_provider_id']}] -> " if r["parent_rpc"] else ""
                 rows.append((address, side, f"{parent}{r['rpc']}[{r['provider_id']}]", r["peer"], rate, count,
@@ -853,7 +853,7 @@ def _stats_rows(previous: dict[str, Any] | None, current: dict[str, Any], second
 def _stats_table(rows: list[tuple[Any, ...]]) -> Any:
     from rich.table import Table
 
-    table = Table(title="svcframe monitor (target: handler time; origin: round trip)")
+    table = Table(title="svcframe monitor (target: handler time; origin: round trip; calls exact, latencies sampled)")
     for col in ("server", "side", "callpath", "peer", "calls/s", "calls", "p50 µs", "p99 µs", "queue p50 µs", "errors"):
         table.add_column(col)
     for a, side, cp, peer, rate, count, p50, p99, queue, errors in rows:

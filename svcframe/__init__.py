@@ -4,6 +4,8 @@ Layers, top to bottom (imports only go down): cli / launch -> server, config, ad
 engine (engine, bulk, progress, monitoring) -> transport -> wire.
 """
 
+from importlib import metadata as _metadata
+
 from .bulk import BulkHandle
 from .engine import Engine, Request
 from .errors import (
@@ -36,7 +38,10 @@ from .errors import (
 )
 from .provider import Provider, ProviderHandle, load_library, register_provider_type, rpc
 
-__version__ = "0.1.0"
+try:  # one source: the version in pyproject.toml, as installed
+    __version__ = _metadata.version("svcframe")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AppError",

@@ -230,3 +230,11 @@ def test_shutdown_by_address() -> None:
         proc = cli("shutdown", job.members[0].address)
         assert "shutdown requested" in proc.stderr
         assert job.wait(WAIT_SECONDS) == {0: 0}
+
+
+def test_version_is_the_installed_one() -> None:
+    from importlib.metadata import version
+
+    import svcframe
+
+    assert cli("--version").stdout.strip() == f"svcframe {version('svcframe')}" == f"svcframe {svcframe.__version__}"

@@ -105,7 +105,7 @@ def _run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="svcframe", message="%(prog)s %(version)s")
+@click.version_option(package_name="svcframe", message="svcframe %(version)s")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """svcframe: an asyncio runtime for HPC data services, with a self-test and the data-service roofline."""

@@ -174,6 +174,7 @@ class Connection(asyncio.BufferedProtocol):
         self._open = False
         self._batch: list[bytes | memoryview] | None = None
         self._paused = False
+        self._writelines_pauses = False  # set per transport in connection_made
         self._drain: asyncio.Future[None] | None = None
 
     # -- ids -----------------------------------------------------------------------------------------
@@ -195,6 +196,10 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_label = self.peername  # the peer's address once known, for statistics
         self.peer_host = peer[0] if isinstance(peer, tuple) else None
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        # uvloop's writelines pauses the protocol over the high-water mark; the stdlib's does not on CPython
+        # 3.12.0-3.12.8 and 3.13.0-3.13.1 (gh-127655: 32 MiB queued behind 4 MiB, then healthy peers dropped
+        # as slow readers), so there one write() per part, each of which checks the mark.
+        self._writelines_pauses = type(transport).__module__.startswith("uvloop")
         if self.server_side:
             refusal = self.owner.admit(self)
             if refusal is not None:  # over a connection cap: say why and close; the peer pays its descriptor
@@ -330,8 +335,12 @@ class Connection(asyncio.BufferedProtocol):
         self.writes += 1
         if len(parts) == 1:
             self.transport.write(parts[0])
-        else:
+        elif self._writelines_pauses:
             self.transport.writelines(parts)
+        else:  # each write() checks the high-water mark (the stdlib's writelines may not: CPython gh-127655)
+            write = self.transport.write
+            for part in parts:
+                write(part)
         if self._paused:  # over the high-water mark: is it over the cap?
             self._check_output()
 

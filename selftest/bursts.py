@@ -224,9 +224,9 @@ async def _run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
 
 def plot_bursts(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Figure 6 analogue: one panel per mode, call rate (left axis) and server CPU or power (right)."""
-    import matplotlib
+    from .plotting import require_matplotlib
 
-    matplotlib.use("Agg")
+    require_matplotlib()
     import matplotlib.pyplot as plt
 
     modes = results["modes"]

@@ -251,6 +251,9 @@ def plot_dispersion(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     Raises:
         OSError: the file cannot be written.
     """
+    from .plotting import require_matplotlib
+
+    require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

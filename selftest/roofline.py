@@ -593,9 +593,9 @@ def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = N
     Raises:
         OSError: the file cannot be written.
     """
-    import matplotlib
+    from .plotting import require_matplotlib
 
-    matplotlib.use("Agg")
+    require_matplotlib()
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 

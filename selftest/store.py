@@ -389,6 +389,9 @@ def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], p
     """
     from datetime import datetime
 
+    from .plotting import require_matplotlib
+
+    require_matplotlib()
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
     from matplotlib.figure import Figure
 

@@ -75,6 +75,9 @@ def plot_sweep(
     Raises:
         ValueError: ``points`` is empty.
     """
+    from .plotting import require_matplotlib
+
+    require_matplotlib()
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 

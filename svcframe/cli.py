@@ -68,7 +68,10 @@ def _targets(addresses: tuple[str, ...], group: str | None) -> list[tuple[str, i
 
     out = [(a, ADMIN_PROVIDER_ID) for a in addresses]
     if group:
-        out += [(m.address, m.provider_id) for m in read_group_file(group)]
+        try:
+            out += [(m.address, m.provider_id) for m in read_group_file(group)]
+        except SvcframeError as exc:
+            _fail(str(exc), 2)
     if not out:
         _fail("give at least one ADDRESS or --group FILE")
     return out
@@ -235,22 +238,76 @@ def shutdown(address: tuple[str, ...], group: str | None) -> None:
     click.echo("shutdown requested", err=True)
 
 
+def _call_argument(text: str) -> Any:
+    """ARG of ``svcframe call``: JSON, ``@FILE`` (the file's bytes) or ``base64:DATA`` (bytes)."""
+    if text.startswith("@"):
+        try:
+            return Path(text[1:]).read_bytes()
+        except OSError as exc:
+            _fail(f"ARG {text}: cannot read {text[1:]}: {exc.strerror}", 2)
+    if text.startswith("base64:"):
+        import base64
+        import binascii
+
+        try:
+            return base64.b64decode(text[7:], validate=True)
+        except binascii.Error as exc:
+            _fail(f"ARG {text[:40]}: not base64 ({exc})", 2)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(
+            f"ARG {text[:40]!r} is not JSON ({exc.msg} at column {exc.colno}); quote strings as '\"text\"', "
+            "pass bytes as @FILE or base64:DATA",
+            2,
+        )
+
+
 @main.command()
-@click.argument("address")
-@click.argument("rpc_name")
-@click.argument("arg", required=False, default="null")
+@click.argument("words", nargs=-1, required=True, metavar="[ADDRESS] RPC_NAME [ARG]")
+@click.option("--group", "-g", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Call the member of this group file given by --rank instead of ADDRESS.")  # fmt: skip
+@click.option("--rank", type=int, default=0, show_default=True, help="Which member of --group.")
+@click.option("--bytes", "byte_fields", multiple=True, metavar="FIELD=@FILE|base64:DATA",
+              help="Set FIELD of the JSON object ARG to bytes (repeatable), e.g. --bytes value=@blob.bin.")  # fmt: skip
 @click.option("--provider-id", "-p", type=int, default=0, show_default=True)
 @click.option("--timeout-seconds", type=float, default=10.0, show_default=True)
-def call(address: str, rpc_name: str, arg: str, provider_id: int, timeout_seconds: float) -> None:
-    """Call RPC_NAME of a provider with a JSON ARG and print the result."""
+def call(
+    words: tuple[str, ...], group: str | None, rank: int, byte_fields: tuple[str, ...], provider_id: int,
+    timeout_seconds: float,
+) -> None:  # fmt: skip
+    """Call RPC_NAME of a provider and print the result as JSON (bytes as text).
+
+    ARG is JSON (default null), @FILE (the file's bytes) or base64:DATA (bytes). With --bytes, ARG is a JSON
+    object some of whose fields are bytes: svcframe call ADDR put '{"key": "k"}' --bytes value=@v.bin -p 1
+    """
     from .engine import Engine
     from .loops import run
 
+    if group is None:
+        if len(words) not in (2, 3):
+            _fail("usage: svcframe call ADDRESS RPC_NAME [ARG], or svcframe call -g GROUP RPC_NAME [ARG]", 2)
+        address, rpc_name, *rest = words
+    else:
+        if len(words) not in (1, 2):
+            _fail("with --group, give RPC_NAME [ARG] (no ADDRESS)", 2)
+        members = _targets((), group)
+        if not 0 <= rank < len(members):
+            _fail(f"--rank {rank}: {group} has ranks 0..{len(members) - 1}", 2)
+        address = members[rank][0]
+        rpc_name, *rest = words
+    arg = _call_argument(rest[0] if rest else ("{}" if byte_fields else "null"))
+    for spec in byte_fields:
+        name, sep, source = spec.partition("=")
+        if not sep or not (source.startswith("@") or source.startswith("base64:")):
+            _fail(f"--bytes {spec}: expected FIELD=@FILE or FIELD=base64:DATA", 2)
+        if not isinstance(arg, dict):
+            _fail("--bytes needs ARG to be a JSON object", 2)
+        arg[name] = _call_argument(source)
+
     async def go() -> Any:
         async with Engine(None, secret=_read_secret(None)) as engine:
-            return await engine.call(
-                address, rpc_name, json.loads(arg), provider_id=provider_id, timeout_seconds=timeout_seconds
-            )
+            return await engine.call(address, rpc_name, arg, provider_id=provider_id, timeout_seconds=timeout_seconds)
 
     try:
         result = run(go())
@@ -755,7 +812,14 @@ def roofline_plot(model: str, out: str | None) -> None:
     """Redraw the plots of a roofline.json (no service needed)."""
     from selftest.roofline import Roofline, plot
 
-    doc = json.loads(Path(model).read_text())
+    try:
+        doc = json.loads(Path(model).read_text())
+    except (OSError, ValueError) as exc:
+        _fail(f"{model}: cannot read a roofline model: {exc}", 2)
+    if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        _fail(f"{model} is not a roofline model (the roofline.json of `svcframe roofline collect`)"
+              + (f"; it is a {kind} document" if kind else ""), 2)  # fmt: skip
     dest = Path(out) if out else Path(model).parent
     dest.mkdir(parents=True, exist_ok=True)
     for name, m in doc["metrics"].items():

@@ -49,7 +49,9 @@ def read_group_file(path: str | os.PathLike[str]) -> list[Member]:
             Member(int(m["rank"]), str(m["address"]), int(m["provider_id"]), int(m.get("pid", 0)))
             for m in data["members"]
         ]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except KeyError as exc:
+        raise LaunchError(f"{path} is not a group file: a member or the file lacks {exc}") from None
+    except (OSError, ValueError, TypeError) as exc:
         raise LaunchError(f"cannot read group file {path}: {exc}") from None
 
 

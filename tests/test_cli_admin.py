@@ -238,3 +238,25 @@ def test_version_is_the_installed_one() -> None:
     import svcframe
 
     assert cli("--version").stdout.strip() == f"svcframe {version('svcframe')}" == f"svcframe {svcframe.__version__}"
+
+
+def test_call_takes_bytes_and_a_group(group: tuple[str, list[Member]], tmp_path: Path) -> None:
+    """Issue 15: the kv provider's put needs bytes, which the CLI could not pass; --group picks a member."""
+    path, members = group
+    value = tmp_path / "value.bin"
+    value.write_bytes(b"\x00\x01binary")
+    put = '{"key": "k1", "value": "placeholder"}'
+    assert cli("call", "-g", path, "put", put, "-p", "1", ok=False).stderr.count("\n") == 1  # str is not bytes
+    assert cli_json("call", "-g", path, "put", '{"key": "k1"}', "--bytes", f"value=@{value}", "-p", "1") is None
+    assert cli_json("call", members[0].address, "length", '{"key": "k1"}', "-p", "1") == len(b"\x00\x01binary")
+    assert cli_json("call", members[0].address, "get", '{"key": "k2"}', "-p", "1") is None
+    cli("call", members[0].address, "put", '{"key": "k2"}', "--bytes", "value=base64:aGk=", "-p", "1")
+    assert cli_json("call", members[0].address, "get", '{"key": "k2"}', "-p", "1") == "hi"
+    assert cli_json("call", "-g", path, "--rank", "1", "count", "-p", "1") == 0  # the other server's store
+    got = cli("call", members[0].address, "noop-not-there", f"@{value}", "-p", "1", ok=False).stderr
+    assert got.startswith("svcframe: error:") and "Traceback" not in got
+    for bad in ("notjson", "base64:!!", "@/nonexistent/file"):
+        err = cli("call", members[0].address, "count", bad, "-p", "1", ok=False).stderr
+        assert err.count("\n") == 1 and err.startswith("svcframe: error: ARG"), err
+    err = cli("call", "-g", path, "--rank", "5", "count", ok=False).stderr
+    assert "has ranks 0..1" in err

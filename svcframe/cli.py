@@ -135,8 +135,13 @@ def serve(
     """Run one server from a JSON bootstrap CONFIG until SIGTERM / Ctrl-C / admin shutdown.
 
     Under a launcher (srun, mpiexec) each process learns its rank from the environment (or mpi4py); with
-    --group-file the group is published when all ranks accept calls (svcframe/ranks.py)."""
+    --group-file the group is published when all ranks accept calls (svcframe/ranks.py).
+
+    Libraries are imported as ``python -m`` would: the current directory first (issue 15)."""
     from .server import run_server
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
     try:
         cfg = load_config(config)
@@ -202,7 +207,7 @@ def launch(
         return
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        click.echo(f"svcframe: {procs} server(s) ready; group file {group_file}", err=True)
+        click.echo(f"svcframe: {procs} server(s) ready; group file {group_file}; logs in {job.workdir}", err=True)
         for m in members:
             click.echo(f"  rank {m.rank}: {m.address} (pid {m.pid})", err=True)
         while not stop["now"] and len(job.wait(0.2)) < procs:
@@ -213,7 +218,7 @@ def launch(
             signal.signal(s, h)
     bad = {r: c for r, c in codes.items() if c != 0}
     if bad:
-        _fail(f"server(s) exited with non-zero codes: {bad}")
+        _fail(f"server(s) exited with non-zero codes: {bad}; their logs are kept in {job.workdir}")
     click.echo("svcframe: all servers stopped cleanly", err=True)
 
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -99,7 +100,8 @@ class Launch:
         self.group_file = Path(group_file) if group_file else None
         self.start_timeout_seconds = start_timeout_seconds
         self.secret_file = secret_file
-        self.workdir = Path(tempfile.mkdtemp(prefix="svcframe-launch-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="svcframe-launch-"))  # rank configs and logs
+        self.workdir_kept = True
         self.members: list[Member] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         # No orphaned servers if the launcher dies: each server watches the read end of this pipe and shuts
@@ -164,7 +166,10 @@ class Launch:
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 missing = sorted(set(range(self.procs)) - set(found))
-                raise LaunchError(f"server rank(s) {missing} not ready within {self.start_timeout_seconds:g} s")
+                raise LaunchError(
+                    f"server rank(s) {missing} not ready within {self.start_timeout_seconds:g} s (logs kept in "
+                    f"{self.workdir})"
+                )
             ready, _, _ = select.select(list(open_fds), [], [], timeout)
             for fd in ready:
                 rank = readers[fd]
@@ -179,7 +184,10 @@ class Launch:
                 except ValueError:
                     msg = {"ok": False, "error": f"bad readiness line {line[:200]!r}"}
                 if not msg.get("ok"):
-                    raise LaunchError(f"server rank {rank} failed to start: {msg.get('error')}\n{self.log_tail(rank)}")
+                    raise LaunchError(
+                        f"server rank {rank} failed to start: {msg.get('error')} (logs kept in {self.workdir})\n"
+                        f"{self.log_tail(rank)}"
+                    )
                 found[rank] = Member(rank, msg["address"], self.config.admin.provider_id, int(msg["pid"]))
         return [found[r] for r in range(self.procs)]
 
@@ -226,6 +234,10 @@ class Launch:
         if self.group_file is not None and self.members:
             with contextlib.suppress(FileNotFoundError):
                 self.group_file.unlink()
+        # the rank configs and logs: removed after a clean run, kept (and named) when a server failed
+        self.workdir_kept = any(c != 0 for c in codes.values()) or not self.members
+        if not self.workdir_kept:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         return codes
 
     def __enter__(self) -> Launch:

@@ -169,3 +169,53 @@ def test_servers_exit_when_the_launcher_is_killed(tmp_path) -> None:
             proc.kill()
         proc.communicate(timeout=10)
     assert all(_gone(pid) for pid in pids)
+
+
+def test_a_clean_launch_leaves_no_work_directory(tmp_path: Path) -> None:
+    """Issue 15: every launch left /tmp/svcframe-launch-* behind; now only a failed one keeps its logs."""
+    from svcframe.config import parse_config
+    from svcframe.launch import Launch
+
+    with Launch(parse_config({"providers": []}), 1, group_file=tmp_path / "g.json") as job:
+        workdir = job.workdir
+        assert (workdir / "rank-0.log").exists()
+    assert not workdir.exists()
+
+
+COUNTER = """
+from svcframe import Provider, register_provider_type, rpc
+
+@register_provider_type
+class Counter(Provider):
+    type_name = "counter"
+
+    @rpc
+    def add(self, req, n):
+        self.config["value"] = self.config.get("value", 0) + n
+        return self.config["value"]
+"""
+
+
+def test_serve_imports_libraries_from_the_current_directory(tmp_path: Path) -> None:
+    """Issue 15: the README's quick start (counter.py beside counter.json) failed with `svcframe serve`."""
+    (tmp_path / "counter.py").write_text(COUNTER)
+    (tmp_path / "counter.json").write_text(
+        json.dumps({"libraries": ["counter"], "providers": [{"name": "hits", "type": "counter", "provider_id": 1}]})
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "svcframe", "serve", "counter.json"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        ready = json.loads(server.stdout.readline() or "{}")
+        assert ready.get("ok") is True, server.stderr.read() if server.stderr else ready
+        done = subprocess.run(
+            [sys.executable, "-m", "svcframe", "call", ready["address"], "add", "5", "-p", "1"],
+            capture_output=True, text=True, timeout=30, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0 and json.loads(done.stdout) == 5, done.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=30)

@@ -239,8 +239,7 @@ def status(address: tuple[str, ...], group: str | None) -> None:
 @_target_options
 def shutdown(address: tuple[str, ...], group: str | None) -> None:
     """Ask servers to drain and exit."""
-    _run_admin(_targets(address, group), "shutdown")
-    click.echo("shutdown requested", err=True)
+    _echo_json(_run_admin(_targets(address, group), "shutdown"))
 
 
 def _call_argument(text: str) -> Any:
@@ -437,8 +436,7 @@ def provider_remove(args: tuple[str, ...], group: str | None, timeout_seconds: f
     """Remove the provider named by the last argument: new calls are refused at once, in-flight calls
     complete, then its resources are released. Refused while other providers depend on it."""
     *addresses, name = args
-    _run_admin(_targets(tuple(addresses), group), "remove_provider", name, timeout=timeout_seconds)
-    click.echo(f"provider {name!r} removed", err=True)
+    _echo_json(_run_admin(_targets(tuple(addresses), group), "remove_provider", name, timeout=timeout_seconds))
 
 
 @provider.command("list")

@@ -1325,8 +1325,9 @@ class Engine:
             body_len = len(body) + len(result) if large else len(body)
             if body_len > conn.peer_max_body_bytes:
                 raise LocalProtocolError(
-                    f"the result of {reg.name!r} encodes to {body_len} bytes, over the caller's "
-                    f"{conn.peer_max_body_bytes}-byte limit; return large data through a bulk transfer"
+                    f"the result of {reg.name!r} encodes to {body_len} bytes, over the {conn.peer_max_body_bytes}-"
+                    "byte limit of the caller (its engine.max_body_bytes, or Engine(max_body_bytes=...)): the "
+                    "caller can raise that limit, or expose a buffer the handler pushes the data into"
                 )
         except ProtocolError as exc:
             self._finish_error(conn, frame, reg, exc)

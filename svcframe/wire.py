@@ -221,7 +221,10 @@ def encode_frame(kind: int, request_id: int, body: bytes = b"", **fields: int | 
 _packer = msgpack.Packer(use_bin_type=True, strict_types=False, autoreset=True)
 
 
-_TYPES_HINT = "use msgpack types (None, bool, int, float, str, bytes, list, dict with str keys) or a bulk handle"
+_TYPES_HINT = (
+    "use msgpack types (None, bool, int, float, str, bytes, list, dict with str keys); pass a bulk handle as "
+    "handle.to_wire()"
+)
 
 
 def pack_body(obj: object) -> bytes:

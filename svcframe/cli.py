@@ -985,9 +985,9 @@ def stats_dump(address: tuple[str, ...], group: str | None, output: str | None, 
     if fmt == "json":
         text = json.dumps(results, indent=2)
     else:
-        from .monitoring import to_prometheus
+        from .monitoring import to_prometheus_many
 
-        text = b"".join(to_prometheus(st, {"server": a}) for a, st in results.items()).decode()
+        text = to_prometheus_many([({"server": a}, st) for a, st in results.items()]).decode()
     if output:
         Path(output).write_text(text)
         click.echo(f"statistics of {len(results)} server(s) written to {output}", err=True)

@@ -1265,6 +1265,7 @@ class Engine:
                 if self._closing:
                     self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
                 elif getattr(task, "svcframe_deadline_passed", False):
+                    self._count_error(conn, frame, self._table.get((frame[2], frame[3])))
                     self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
                 else:
                     self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled before it ran")
@@ -1296,6 +1297,7 @@ class Engine:
                         conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished"
                     )
                 elif getattr(asyncio.current_task(), "svcframe_deadline_passed", False):
+                    self._count_error(conn, frame, reg)
                     if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
                         self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
                     else:  # it ran: whatever it changed may have been applied
@@ -1383,7 +1385,11 @@ class Engine:
                 reg.last_logged = now
                 log.error("handler %r of provider %d failed (peer %s)", reg.name, reg.provider_id, conn.peer_label,
                           exc_info=exc)  # fmt: skip
-        if self.monitor.enabled:
+        self._count_error(conn, frame, reg)
+
+    def _count_error(self, conn: Connection, frame: Frame, reg: Registration | None) -> None:
+        """One more error in the target statistics of the call ``frame`` (failed, dropped, cancelled)."""
+        if self.monitor.enabled and reg is not None:
             key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
             (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
 

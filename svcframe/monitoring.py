@@ -302,58 +302,81 @@ class ProcessSampler:
 
 
 def to_prometheus(stats: dict[str, Any], labels: dict[str, str] | None = None) -> bytes:
-    """Engine statistics (``Engine.statistics()``) in the Prometheus text exposition format.
+    """Engine statistics (``Engine.statistics()``) in the Prometheus text exposition format; one server.
+    See ``to_prometheus_many``."""
+    return to_prometheus_many([(dict(labels or {}), stats)])
 
-    Latency steps become summaries (``_count``, ``_sum`` and p50/p90/p99 quantiles, seconds); payload
-    sizes too (bytes). Labels: rpc, provider_id, parent_rpc, side; never request ids or peers' ports
-    (keep label cardinality low).
+
+def to_prometheus_many(servers: list[tuple[dict[str, str], dict[str, Any]]]) -> bytes:
+    """The statistics of several servers as one valid exposition: each metric name has one HELP and one
+    TYPE line, and each server's series carry its labels (e.g. ``{"server": ADDRESS}``).
+
+    Names follow Prometheus conventions (base units, ``_total`` counters, ``_seconds``, ``_bytes``).
+    Latency steps become summaries in seconds, payload sizes summaries in bytes; both are *sampled* (one
+    call in ``timing_sample_every`` is timed), so their ``_count`` is the timed calls, while
+    ``svcframe_rpc_calls_total`` counts every call. Labels: side, rpc, provider_id, parent_rpc; never
+    request ids or peers' ports (low cardinality).
     """
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
-    base = dict(labels or {})
+    extra = sorted({k for labels, _ in servers for k in labels})
 
     class _Collector:
         def collect(self) -> Any:
-            names = ["side", "rpc", "provider_id", "parent_rpc", *base]
+            names = ["side", "rpc", "provider_id", "parent_rpc", *extra]
             steps: dict[str, SummaryMetricFamily] = {}
-            errors = CounterMetricFamily("svcframe_rpc_errors", "RPCs that ended in an error", labels=names)
+            errors = CounterMetricFamily(
+                "svcframe_rpc_errors", "RPCs that ended in an error (exact, dropped at the deadline included)",
+                labels=names,
+            )  # fmt: skip
             calls = CounterMetricFamily("svcframe_rpc_calls", "RPCs (exact; step summaries are sampled)", labels=names)
-            rpcs = stats.get("rpcs", {})
-            # one series per label set: rows of the same callpath from different peers are summed
-            merged: dict[tuple[str, ...], dict[str, list[float]]] = {}
-            for side in ("origin", "target"):
-                for row in rpcs.get(side, []):
-                    values = (side, row["rpc"], str(row["provider_id"]), row["parent_rpc"], *base.values())
-                    acc = merged.setdefault(values, {"errors": [0.0, 0.0], "calls": [0.0, 0.0]})
-                    acc["errors"][0] += row["errors"]
-                    acc["calls"][0] += row["calls"]
-                    for key, summary in row.items():
-                        if isinstance(summary, dict) and "count" in summary:
-                            pair = acc.setdefault(key, [0.0, 0.0])
-                            pair[0] += summary["count"]
-                            pair[1] += summary["sum"]
-            for values, acc in merged.items():
-                errors.add_metric(list(values), acc.pop("errors")[0])
-                calls.add_metric(list(values), acc.pop("calls")[0])
-                for key, (count, total) in acc.items():
-                    is_time = key.endswith("_usec")
-                    name = f"svcframe_rpc_{key.removesuffix('_usec')}_{'seconds' if is_time else 'bytes'}"
-                    family = steps.get(name)
-                    if family is None:
-                        family = steps[name] = SummaryMetricFamily(name, f"RPC step {key}", labels=names)
-                    family.add_metric(list(values), count, total * (1e-6 if is_time else 1.0))
+            gauges = {
+                key: (CounterMetricFamily if key != "connections" else GaugeMetricFamily)(
+                    f"svcframe_progress_{key}" if key != "connections" else "svcframe_connections",
+                    f"progress loop {key}" if key != "connections" else "open connections",
+                    labels=extra,
+                )
+                for key in ("polls", "blocks", "wakeups", "connections")
+            }
+            for labels, stats in servers:
+                base = [labels.get(k, "") for k in extra]
+                rpcs = stats.get("rpcs", {})
+                # one series per label set: rows of the same callpath from different peers are summed
+                merged: dict[tuple[str, ...], dict[str, list[float]]] = {}
+                for side in ("origin", "target"):
+                    for row in rpcs.get(side, []):
+                        values = (side, row["rpc"], str(row["provider_id"]), row["parent_rpc"], *base)
+                        acc = merged.setdefault(values, {"errors": [0.0, 0.0], "calls": [0.0, 0.0]})
+                        acc["errors"][0] += row["errors"]
+                        acc["calls"][0] += row["calls"]
+                        for key, summary in row.items():
+                            if isinstance(summary, dict) and "count" in summary:
+                                pair = acc.setdefault(key, [0.0, 0.0])
+                                pair[0] += summary["count"]
+                                pair[1] += summary["sum"]
+                for values, acc in merged.items():
+                    errors.add_metric(list(values), acc.pop("errors")[0])
+                    calls.add_metric(list(values), acc.pop("calls")[0])
+                    for key, (count, total) in acc.items():
+                        is_time = key.endswith("_usec")
+                        stem = key.removesuffix("_usec").removesuffix("_bytes")
+                        name = f"svcframe_rpc_{stem}_{'seconds' if is_time else 'bytes'}"
+                        family = steps.get(name)
+                        if family is None:
+                            what = f"time of the RPC step {stem}" if is_time else f"RPC {stem} size"
+                            family = steps[name] = SummaryMetricFamily(
+                                name, f"{what} (sampled: one call in timing_sample_every)", labels=names
+                            )
+                        family.add_metric(list(values), count, total * (1e-6 if is_time else 1.0))
+                progress = stats.get("progress", {})
+                for key, family in gauges.items():
+                    value = stats.get("connections", 0) if key == "connections" else progress.get(key, 0)
+                    family.add_metric(base, value)
             yield from steps.values()
             yield errors
             yield calls
-            progress = stats.get("progress", {})
-            for key in ("polls", "blocks", "wakeups"):
-                c = CounterMetricFamily(f"svcframe_progress_{key}", f"progress loop {key}", labels=list(base))
-                c.add_metric(list(base.values()), progress.get(key, 0))
-                yield c
-            g = GaugeMetricFamily("svcframe_connections", "open connections", labels=list(base))
-            g.add_metric(list(base.values()), stats.get("connections", 0))
-            yield g
+            yield from gauges.values()
 
     registry = CollectorRegistry()
     registry.register(_Collector())  # type: ignore[arg-type]

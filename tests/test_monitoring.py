@@ -324,3 +324,52 @@ async def test_monitor_counts_every_call_not_the_timed_sample() -> None:
         rows = _stats_rows(before, {server.address: server.statistics()}, 1.0)
     (row,) = [r for r in rows if r[1] == "target" and r[2] == "noop[1]"]
     assert row[5] == 1000 and row[4] == 1000.0  # calls, calls/s over the 1 s window given
+
+
+@pytest.mark.asyncio
+async def test_prometheus_exposition_of_many_servers_is_valid() -> None:
+    """Issue 15: one HELP/TYPE per metric name over several servers, Prometheus names (no _bytes_bytes, no
+    usec), checked by promtool (Debian's prometheus package; .ci/run installs it) where it is installed."""
+    import re
+    import shutil
+
+    from svcframe.monitoring import to_prometheus_many
+
+    snapshots = []
+    for n in range(2):
+        async with Engine("tcp://127.0.0.1:0") as server, Engine(None) as client:
+            server.register(1, "echo", lambda req, arg: arg)
+            for _ in range(5):
+                await client.call(server.address, "echo", b"x" * 10, provider_id=1)  # type: ignore[arg-type]
+            snapshots.append(({"server": f"s{n}"}, server.statistics()))
+    text = to_prometheus_many(snapshots).decode()
+    types = re.findall(r"^# TYPE (\S+) ", text, re.M)
+    assert len(types) == len(set(types)) and types
+    assert "_bytes_bytes" not in text and "usec" not in text
+    assert re.search(r'^svcframe_rpc_calls_total\{.*server="s1".*\} 5\.0$', text, re.M), text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.asyncio
+async def test_calls_dropped_at_their_deadline_are_errors() -> None:
+    """Issue 15: calls ended by their deadline on the server were counted with errors: 0."""
+    from conftest import wait_until
+
+    async with Engine("tcp://127.0.0.1:0") as server, Engine(None) as client:
+
+        async def slow(req: Request, arg: Any) -> None:
+            await asyncio.Event().wait()
+
+        server.register(1, "slow", slow)
+        for _ in range(3):
+            with pytest.raises(Exception, match="deadline|no response"):
+                await client.call(server.address, "slow", provider_id=1, timeout_seconds=0.02)  # type: ignore[arg-type]
+
+        def errors() -> int:
+            return sum(r["errors"] for r in server.statistics()["rpcs"]["target"] if r["rpc"] == "slow")
+
+        await wait_until(lambda: errors() == 3, what="3 errors in the server's statistics")

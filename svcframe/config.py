@@ -138,6 +138,9 @@ class EngineConfig(StrictModel):
         None, ge=1, description="accepted connections at once (default: 4096, or the descriptor limit less 64)"
     )
     max_connections_per_host: int = Field(1024, ge=1, description="accepted tcp connections at once from one IP")
+    allow_third_party_bulk: bool = Field(
+        False, description="let handlers move bulk data for handles that are not their caller's (passed on by others)"
+    )
     send_tracebacks: bool = Field(
         False,
         description="send a failed handler's traceback (it names server source paths) to unauthenticated "

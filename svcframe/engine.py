@@ -283,6 +283,9 @@ class Engine:
         max_connections: accepted connections at once (default: 4096, or the descriptor limit less 64 when
             lower); see ``admit`` for what happens over the cap.
         max_connections_per_host: accepted tcp connections at once from one IP address.
+        allow_third_party_bulk: let a handler pull from or push to a bulk handle that is not its caller's
+            (one passed on by another engine). Off by default: a caller could otherwise make a server read
+            or overwrite a third party's buffer on its behalf (a confused deputy).
         send_tracebacks: send a failed handler's traceback to unauthenticated callers too (it names the
             server's source paths); authenticated callers always get it.
         sample_interval_seconds: how often to sample loop lag, tasks, in-flight calls, CPU and RSS
@@ -316,6 +319,7 @@ class Engine:
         send_tracebacks: bool = False,
         max_connections: int | None = None,
         max_connections_per_host: int = 1024,
+        allow_third_party_bulk: bool = False,
     ) -> None:
         self._listen_address = parse_address(address) if address else None
         if default_timeout_seconds <= 0:
@@ -345,6 +349,7 @@ class Engine:
         self.frame_timeout_seconds = frame_timeout_seconds
         self.max_connections = default_max_connections() if max_connections is None else max_connections
         self.max_connections_per_host = max_connections_per_host
+        self.allow_third_party_bulk = allow_third_party_bulk
         if self.max_connections < 1 or max_connections_per_host < 1:
             raise ConfigError("max_connections and max_connections_per_host must be >= 1")
         self._accepted = 0  # accepted connections counted against the caps
@@ -925,6 +930,12 @@ class Engine:
             conn = req[1]
             if conn.peer_engine_id == handle.engine_id and not conn.closed:
                 return conn
+            if not self.allow_third_party_bulk:  # no confused deputy: a caller cannot aim us at another engine
+                raise BulkError(
+                    f"the bulk handle belongs to engine {handle.engine_id[:8]}…, not to the caller "
+                    f"({(conn.peer_engine_id or '?')[:8]}…): a handler moves bulk data only for the caller that "
+                    "exposed it (engine.allow_third_party_bulk allows handles passed on by others)"
+                )
         conn = self._peers.get(handle.engine_id)
         if conn is not None and not conn.closed:
             return conn

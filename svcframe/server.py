@@ -163,6 +163,7 @@ class Server:
             frame_timeout_seconds=ec.frame_timeout_seconds,
             max_connections=ec.max_connections,
             max_connections_per_host=ec.max_connections_per_host,
+            allow_third_party_bulk=ec.allow_third_party_bulk,
         )
         self._apply_monitoring(ec.monitoring)
         listen = parse_address(plumbed.listen_address)

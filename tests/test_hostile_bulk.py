@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from reliability_kit import (
     KV_ID,
+    MIB,
     RELTEST_ID,
     Procs,
     close_writer,
@@ -29,7 +30,7 @@ from reliability_kit import (
     wait_closed_by_peer,
 )
 
-from svcframe import Engine
+from svcframe import BulkHandle, Engine
 from svcframe.wire import Kind, Status, encode_frame, pack_body, unpack_body
 
 uvloop_test = pytest.mark.asyncio(loop_factories=["uvloop"])
@@ -136,3 +137,54 @@ async def _serve_pulls_with_garbage(reader: asyncio.StreamReader, writer: asynci
             _, _, size = unpack_body(body)
             writer.write(encode_frame(Kind.BULK_DATA_REPLY, fields[7], b"A" * size))
             writer.write(encode_frame(Kind.RESPONSE, fields[7], b""))
+
+
+@uvloop_test
+async def test_a_server_is_no_confused_deputy(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    """Issue 13: a caller passed another engine's bulk handle to kv put_bulk and the server pulled the
+    victim's buffer for it. Now a handler moves bulk data only for the caller that exposed the handle."""
+    from svcframe import RemoteError
+
+    server = procs.spawn(service_config(tmp_path, kv="fast"))
+    secret_data = bytearray(b"victim's secret " * 4096)
+    async with Engine("tcp://127.0.0.1:0") as victim, Engine(None) as attacker:
+        handle = victim.expose(secret_data, "rw")  # suppose the attacker learnt this handle
+        with pytest.raises(RemoteError, match="not to the caller") as info:
+            await attacker.call(
+                server.address, "put_bulk", {"key": "stolen", "bulk": handle.to_wire(), "size": handle.size},
+                provider_id=KV_ID, timeout_seconds=10,
+            )  # fmt: skip
+        assert info.value.remote_type == "BulkError"
+        assert await attacker.call(server.address, "exists", {"key": "stolen"}, provider_id=KV_ID) is False
+        served = sum(1 for (direction, _), _rec in victim.monitor.bulk.items() if direction.startswith("served"))
+    figures.record("hostile: bulk transfers a server made for a confused-deputy caller", served, "")
+    assert served == 0
+
+
+@uvloop_test
+async def test_forged_sizes_cost_the_server_nothing(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    """Issue 13: four 158-byte put_bulk requests claiming 256 MiB made the server allocate 1 GiB before the
+    owner answered. Now the claim is checked against kv max_value_bytes, and what is allocated is committed
+    only as the owner's bytes arrive."""
+    from svcframe import AppError, RemoteError
+
+    config = service_config(tmp_path, kv="fast")
+    config["providers"][1]["config"]["max_value_bytes"] = 64 * MIB
+    server = procs.spawn(config)
+    rss_before = server.rss()
+    async with Engine(None) as attacker:
+        small = attacker.expose(bytearray(16), "r")
+        forged = BulkHandle(small.address, small.engine_id, small.bulk_id, 256 * MIB, "r")
+        for _ in range(4):
+            with pytest.raises(AppError, match="max_value_bytes"):
+                await attacker.call(server.address, "put_bulk", {"key": "k", "bulk": forged.to_wire()},
+                                    provider_id=KV_ID, timeout_seconds=10)  # fmt: skip
+        forged = BulkHandle(small.address, small.engine_id, small.bulk_id, 32 * MIB, "r")  # under the limit
+        for _ in range(4):
+            with pytest.raises(RemoteError):  # the owner refuses the range: nothing arrives
+                await attacker.call(server.address, "put_bulk", {"key": "k", "bulk": forged.to_wire()},
+                                    provider_id=KV_ID, timeout_seconds=10)  # fmt: skip
+    grown = server.rss() - rss_before
+    figures.record("hostile: 8 forged put_bulk sizes (4 x 256 MiB, 4 x 32 MiB), server RSS growth",
+                   round(grown / MIB, 1), "MiB")  # fmt: skip
+    assert grown < 16 * MIB

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import readme_quickstart
 
 from svcframe.admin import ServiceHandle
 from svcframe.config import parse_config
@@ -183,26 +184,11 @@ def test_a_clean_launch_leaves_no_work_directory(tmp_path: Path) -> None:
     assert not workdir.exists()
 
 
-COUNTER = """
-from svcframe import Provider, register_provider_type, rpc
-
-@register_provider_type
-class Counter(Provider):
-    type_name = "counter"
-
-    @rpc
-    def add(self, req, n):
-        self.config["value"] = self.config.get("value", 0) + n
-        return self.config["value"]
-"""
-
-
 def test_serve_imports_libraries_from_the_current_directory(tmp_path: Path) -> None:
     """Issue 15: the README's quick start (counter.py beside counter.json) failed with `svcframe serve`."""
-    (tmp_path / "counter.py").write_text(COUNTER)
-    (tmp_path / "counter.json").write_text(
-        json.dumps({"libraries": ["counter"], "providers": [{"name": "hits", "type": "counter", "provider_id": 1}]})
-    )
+    code, config = readme_quickstart()
+    (tmp_path / "counter.py").write_text(code)
+    (tmp_path / "counter.json").write_text(config)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     server = subprocess.Popen(
         [sys.executable, "-m", "svcframe", "serve", "counter.json"], cwd=tmp_path, env=env,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import readme_quickstart
 
 from selftest.collect import CollectOptions, collect, plan
 from selftest.driver import SelftestError, SelftestParams, run_selftest
@@ -133,25 +133,9 @@ def test_collect_small_suite_writes_plots_and_model(tmp_path) -> None:
 
 
 def test_quickstart_custom_provider(tmp_path) -> None:
-    (tmp_path / "counter.py").write_text(
-        textwrap.dedent(
-            """
-            from svcframe import Provider, register_provider_type, rpc
-
-            @register_provider_type
-            class Counter(Provider):
-                type_name = "counter"
-
-                @rpc
-                def add(self, req, n):
-                    self.config["value"] = self.config.get("value", 0) + n
-                    return self.config["value"]
-            """
-        )
-    )
-    (tmp_path / "counter.json").write_text(
-        json.dumps({"libraries": ["counter"], "providers": [{"name": "hits", "type": "counter", "provider_id": 1}]})
-    )
+    code, config = readme_quickstart()
+    (tmp_path / "counter.py").write_text(code)
+    (tmp_path / "counter.json").write_text(config)
     cli = [sys.executable, "-m", "svcframe"]
     check = subprocess.run([*cli, "config", "check", "counter.json"], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr

@@ -1165,9 +1165,12 @@ class Engine:
                 rec = None  # counted, not timed
         tracer = self.tracer
         start_ns = perf_ns() if rec is not None or tracer is not None else 0
+        if tracer is not None:
+            if frame[1] & F_TRACED:
+                tracer.tick(frame.lamport)
+            else:  # a tracing server starts the trace of an untraced call: its handler's calls join it (issue 15)
+                frame = frame._replace(flags=frame[1] | F_TRACED, trace_id=new_trace_id(), span_id=new_span_id())
         req = _new_tuple(Request, (self, conn, reg, frame, arrival))
-        if tracer is not None and frame[1] & F_TRACED:
-            tracer.tick(frame.lamport)
         loop = self._loop
         assert loop is not None
         if reg.is_coroutine:  # its task copies this context: the request travels in the contextvar
@@ -1357,7 +1360,7 @@ class Engine:
             if len(buf) > FOLD_AT:
                 rec.fold()
         tracer = self.tracer
-        if tracer is not None:  # an untraced caller starts a new trace here
+        if tracer is not None:  # the trace and span of an untraced call were started in _on_request
             traced = frame[1] & F_TRACED
             tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
                           frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),

@@ -376,3 +376,36 @@ async def test_calls_dropped_at_their_deadline_are_errors() -> None:
             return sum(r["errors"] for r in server.statistics()["rpcs"]["target"] if r["rpc"] == "slow")
 
         await wait_until(lambda: errors() == 3, what="3 errors in the server's statistics")
+
+
+def test_traces_connect_across_processes_for_an_untraced_client(relays: list[str]) -> None:
+    """Issue 15: with tracing on in the servers but not in the client, the first server's handler span
+    and the calls it makes had different trace ids and a zero parent. Now the first server starts the
+    trace: every hop of one call shares its trace id, and each nested call's parent is its caller's span."""
+    a, b, c = relays
+
+    async def go() -> list[dict[str, Any]]:
+        async with Engine(None) as engine:  # never traces
+            await _admin_all(engine, relays, "set_tracing", True)
+            await _admin_all(engine, relays, "trace_events", True)
+            for _ in range(3):
+                await engine.call(a, "hop", [[b, 1], [c, 1]], provider_id=1)
+            server_events = await _admin_all(engine, relays, "trace_events", True)
+            await _admin_all(engine, relays, "set_tracing", False)
+            assert engine.tracer is None
+            return [e for evs in server_events for e in evs]
+
+    events = run(go())
+    spans = [e for e in events if e["ph"] == "X" and e["name"] == "hop"]
+    target = {e["args"]["span_id"]: e for e in spans if e["args"]["side"] == "target"}
+    origin = {e["args"]["span_id"]: e for e in spans if e["args"]["side"] == "origin"}
+    assert len(target) == 9 and len(origin) == 6  # 3 calls x 3 hops served; the 2 nested hops made by servers
+    assert len({e["args"]["trace_id"] for e in spans}) == 3  # one trace per top-level call, all hops in it
+    for o in origin.values():
+        parent = o["args"]["parent_span_id"]
+        assert parent in target, "a nested call's parent is not the handler span that made it"
+        assert (
+            target[parent]["args"]["trace_id"]
+            == o["args"]["trace_id"]
+            == target[o["args"]["span_id"]]["args"]["trace_id"]
+        )

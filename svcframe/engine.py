@@ -356,6 +356,7 @@ class Engine:
         self._per_host: dict[str, int] = {}
         self._handshaking: dict[Connection, None] = {}  # accepted, handshake not complete, oldest first
         self._last_refusal_log = 0.0
+        self._peer_labels: set[str] = set()  # distinct peer labels in the statistics (at most MAX_PEER_LABELS)
         self._sweeper: asyncio.TimerHandle | None = None
         self.monitor = Monitor(monitoring, timing_sample_every)
         self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
@@ -1078,6 +1079,12 @@ class Engine:
 
     def on_open(self, conn: Connection) -> None:
         self._handshaking.pop(conn, None)
+        label = conn.peer_label  # statistics key: a peer's claimed address, or clients@HOST
+        if label not in self._peer_labels:
+            if len(self._peer_labels) >= MAX_PEER_LABELS:
+                conn.peer_label = "other"  # peers may claim any address: past the cap they share one record
+            else:
+                self._peer_labels.add(label)
         # An engine id in a HELLO is a claim: only connections we dialled (we chose the address) or whose peer
         # proved the shared secret are found by it (bulk transfers to that engine, _peer_connection).
         if conn.peer_engine_id is not None and (not conn.server_side or conn.authenticated):
@@ -1615,6 +1622,10 @@ def _expire(future: asyncio.Future[Any]) -> None:
 
 
 _MAX_WIRE_DEADLINE_USEC = 0xFFFF_FFFF  # the header's 32-bit deadline: about 71 minutes
+
+
+#: Distinct peers the statistics keep records for; later ones are counted under "other" (issue 13).
+MAX_PEER_LABELS = 1024
 
 
 def _short(bulk_id: object) -> str:

@@ -172,3 +172,28 @@ async def _engine_refuses_empty_env() -> None:
             Engine(None)
     finally:
         os.environ["SVCFRAME_SECRET"] = saved
+
+
+@uvloop_test
+async def test_claimed_addresses_cannot_grow_the_statistics(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    """A peer's HELLO may claim any address, and statistics are kept per peer address: past 1,024 distinct
+    peers, new ones share one "other" record (issue 13)."""
+    from reliability_kit import close_writer, open_raw, raw_handshake, read_frame, request, secret
+
+    from svcframe.engine import MAX_PEER_LABELS
+    from svcframe.wire import pack_body
+
+    server = procs.spawn(service_config(tmp_path, kv=None))
+    for n in range(MAX_PEER_LABELS + 76):
+        reader, writer = await open_raw(server.address)
+        try:
+            await raw_handshake(reader, writer, secret(), f"claimer-{n}", address=f"tcp://10.{n // 256}.{n % 256}.1:1")
+            writer.write(request(1, RELTEST_ID, "noop", pack_body(n)))
+            await read_frame(reader)
+        finally:
+            await close_writer(writer)
+    async with Engine(None) as engine:
+        stats = await ServiceHandle(engine, server.address).statistics()
+    peers = {r["peer"] for r in stats["rpcs"]["target"]}
+    figures.record(f"operator: {MAX_PEER_LABELS + 76} claimed peer addresses, statistics peers", len(peers), "")
+    assert len(peers) <= MAX_PEER_LABELS + 2 and "other" in peers  # + "other" + our own client host

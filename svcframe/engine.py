@@ -377,7 +377,8 @@ class Engine:
         self._peers: dict[str, Connection] = {}  # any open connection, by peer engine id
         self._all_conns: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._exposed: dict[bytes, tuple[memoryview, str]] = {}  # bulk id (16 random bytes) -> (buffer, mode)
+        # bulk id (16 random bytes) -> (buffer, mode, address of the only peer allowed, or None)
+        self._exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scratch = memoryview(bytearray(0))
         self._root_callpaths: dict[tuple[int, int], int] = {}
@@ -759,18 +760,22 @@ class Engine:
         raise error_from_status_body(status, payload, name, provider_id, address)
 
     # -- bulk ----------------------------------------------------------------------------------------
-    def expose(self, buffer: Any, mode: str = "r") -> BulkHandle:
+    def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle:
         """Expose ``buffer`` (bytes-like or C-contiguous numpy array) for remote pull ("r"), push ("w")
         or both ("rw"). Keep the buffer alive and unchanged in size until ``unexpose``.
 
+        The handle is a capability (128 random bits): whoever holds it may move its bytes. With ``peer``
+        (the address of the server it is given to) only that server, over the connection this engine
+        dialled to it, may use it, and the handle is revoked when that connection ends (issue 13).
+
         Raises:
-            BulkError: not a contiguous buffer, or read-only with a writable mode.
+            BulkUsageError: not a contiguous buffer, read-only with a writable mode, or an unknown mode.
         """
         if mode not in MODES:
             raise BulkUsageError(f"bulk mode {mode!r}: expected one of {MODES}")
         view = as_byte_view(buffer, writable=WRITE in mode)
         bulk_id = secrets.token_bytes(BULK_ID_BYTES)
-        self._exposed[bulk_id] = (view, mode)
+        self._exposed[bulk_id] = (view, mode, peer)
         return BulkHandle(self.address, self.engine_id, bulk_id, len(view), mode)
 
     def unexpose(self, handle: BulkHandle) -> None:
@@ -1098,6 +1103,10 @@ class Engine:
         for address, c in list(self._conns.items()):
             if c is conn:
                 del self._conns[address]
+                for bulk_id, entry in list(self._exposed.items()):
+                    if entry[2] == address:  # bound to the peer of this connection: revoked with it
+                        del self._exposed[bulk_id]
+                        entry[0].release()
         error = conn.close_reason
         if error is None:
             reason = f"connection to {conn.peer_address or conn.peername} lost" + (f": {exc}" if exc else "")
@@ -1440,7 +1449,9 @@ class Engine:
         entry = self._exposed.get(bulk_id)
         if entry is None:
             return None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, source
-        view, mode = entry
+        view, mode, bound = entry
+        if bound is not None and self._conns.get(bound) is not conn:
+            return None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, source
         if need not in mode:
             return (
                 None,

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import WAIT_SECONDS, register_test_rpcs
+from conftest import WAIT_SECONDS, register_test_rpcs, wait_until
 
-from svcframe import BulkError, BulkHandle, Engine, Request, TimeoutError_
+from svcframe import BulkError, BulkHandle, Engine, RemoteError, Request, TimeoutError_
 from svcframe.errors import BulkUsageError
 
 pytestmark = pytest.mark.asyncio
@@ -380,3 +380,22 @@ async def test_concurrent_bulk_transfers_share_one_connection_without_tripping_t
 
     await asyncio.gather(*(worker() for _ in range(16)))
     assert not any(c.closed for c in client._all_conns)
+
+
+async def test_a_bound_handle_serves_only_its_peer_and_dies_with_the_connection(
+    address: str, make_engine: MakeEngine
+) -> None:
+    """Issue 13: expose(..., peer=ADDRESS) lets only that server use the handle, over the connection this
+    engine dialled to it, and revokes the handle when that connection ends."""
+    server, client, _ = await setup(address, make_engine)
+    other, _, _ = await setup("tcp://127.0.0.1:0", make_engine)
+    data = bytearray(pattern(4096, 3))
+    handle = client.expose(data, "r", peer=server.address)
+    assert await call1(client, server, "pull_digest", handle.to_wire()) == sha(data)  # the bound server: yes
+    with pytest.raises(RemoteError, match="bound to another peer"):
+        await call1(client, other, "pull_digest", handle.to_wire())  # another server, even with the handle
+    conn = await client.connection(server.address)  # type: ignore[arg-type]
+    conn.close()
+    await wait_until(lambda: server.address not in client._conns, what="the connection to be gone")
+    with pytest.raises(RemoteError, match="not exposed"):  # revoked with its connection
+        await call1(client, server, "pull_digest", handle.to_wire())

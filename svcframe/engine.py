@@ -249,6 +249,34 @@ class _Pending:
         self.cursor = 0
 
 
+class _LazyDest:
+    """The destination of ``pull(dest=None)``: its bytearray is allocated when the owner's first bytes
+    arrive (or its address, for cross-memory attach), not when the request leaves, so a size a peer merely
+    claims costs nothing (issue 13). Quacks like the memoryview a bulk sink slices."""
+
+    __slots__ = ("buf", "size", "view")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.buf: bytearray | None = None
+        self.view: memoryview | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def materialize(self) -> memoryview:
+        if self.view is None:
+            self.buf = bytearray(self.size)
+            self.view = memoryview(self.buf)
+        return self.view
+
+    def __getitem__(self, key: slice) -> memoryview:
+        return self.materialize()[key]
+
+    def result(self) -> bytearray:
+        return self.buf if self.buf is not None else bytearray(self.size)
+
+
 class _IncomingPush:
     __slots__ = ("cursor", "dest", "error", "frame", "size")
 
@@ -803,6 +831,10 @@ class Engine:
         """
         size = handle.size - offset if size is None else size
         _check_range(handle, offset, size, READ)
+        if dest is None and handle.engine_id != self.engine_id and size:
+            lazy = _LazyDest(size)  # allocated once the owner answers
+            await self._pull_into(handle, offset, size, lazy, timeout_seconds)  # type: ignore[arg-type]
+            return lazy.result()
         if dest is None:
             dest = bytearray(size)
         view = as_byte_view(dest, writable=True)
@@ -812,18 +844,25 @@ class Engine:
         if handle.engine_id == self.engine_id:
             target[:] = self._local_source(handle, offset, size, READ)
             return dest
+        await self._pull_into(handle, offset, size, target, timeout_seconds)
+        return dest
+
+    async def _pull_into(
+        self, handle: BulkHandle, offset: int, size: int, target: memoryview, timeout_seconds: float | None
+    ) -> None:
+        """A remote pull into ``target`` (a memoryview, or a _LazyDest): cross-memory attach when it
+        applies, else the socket."""
         if self.bulk_cma and size >= CMA_MIN_BYTES:
             loop = self._loop or asyncio.get_running_loop()
             deadline = loop.time() + (self.default_timeout_seconds if timeout_seconds is None else timeout_seconds)
             if await self._cma_pull(handle, offset, target, timeout_seconds):
-                return dest
+                return
             timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
             if timeout_seconds <= 0:
                 raise DeadlineExceeded(f"pull of {size} bytes from {handle.address}: the deadline passed")
         status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
         if status != Status.OK:
             raise error_from_status_body(status, payload, "pull", 0, handle.address)
-        return dest
 
     async def push(
         self,
@@ -891,6 +930,8 @@ class Engine:
         address = unpack_body(payload or b"")
         if not isinstance(address, int) or address <= 0:
             raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
+        if isinstance(target, _LazyDest):
+            target = target.materialize()  # the owner answered: now the destination is allocated
         try:
             await _cma_copy(loop, conn, address, target, deadline)
         except OSError as exc:

@@ -399,3 +399,24 @@ async def test_a_bound_handle_serves_only_its_peer_and_dies_with_the_connection(
     await wait_until(lambda: server.address not in client._conns, what="the connection to be gone")
     with pytest.raises(RemoteError, match="not exposed"):  # revoked with its connection
         await call1(client, server, "pull_digest", handle.to_wire())
+
+
+async def test_a_pull_allocates_nothing_before_the_owner_answers(address: str, make_engine: MakeEngine) -> None:
+    """Issue 13: pull(dest=None) allocated the claimed size before the owner said anything; a caller that
+    claims 256 MiB and exposes 16 bytes made the server allocate 256 MiB. Now the destination is allocated
+    when the owner's first bytes (or address) arrive."""
+    import tracemalloc
+
+    server, client, _ = await setup(address, make_engine)
+    small = client.expose(bytearray(16), "r")
+    forged = BulkHandle(small.address, small.engine_id, small.bulk_id, 256 * 1024 * 1024, "r")
+    tracemalloc.start()
+    try:
+        with pytest.raises(RemoteError, match="outside"):
+            await call1(client, server, "pull_digest", forged.to_wire())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 1024 * 1024, f"{peak / 2**20:.0f} MiB allocated for a transfer the owner refused"
+    data = bytearray(pattern(300_000, 5))  # and a real pull(dest=None) still returns its bytearray
+    assert await call1(client, server, "pull_digest", client.expose(data, "r").to_wire()) == sha(data)

@@ -20,7 +20,11 @@ RPCs:
   "max_rss_bytes", "pid"}`` from ``getrusage(RUSAGE_SELF)`` (Quintain's ``qtn_stat_rpc``).
 
 Server bulk buffers are kept per size and reused (Quintain's poolset), so a bulk workload measures the
-transfer, not the allocator.
+transfer, not the allocator; at most four sizes are kept, committed page by page as data lands, and sizes
+are bounded by ``max_bulk_bytes`` / ``max_response_bytes``.
+
+Retries: every RPC is safe to retry. ``work`` and ``stat`` change nothing a caller can observe; a retried
+``storage`` write rewrites a random block of the provider's own scratch file.
 """
 
 from __future__ import annotations

@@ -25,7 +25,11 @@ Mutations need an authenticated connection (a shared secret on both ends, see sv
 unless ``admin.require_authentication`` is false. Mutations are refused with ``MutationsDisabled`` (a ``Refused``) when ``admin.allow_mutations`` is false (switch it off live with
 ``patch_config``; it cannot be switched on again remotely). Invalid input gives a ``RemoteError`` whose
 ``remote_type`` is ``"ConfigError"`` and whose message says what was wrong. Queries run JMESPath on the
-server (a query language, never ``eval``).
+server (a query language, never ``eval``; expressions of at most 4,096 characters).
+
+Retries after ``DeadlineExceeded`` (whose outcome is unknown; ``Dropped`` never ran): the read-only RPCs,
+``patch_config`` with ``replace`` operations, ``load_library`` and ``shutdown`` are safe to repeat;
+``add_provider`` without a ``provider_id`` and ``remove_provider`` are not (look the provider up first).
 
 *Re-launchable configuration.* ``get_config`` returns what the server was started with, every default
 filled in, plus every change since (providers added or removed with their assigned ids and filled-in

@@ -188,3 +188,28 @@ async def test_forged_sizes_cost_the_server_nothing(procs: Procs, tmp_path: Path
     figures.record("hostile: 8 forged put_bulk sizes (4 x 256 MiB, 4 x 32 MiB), server RSS growth",
                    round(grown / MIB, 1), "MiB")  # fmt: skip
     assert grown < 16 * MIB
+
+
+@uvloop_test
+async def test_forged_sizes_in_the_self_test_keep_nothing(procs: Procs, tmp_path: Path, figures: Any) -> None:
+    """Issue 13: forged bulk sizes in the self-test's ``work`` RPC left 384 MiB kept after the calls failed.
+    Now buffers are committed as data lands (nothing lands when the owner refuses) and four sizes at most
+    are kept."""
+    from reliability_kit import SELFTEST_ID
+
+    from svcframe import RemoteError
+
+    server = procs.spawn(service_config(tmp_path, kv=None, selftest=True))
+    rss_before = server.rss()
+    async with Engine(None) as attacker:
+        small = attacker.expose(bytearray(16), "rw")
+        for n in range(8):
+            forged = BulkHandle(small.address, small.engine_id, small.bulk_id, (64 + n) * MIB, "rw")
+            with pytest.raises(RemoteError):  # the owner refuses the range: no byte arrives
+                await attacker.call(server.address, "work", [0, "pull", forged.to_wire(), b""],
+                                    provider_id=SELFTEST_ID, timeout_seconds=10)  # fmt: skip
+    grown = server.rss() - rss_before
+    figures.record(
+        "hostile: 8 forged self-test bulk sizes (64-71 MiB), server RSS growth", round(grown / MIB, 1), "MiB"
+    )
+    assert grown < 16 * MIB

@@ -1333,10 +1333,10 @@ class Engine:
                 and conn.serving.get(request_id) is task
             ):  # cancelled before its first step: nothing ran and nothing answered yet
                 frame = task.svcframe_frame  # type: ignore[attr-defined]
+                self._count_error(conn, frame, self._table.get((frame[2], frame[3])))
                 if self._closing:
                     self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
                 elif getattr(task, "svcframe_deadline_passed", False):
-                    self._count_error(conn, frame, self._table.get((frame[2], frame[3])))
                     self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
                 else:
                     self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled before it ran")
@@ -1362,13 +1362,13 @@ class Engine:
         try:
             result = await aw
         except asyncio.CancelledError:
+            self._count_error(conn, frame, reg)  # no result: by its deadline, its caller's CANCEL or a shutdown
             if not conn.closed:
                 if self._closing:
                     self._reply_error(
                         conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished"
                     )
                 elif getattr(asyncio.current_task(), "svcframe_deadline_passed", False):
-                    self._count_error(conn, frame, reg)
                     if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
                         self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
                     else:  # it ran: whatever it changed may have been applied

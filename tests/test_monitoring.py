@@ -359,7 +359,8 @@ async def test_prometheus_exposition_of_many_servers_is_valid() -> None:
 
 @pytest.mark.asyncio
 async def test_calls_dropped_at_their_deadline_are_errors() -> None:
-    """Issue 15: calls ended by their deadline on the server were counted with errors: 0."""
+    """Issue 15: calls ended by their deadline on the server were counted with errors: 0. (Whichever comes
+    first, the server's deadline timer or the caller's CANCEL at the same deadline, the call is an error.)"""
     from conftest import wait_until
 
     async with Engine("tcp://127.0.0.1:0") as server, Engine(None) as client:

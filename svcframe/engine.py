@@ -1086,12 +1086,20 @@ class Engine:
         """An accepted connection counts against ``max_connections`` and, over tcp, ``max_connections_per_host``.
         Over a cap, the oldest connection of that scope still in its handshake is dropped to make room (it
         has proved nothing; a flood of them never locks a new client out for more than one handshake
-        timeout); when every connection in scope has completed its handshake, the new one is refused.
+        timeout), else the longest-idle unauthenticated one with no call in flight (its engine redials when
+        it needs to); when none is left, the new connection is refused.
         Returns None when admitted, else the refusal sent to the peer."""
         host = conn.peer_host
         over_total = self._accepted >= self.max_connections
         if over_total or (host is not None and self._per_host.get(host, 0) >= self.max_connections_per_host):
             victim = next((c for c in self._handshaking if over_total or c.peer_host == host), None)
+            if victim is None:  # then the longest-idle connection that proved nothing and has no work
+                idle = [
+                    c for c in self._all_conns
+                    if c.admitted and not c.authenticated and not c.pending and not c.serving
+                    and (over_total or c.peer_host == host)
+                ]  # fmt: skip
+                victim = min(idle, key=lambda c: c.last_activity, default=None)
             if victim is None:
                 now = time.monotonic()
                 if now - self._last_refusal_log >= 1.0:

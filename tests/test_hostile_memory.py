@@ -251,3 +251,33 @@ async def test_a_peer_that_announces_a_body_before_its_handshake_costs_a_page(pr
     for _, writer in writers:
         await close_writer(writer)
     assert held - before <= 32 * MIB, f"{(held - before) / MIB:.1f} MiB for 100 announced bodies"
+
+
+@uvloop_test
+async def test_a_flood_of_handshaken_idle_connections_does_not_lock_out_clients(
+    procs: Procs, tmp_path: Path, figures: Any
+) -> None:
+    """Without a shared secret anyone completes the handshake: idle connections that did so are dropped,
+    longest idle first, to admit new clients once the cap (32 here) is reached."""
+    from reliability_kit import server_env
+
+    server = procs.spawn(service_config(tmp_path, kv=None, max_connections=32), env=server_env(secret=False))
+    flood = []
+    for n in range(100):
+        reader, writer = await open_raw(server.address)
+        await raw_handshake(reader, writer, None, engine_id=f"idle-{n}")
+        flood.append(writer)
+    dials = []
+    try:
+        for _ in range(10):
+            t0 = time.perf_counter()
+            async with Engine(None, secret=None) as fresh:
+                assert await fresh.call(server.address, "noop", 3, provider_id=RELTEST_ID, timeout_seconds=5) == 3
+            dials.append(time.perf_counter() - t0)
+    finally:
+        for writer in flood:
+            await close_writer(writer)
+    figures.record(
+        "hostile: fresh client after 100 idle handshaken connections (cap 32), max", round(max(dials) * 1e3, 1), "ms"
+    )
+    assert max(dials) <= 1.0

@@ -1,17 +1,52 @@
-"""Bulk handles: the RDMA analogue.
+"""Bulk transfers: the RDMA analogue (Margo's ``margo_bulk_create`` / ``margo_bulk_transfer``).
 
 A process *exposes* a buffer and gets a small, serialisable ``BulkHandle`` to pass in an RPC argument.
 The peer *pulls* from it (reads the owner's bytes) or *pushes* into it (writes the owner's buffer) with
 ``Engine.pull`` / ``Engine.push``; the owner's engine serves the transfer in chunks without running any
 user code, and the bytes move between the socket and the buffers without passing through msgpack.
+
+Both sides live here: making transfers (``pull``, ``push``) and serving them (``BULK_PULL`` answered by
+data frames, ``BULK_PUSH`` whose data frames land in the exposed buffer). Between processes of one node
+(``unix://``) transfers of at least ``CMA_MIN_BYTES`` move by cross-memory attach (``svcframe.cma`` holds
+the system calls; the policy of when to use it and when to fall back to the socket is here).
+
+Handles are capabilities (issue 13): 128 random bits, optionally bound to the one peer they were given to,
+revoked by ``unexpose`` (and a bound one when its connection ends); a handler moves bulk data only for the
+caller that exposed the handle; a pull into a new buffer allocates nothing before the owner has answered.
+
+``BulkTransfers`` is one part of the engine (``svcframe.engine.Engine`` inherits it): the state it uses is
+the engine's, declared in the class.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import BulkError, BulkUsageError
+from . import cma
+from .calls import _DeadlineExpired, _expire, error_from_status_body, wire_deadline
+from .errors import (
+    BulkError,
+    BulkUsageError,
+    ConnectionLost,
+    DeadlineExceeded,
+    ProtocolError,
+    RemoteProtocolError,
+    Status,
+)
+from .handlers import current_request
+from .monitoring import Monitor
+from .protocol import Pending
+from .wire import F_CMA, K_BULK_PUSH, Frame, Kind, encode_frame, encode_header, pack_body, unpack_body
+
+if TYPE_CHECKING:
+    from .progress import Progress
+    from .transport import Connection
+
+log = logging.getLogger("svcframe.engine")
 
 READ = "r"
 WRITE = "w"
@@ -78,3 +113,536 @@ def as_byte_view(buf: object, *, writable: bool) -> memoryview:
     if writable and view.readonly:
         raise BulkUsageError(f"a {type(buf).__name__} is read-only; use a bytearray or a writable array")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+class _LazyDest:
+    """The destination of ``pull(dest=None)``: its bytearray is allocated when the owner's first bytes
+    arrive (or its address, for cross-memory attach), not when the request leaves, so a size a peer merely
+    claims costs nothing (issue 13). Quacks like the memoryview a bulk sink slices."""
+
+    __slots__ = ("buf", "size", "view")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.buf: bytearray | None = None
+        self.view: memoryview | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def materialize(self) -> memoryview:
+        if self.view is None:
+            self.buf = bytearray(self.size)
+            self.view = memoryview(self.buf)
+        return self.view
+
+    def __getitem__(self, key: slice) -> memoryview:
+        return self.materialize()[key]
+
+    def result(self) -> bytearray:
+        return self.buf if self.buf is not None else bytearray(self.size)
+
+
+class BulkTransfers:
+    """The engine's part that moves bulk data (see the module docstring): exposing buffers, pulling and
+    pushing them, and serving the transfers peers make on our buffers (no user code runs there)."""
+
+    # the engine's state this part uses (svcframe.engine.Engine)
+    engine_id: str
+    address: str | None
+    default_timeout_seconds: float
+    bulk_chunk_bytes: int
+    bulk_cma: bool
+    cma_bytes: int
+    allow_third_party_bulk: bool
+    _exposed: dict[bytes, tuple[memoryview, str, str | None]]
+    _conns: dict[str, Connection]
+    _peers: dict[str, Connection]
+    _tasks: set[asyncio.Task[Any]]
+    _loop: asyncio.AbstractEventLoop | None
+    monitor: Monitor
+    progress: Progress
+
+    if TYPE_CHECKING:
+
+        async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
+        def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None: ...
+        def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None: ...
+        def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError: ...
+
+    def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle:
+        """Expose ``buffer`` (bytes-like or C-contiguous numpy array) for remote pull ("r"), push ("w")
+        or both ("rw"). Keep the buffer alive and unchanged in size until ``unexpose``.
+
+        The handle is a capability (128 random bits): whoever holds it may move its bytes. With ``peer``
+        (the address of the server it is given to) only that server, over the connection this engine
+        dialled to it, may use it, and the handle is revoked when that connection ends (issue 13).
+
+        Raises:
+            BulkUsageError: not a contiguous buffer, read-only with a writable mode, or an unknown mode.
+        """
+        if mode not in MODES:
+            raise BulkUsageError(f"bulk mode {mode!r}: expected one of {MODES}")
+        view = as_byte_view(buffer, writable=WRITE in mode)
+        bulk_id = secrets.token_bytes(BULK_ID_BYTES)
+        self._exposed[bulk_id] = (view, mode, peer)
+        return BulkHandle(self.address, self.engine_id, bulk_id, len(view), mode)
+
+    def unexpose(self, handle: BulkHandle) -> None:
+        """Stop serving ``handle``; transfers that start later fail with BulkError. A transfer already
+        under way finishes with the buffer: do not reuse the buffer until it has (or its call failed)."""
+        entry = self._exposed.pop(handle.bulk_id, None)
+        if entry is not None:
+            entry[0].release()
+
+    async def pull(
+        self,
+        handle: BulkHandle,
+        dest: Any = None,
+        *,
+        offset: int = 0,
+        size: int | None = None,
+        dest_offset: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> Any:
+        """Read ``size`` bytes (default: the rest of the handle) from ``offset`` of the remote buffer
+        into ``dest`` at ``dest_offset`` (a new bytearray when ``dest`` is None). Returns ``dest``.
+
+        Raises:
+            BulkUsageError (bad range or mode, checked locally), BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
+        """
+        size = handle.size - offset if size is None else size
+        _check_range(handle, offset, size, READ)
+        if dest is None and handle.engine_id != self.engine_id and size:
+            lazy = _LazyDest(size)  # allocated once the owner answers
+            await self._pull_into(handle, offset, size, lazy, timeout_seconds)  # type: ignore[arg-type]
+            return lazy.result()
+        if dest is None:
+            dest = bytearray(size)
+        view = as_byte_view(dest, writable=True)
+        if dest_offset < 0 or dest_offset + size > len(view):
+            raise BulkUsageError(f"destination of {len(view)} bytes cannot take {size} bytes at {dest_offset}")
+        target = view[dest_offset : dest_offset + size]
+        if handle.engine_id == self.engine_id:
+            target[:] = self._local_source(handle, offset, size, READ)
+            return dest
+        await self._pull_into(handle, offset, size, target, timeout_seconds)
+        return dest
+
+    async def _pull_into(
+        self, handle: BulkHandle, offset: int, size: int, target: memoryview, timeout_seconds: float | None
+    ) -> None:
+        """A remote pull into ``target`` (a memoryview, or a _LazyDest): cross-memory attach when it
+        applies, else the socket."""
+        if self.bulk_cma and size >= CMA_MIN_BYTES:
+            loop = self._loop or asyncio.get_running_loop()
+            deadline = loop.time() + (self.default_timeout_seconds if timeout_seconds is None else timeout_seconds)
+            if await self._cma_pull(handle, offset, target, timeout_seconds):
+                return
+            timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
+            if timeout_seconds <= 0:
+                raise DeadlineExceeded(f"pull of {size} bytes from {handle.address}: the deadline passed")
+        status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
+        if status != Status.OK:
+            raise error_from_status_body(status, payload, "pull", 0, handle.address)
+
+    async def push(
+        self,
+        handle: BulkHandle,
+        src: Any,
+        *,
+        offset: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> None:
+        """Write all of ``src`` into the remote buffer at ``offset``.
+
+        Raises:
+            BulkUsageError (bad range or mode, checked locally), BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
+        """
+        view = as_byte_view(src, writable=False)
+        size = len(view)
+        _check_range(handle, offset, size, WRITE)
+        if handle.engine_id == self.engine_id:
+            self._local_source(handle, offset, size, WRITE)[:] = view
+            return
+        if self.bulk_cma and size >= CMA_MIN_BYTES:
+            loop = self._loop or asyncio.get_running_loop()
+            deadline = loop.time() + (self.default_timeout_seconds if timeout_seconds is None else timeout_seconds)
+            if await self._cma_push(handle, offset, view, timeout_seconds):
+                return
+            timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
+            if timeout_seconds <= 0:
+                raise DeadlineExceeded(f"push of {size} bytes to {handle.address}: the deadline passed")
+        status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
+        if status != Status.OK:
+            raise error_from_status_body(status, payload, "push", 0, handle.address)
+
+    def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
+        entry = self._exposed.get(handle.bulk_id)
+        if entry is None or need not in entry[1] or offset + size > len(entry[0]):
+            raise BulkError(f"bulk handle {_short(handle.bulk_id)} is not exposed for {need!r} here, or out of range")
+        return entry[0][offset : offset + size]
+
+    async def _cma_pull(
+        self, handle: BulkHandle, offset: int, target: memoryview, timeout_seconds: float | None
+    ) -> bool:
+        """Pull by cross-memory attach when the owner is a process of this node on a unix connection: the
+        owner checks the handle and answers with the range's address, then we read it into ``target`` (one
+        kernel copy). False when that path is not available: the caller then pulls over the socket.
+
+        Raises:
+            BulkError etc.: the owner refused the handle (the socket path would be refused too).
+        """
+        loop = self._loop or asyncio.get_running_loop()
+        start = loop.time()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        deadline = start + timeout
+        conn = await self._peer_connection(handle, timeout)
+        pid = conn.peer_pid
+        if pid is None or not conn.peer_cma:
+            return False
+        status, payload = await self._bulk_op(
+            handle, Kind.BULK_PULL, offset, len(target), None, None, deadline - loop.time(), by_cma=True
+        )
+        if status != Status.OK:
+            if _cma_refused(status, payload):
+                conn.peer_cma = False  # the owner cannot serve it: the socket from now on
+                return False
+            raise error_from_status_body(status, payload, "pull", 0, handle.address)
+        address = unpack_body(payload or b"")
+        if not isinstance(address, int) or address <= 0:
+            raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
+        if isinstance(target, _LazyDest):
+            target = target.materialize()  # the owner answered: now the destination is allocated
+        try:
+            await _cma_copy(loop, conn, address, target, deadline)
+        except OSError as exc:
+            if exc.errno in _CMA_REFUSED:  # the kernel will keep refusing: the socket path from now on
+                conn.peer_cma = False
+                log.warning("cross-memory pull from pid %s refused (%s); this connection uses the socket", pid, exc)
+            else:
+                log.info("cross-memory pull from pid %s failed (%s); pulling over the socket", pid, exc)
+            return False
+        self.cma_bytes += len(target)
+        self.monitor.record_bulk("cma_pull", conn.peer_label, len(target), int((loop.time() - start) * 1e9))
+        return True
+
+    async def _cma_push(self, handle: BulkHandle, offset: int, src: memoryview, timeout_seconds: float | None) -> bool:
+        """Push by cross-memory attach when the owner is a process of this node on a unix connection: the
+        owner reads ``src`` itself (no data frames). False when that path is not available or the owner's
+        kernel refused: the caller then pushes over the socket.
+
+        Raises:
+            BulkError etc.: the owner refused the transfer (the socket path would be refused too).
+        """
+        conn = await self._peer_connection(handle, timeout_seconds or self.default_timeout_seconds)
+        if not conn.peer_cma:
+            return False
+        status, payload = await self._bulk_op(
+            handle, Kind.BULK_PUSH, offset, len(src), None, src, timeout_seconds, by_cma=True
+        )
+        if status == Status.OK:
+            return True
+        if _cma_refused(status, payload):
+            conn.peer_cma = False  # the kernel refused the owner: the socket from now on
+            return False
+        raise error_from_status_body(status, payload, "push", 0, handle.address)
+
+    async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
+        """The connection to the handle's owner. Inside a handler, a handle of the caller's own engine is
+        reached over the connection the caller called on: the transfer is made on behalf of whoever
+        presented the handle, never of another peer that merely claims the same engine id in its HELLO
+        (issue 13). Otherwise: a connection we dialled, or an authenticated accepted one, to that engine;
+        else the handle's address is dialled and the engine found there must be the owner."""
+        req = current_request.get()
+        if req is not None:
+            conn = req[1]
+            if conn.peer_engine_id == handle.engine_id and not conn.closed:
+                return conn
+            if not self.allow_third_party_bulk:  # no confused deputy: a caller cannot aim us at another engine
+                raise BulkError(
+                    f"the bulk handle belongs to engine {handle.engine_id[:8]}…, not to the caller "
+                    f"({(conn.peer_engine_id or '?')[:8]}…): a handler moves bulk data only for the caller that "
+                    "exposed it (engine.allow_third_party_bulk allows handles passed on by others)"
+                )
+        conn = self._peers.get(handle.engine_id)
+        if conn is not None and not conn.closed:
+            return conn
+        if handle.address is None:
+            raise BulkError("the bulk handle's owner has no address and no connection to us")
+        conn = await self.connection(handle.address, timeout_seconds)
+        if conn.peer_engine_id != handle.engine_id:
+            raise BulkError(f"the engine at {handle.address} no longer owns this bulk handle (it restarted)")
+        return conn
+
+    async def _bulk_op(
+        self,
+        handle: BulkHandle,
+        kind: Kind,
+        offset: int,
+        size: int,
+        dest: memoryview | None,
+        src: memoryview | None,
+        timeout_seconds: float | None,
+        *,
+        by_cma: bool = False,
+    ) -> tuple[int, Any]:
+        """Send a BULK_PULL or BULK_PUSH and wait for its completion. A push sends its data frames, or with
+        ``by_cma`` the address of ``src`` for the owner to read; a pull with ``by_cma`` asks for the
+        range's address instead of its data."""
+        loop = self._loop or asyncio.get_running_loop()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        start = loop.time()
+        conn = await self._peer_connection(handle, timeout)
+        request_id = conn.next_request_id()
+        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        pending = Pending(future, dest)
+        if conn.closed:
+            raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
+        conn.pending[request_id] = pending
+        self.progress.inflight += 1
+        self.progress.activity()
+        timer = loop.call_at(start + timeout, _expire, future)
+        deadline_usec = wire_deadline(timeout - (loop.time() - start))
+        if by_cma:  # a pull asks for the range's address; a push gives its source's (kept until answered)
+            fields = (
+                [handle.bulk_id, offset, size]
+                if src is None
+                else [handle.bulk_id, offset, size, cma.buffer_address(src)]
+            )
+            body = pack_body(fields)
+            header = encode_frame(kind, request_id, body, deadline_usec=deadline_usec, flags=F_CMA)
+        else:
+            header = encode_frame(
+                kind, request_id, pack_body([handle.bulk_id, offset, size]), deadline_usec=deadline_usec
+            )
+        try:
+            if src is None or by_cma:
+                conn.send(header)
+            else:
+                await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
+            return await future
+        except _DeadlineExpired:
+            if not conn.closed:
+                conn.send(encode_frame(Kind.CANCEL, request_id))
+            raise DeadlineExceeded(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None
+        except asyncio.CancelledError:
+            if not conn.closed:
+                conn.send(encode_frame(Kind.CANCEL, request_id))
+            raise
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
+            self.progress.inflight -= 1
+            self.progress.activity()
+            if not (by_cma and kind == Kind.BULK_PULL):  # a cross-memory pull is recorded with its copy
+                what = ("cma_" if by_cma else "") + ("pull" if kind == Kind.BULK_PULL else "push")
+                self.monitor.record_bulk(what, conn.peer_label, size, int((loop.time() - start) * 1e9))
+
+    async def _send_chunks(
+        self,
+        conn: Connection,
+        kind: Kind,
+        request_id: int,
+        src: memoryview,
+        first: bytes | None,
+        until: asyncio.Future[Any] | None,
+    ) -> None:
+        """Send ``src`` as data frames of at most bulk_chunk_bytes, respecting write backpressure."""
+        chunk = self.bulk_chunk_bytes
+        size = len(src)
+        if first is not None:
+            conn.send(first)
+        for pos in range(0, size, chunk):
+            if conn.closed or (until is not None and until.done()):
+                return
+            await conn.drain()  # before each chunk: concurrent transfers share the buffer
+            if conn.closed or (until is not None and until.done()):
+                return
+            part = src[pos : pos + chunk]
+            conn.send_many((encode_header(kind, request_id, len(part)), part))
+
+    # -- serving the transfers peers make on our buffers ------------------------------------------------
+    def _bulk_request(
+        self, conn: Connection, frame: Frame, need: str
+    ) -> tuple[memoryview | None, str | None, int, int | None]:
+        """Parse a BULK_PULL / BULK_PUSH body ``[bulk id, offset, size]`` (a push flagged CMA adds the
+        address of the pusher's source) and find the exposed range: (view or None, error or None, size,
+        source address or None)."""
+        by_cma = bool(frame[1] & F_CMA) and frame[0] == K_BULK_PUSH
+        try:
+            fields = unpack_body(frame.body or b"")
+            if (
+                not isinstance(fields, list)
+                or len(fields) != (4 if by_cma else 3)
+                or not isinstance(fields[0], bytes)
+                or not all(isinstance(v, int) for v in fields[1:])
+                or min(fields[1:]) < 0
+            ):
+                raise ValueError
+        except (ProtocolError, ValueError, TypeError) as exc:
+            why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id (bytes), offset >= 0, size >= 0]"
+            raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
+        bulk_id, offset, size = fields[:3]
+        source = fields[3] if by_cma else None
+        entry = self._exposed.get(bulk_id)
+        if entry is None:
+            return None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, source
+        view, mode, bound = entry
+        if bound is not None and self._conns.get(bound) is not conn:
+            return None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, source
+        if need not in mode:
+            return (
+                None,
+                f"bulk handle {_short(bulk_id)} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
+                size,
+                source,
+            )
+        if offset + size > len(view):
+            return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size, source
+        return view[offset : offset + size], None, size, source
+
+    def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
+        view, error, size, _ = self._bulk_request(conn, frame, READ)
+        if view is None:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        if frame[1] & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
+            if conn.peer_pid is None or not self.bulk_cma:
+                self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+            else:
+                self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
+                self._reply(conn, frame, Status.OK, pack_body(cma.buffer_address(view)))
+            return
+        self.monitor.record_bulk("served_pull", conn.peer_label, size, 0)
+        if size <= self.bulk_chunk_bytes and not conn.writing_paused:  # small, and room to write: inline
+            if size:
+                conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
+            self._reply(conn, frame, Status.OK, b"")
+            return
+        task = asyncio.get_running_loop().create_task(self._serve_pull(conn, frame, view))
+        self._tasks.add(task)
+        conn.serving[frame.request_id] = task
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_pull(self, conn: Connection, frame: Frame, view: memoryview) -> None:
+        try:
+            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame.request_id, view, None, None)
+        except ConnectionLost:
+            return
+        finally:
+            conn.serving.pop(frame.request_id, None)
+        self._reply(conn, frame, Status.OK, b"")
+
+    def _on_push_request(self, conn: Connection, frame: Frame) -> None:
+        view, error, size, source = self._bulk_request(conn, frame, WRITE)
+        if source is not None:
+            self._serve_cma_push(conn, frame, view, error, source)
+            return
+        incoming = conn.protocol.expect_push(frame, view, size, error)
+        if incoming is None:  # nothing to wait for: empty, or refused (its data, if any, is discarded)
+            self._reply_push(conn, frame, error)
+            return
+        self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
+
+    def _serve_cma_push(
+        self, conn: Connection, frame: Frame, view: memoryview | None, error: str | None, source: int
+    ) -> None:
+        """A push by cross-memory attach: read the pusher's source (its pid from the kernel, the address
+        from its request) into the exposed range, then answer. Errors starting with "cma:" tell the pusher
+        to send the data over the socket instead."""
+        if view is None:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        pid = conn.peer_pid
+        if pid is None or not self.bulk_cma:
+            self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+            return
+        loop = self._loop or asyncio.get_running_loop()
+
+        deadline = loop.time() + frame[5] / 1e6 if frame[5] else None
+
+        async def serve() -> None:
+            try:
+                await _cma_copy(loop, conn, source, view, deadline)
+            except DeadlineExceeded as exc:  # first: a deadline is never a kernel refusal (issue 12)
+                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, str(exc))
+                return
+            except OSError as exc:
+                self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
+                return
+            finally:
+                conn.serving.pop(frame.request_id, None)
+            self.cma_bytes += len(view)
+            self.monitor.record_bulk("served_cma_push", conn.peer_label, len(view), 0)
+            self._reply(conn, frame, Status.OK, b"")
+
+        task = loop.create_task(serve())
+        self._tasks.add(task)
+        conn.serving[frame.request_id] = task
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_push_data(self, conn: Connection, frame: Frame) -> None:
+        incoming = conn.protocol.push_complete(frame[4])
+        if incoming is not None:
+            self._reply_push(conn, incoming.frame, incoming.error)
+
+    def _reply_push(self, conn: Connection, frame: Frame, error: str | None) -> None:
+        if error:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error)
+        else:
+            self._reply(conn, frame, Status.OK, b"")
+
+
+def _short(bulk_id: object) -> str:
+    """A bulk id in messages and logs: its first 4 bytes in hex (enough to tell handles apart, not to use one)."""
+    return bulk_id[:4].hex() + "…" if isinstance(bulk_id, bytes) else repr(bulk_id)[:20]
+
+
+#: Same-node transfers of at least this size use cross-memory attach; smaller ones are cheaper over the
+#: socket (the address round trip and the pid check cost about what copying 64 KiB twice does).
+CMA_MIN_BYTES = 256 * 1024
+#: errno values after which a connection stops trying cross-memory attach (permission, no such process,
+#: not implemented); other errors (EFAULT: a stale handle) only fall back for that one transfer.
+_CMA_REFUSED = frozenset({1, 3, 38})
+#: Copies up to this size run on the event loop (a few hundred µs at most); larger ones in a worker thread,
+#: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
+_CMA_INLINE_BYTES = 8 * 1024 * 1024
+_CMA_PIECE_BYTES = 8 * 1024 * 1024
+
+
+def _cma_refused(status: int, payload: Any) -> bool:
+    """A BULK_ERROR whose message starts with "cma:": the owner cannot take part in cross-memory attach
+    on this connection (the transfer itself may still go over the socket)."""
+    return status == Status.BULK_ERROR and str(unpack_body(payload or b"")).startswith("cma:")
+
+
+async def _cma_copy(
+    loop: asyncio.AbstractEventLoop, conn: Connection, address: int, dest: memoryview, deadline: float | None
+) -> None:
+    """``cma.read`` inline when small, else piece by piece in the loop's default executor (the copy
+    releases the GIL). Nothing is written into ``dest`` after this returns or raises.
+
+    Raises:
+        OSError (see cma.read); DeadlineExceeded when ``deadline`` (loop time) passes between two pieces.
+    """
+    pid = conn.peer_pid
+    if pid is None or cma.start_time(pid) != conn.peer_start_time:
+        raise OSError(3, f"the peer's process {pid} is gone (its pid may now be another process's)")  # ESRCH
+    size = len(dest)
+    if size <= _CMA_INLINE_BYTES:
+        cma.read(pid, address, dest)
+        return
+    for pos in range(0, size, _CMA_PIECE_BYTES):
+        if deadline is not None and loop.time() > deadline:
+            raise DeadlineExceeded(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
+        await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
+
+
+def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:
+    if need not in handle.mode:
+        raise BulkUsageError(
+            f"bulk handle is exposed as {handle.mode!r}; it cannot be {'pulled' if need == READ else 'pushed'}"
+        )
+    if offset < 0 or size < 0 or offset + size > handle.size:
+        raise BulkUsageError(f"range {offset}+{size} is outside the {handle.size}-byte bulk handle")

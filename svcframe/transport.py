@@ -1,19 +1,17 @@
 """Transports: ``tcp://HOST:PORT`` and ``unix:///path`` as asyncio ``BufferedProtocol`` pumps.
 
-A ``Connection`` owns one socket and one sans-IO ``FrameDecoder``. It receives straight into the
-decoder's buffer (or, for bulk data, into the destination buffer), performs the connection handshake
-(engine identities and, with a shared secret, the HMAC challenge), and hands complete frames in batches
-to its *owner* (the engine). Everything a connection sends while a received batch is being dispatched
-leaves in one ``writelines`` call at the end of the batch.
+A ``Connection`` owns one socket and pumps bytes through one sans-IO ``svcframe.protocol.Protocol``,
+which holds the connection's whole state (phase, handshake, tables). It receives straight into the
+protocol's buffer (or, for bulk data, into the destination buffer), writes what the protocol produces,
+and hands complete frames in batches to its *owner* (the engine). Everything a connection sends while a
+received batch is being dispatched leaves in one write at the end of the batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
-import secrets
 import socket
 import stat
 import time
@@ -22,18 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import cma
-from .errors import AuthenticationFailed, ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError
-from .wire import (
-    DEFAULT_MAX_BODY_BYTES,
-    Frame,
-    FrameDecoder,
-    Kind,
-    Status,
-    auth_mac,
-    encode_frame,
-    pack_body,
-    unpack_body,
-)
+from .errors import ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError, Status
+from .protocol import Closed, Identity, Opened, Role
+from .protocol import Protocol as ProtocolState
+from .wire import DEFAULT_MAX_BODY_BYTES, Frame
 
 log = logging.getLogger("svcframe.transport")
 
@@ -104,27 +94,21 @@ class ConnectionOwner(Protocol):
     def on_open(self, conn: Connection) -> None: ...
     def on_close(self, conn: Connection, exc: BaseException | None) -> None: ...
     def admit(self, conn: Connection) -> str | None: ...
-    def bulk_sink(self, conn: Connection, kind: int, request_id: int, length: int) -> memoryview: ...
-
-
-@dataclass(frozen=True)
-class Identity:
-    """This side of the handshake: who we are and how we authenticate."""
-
-    engine_id: str
-    address: str | None  # where peers can dial us (None for a client-only engine)
-    secret: bytes | None = None
-    cma: bool = False  # we serve and make same-node bulk transfers by cross-memory attach (svcframe.cma)
 
 
 class Connection(asyncio.BufferedProtocol):
-    """One connection, either dialled (``server_side=False``) or accepted (``server_side=True``).
+    """The asyncio pump around one connection's sans-IO ``svcframe.protocol.Protocol``: it receives into
+    the protocol's buffers, writes what the protocol and the owner produce, reports the handshake's outcome
+    and hands the frames of each received batch to its *owner* (the engine). Everything sent while a
+    batch is dispatched leaves in one write at the end of the batch.
 
     Attributes:
-        peer_engine_id / peer_address: learnt from the peer's HELLO.
+        protocol: the connection's state (phase, handshake, tables).
+        pending / serving: the protocol's tables of outgoing calls and served requests, by request id.
+        peer_engine_id / peer_address / peer_max_body_bytes / peer_cma / authenticated: from the handshake
+            (``protocol.peer``), copied here once it completes.
         ready: resolved when the handshake completed (or failed, with the error).
-        pending: the owner's outgoing calls on this connection, by request id.
-        state: free per-connection state for the owner.
+        records: the owner's per-connection statistics cache.
     """
 
     def __init__(
@@ -136,51 +120,49 @@ class Connection(asyncio.BufferedProtocol):
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+        max_inflight: int = 1024,
     ) -> None:
         self.owner = owner
-        self.handshake_timeout_seconds = handshake_timeout_seconds
-        self.authenticated = False  # the peer proved the shared secret (server side) / we proved it (client side)
-        self.last_activity = 0.0  # monotonic time the last frame completed
-        self.frame_started = 0.0  # monotonic time the frame under way began arriving (0: none known)
-        self.reading_paused = False
-        self._handshake_timer: asyncio.TimerHandle | None = None
-        self._batch_bytes = 0
-        self.writes = 0  # calls into the transport's write path (a received batch's replies make one)
-        self.records: dict[Any, Any] = {}  # the owner's per-connection statistics cache
-        self.identity = identity
         self.server_side = server_side
+        self.protocol = proto = ProtocolState(
+            Role.SERVER if server_side else Role.CLIENT, identity, max_body_bytes=max_body_bytes,
+            max_pushes=max_inflight,
+        )  # fmt: skip
+        self.pending = proto.pending
+        self.serving = proto.serving
         self.max_output_bytes = max_output_bytes
-        self.decoder = FrameDecoder(max_body_bytes, self._bulk_sink)
+        self.handshake_timeout_seconds = handshake_timeout_seconds
         self.transport: asyncio.Transport | None = None
-        self.peer_engine_id: str | None = None
-        self.peer_address: str | None = None
-        self.peername: str = "?"
-        self.peer_pid: int | None = None  # the peer's pid, from the kernel (unix sockets only)
-        self.peer_start_time: int | None = None  # its start time then (pids are reused: svcframe.cma)
-        self.peer_cma = False  # the peer serves bulk transfers by cross-memory attach (from its HELLO)
-        self.peer_label: str = "?"
-        self.peer_host: str | None = None  # the peer's IP address (tcp); None for unix sockets
-        self.admitted = False  # counted against the owner's connection caps (server side)
-        self.close_reason: ConnectionLost | None = None  # why the peer closed, when it said so
-        self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES  # the largest body the peer accepts (from HELLO)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed = False
-        self.pending: dict[int, Any] = {}
-        self.serving: dict[int, Any] = {}
-        self.state: dict[str, Any] = {}
-        self._next_id = 0
-        self._nonce = b""  # the server's nonce (ours on the server side)
-        self._client_nonce = b""  # the client's nonce of a mutual handshake (client side, once sent)
+        self.close_reason: ConnectionLost | None = None  # why the peer closed, when it said so
+        self.reading_paused = False
+        self.last_activity = 0.0  # monotonic time the last frame completed
+        self.frame_started = 0.0  # monotonic time the frame under way began arriving (0: none known)
+        self.writes = 0  # calls into the transport's write path (a received batch's replies make one)
+        self.records: dict[Any, Any] = {}
+        # who the peer is: the socket's view now, the handshake's once it completes
+        self.peername = "?"
+        self.peer_label = "?"  # the statistics key: the peer's address, or clients@HOST
+        self.peer_host: str | None = None  # the peer's IP address (tcp); None for unix sockets
+        self.peer_pid: int | None = None  # the peer's pid, from the kernel (unix sockets only)
+        self.peer_start_time: int | None = None  # its start time then (pids are reused: svcframe.cma)
+        self.peer_engine_id: str | None = None
+        self.peer_address: str | None = None
+        self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES
+        self.peer_cma = False
+        self.authenticated = False
+        self.admitted = False  # counted against the owner's connection caps (server side)
         self._open = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self._batch: list[bytes | memoryview] | None = None
+        self._batch_bytes = 0
         self._paused = False
         self._writelines_pauses = False  # set per transport in connection_made
         self._drain: asyncio.Future[None] | None = None
 
-    # -- ids -----------------------------------------------------------------------------------------
     def next_request_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
+        return self.protocol.next_request_id()
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -192,8 +174,9 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_pid = cma.peer_pid(sock)
         self.peer_start_time = cma.start_time(self.peer_pid) if self.peer_pid is not None else None
         peer = transport.get_extra_info("peername")
-        self.peername = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
-        self.peer_label = self.peername  # the peer's address once known, for statistics
+        self.peername = self.peer_label = (
+            f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
+        )
         self.peer_host = peer[0] if isinstance(peer, tuple) else None
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         # uvloop's writelines pauses the protocol over the high-water mark; the stdlib's does not on CPython
@@ -204,19 +187,14 @@ class Connection(asyncio.BufferedProtocol):
             refusal = self.owner.admit(self)
             if refusal is not None:  # over a connection cap: say why and close; the peer pays its descriptor
                 self.closed = True
-                transport.write(encode_frame(Kind.GOODBYE, 0, pack_body(refusal), status=Status.OVERLOADED))
+                transport.write(self.protocol.goodbye(Status.OVERLOADED, refusal))
                 transport.close()
                 return
-            self._nonce = secrets.token_bytes(16)
-            hello = {
-                "engine_id": self.identity.engine_id,
-                "address": self.identity.address,
-                "nonce": self._nonce,
-                "auth": self.identity.secret is not None,
-                "max_body_bytes": self.decoder.max_body_bytes,
-                "cma": self.identity.cma,
-            }
-            transport.write(encode_frame(Kind.HELLO, 0, pack_body(hello)))
+        self.protocol.connection_made(
+            _endpoint(transport.get_extra_info("sockname")), _endpoint(peer), peer_on_node=self.peer_pid is not None
+        )
+        self._write_protocol_output()
+        if self.server_side:
             loop = asyncio.get_running_loop()
             self._handshake_timer = loop.call_later(self.handshake_timeout_seconds, self._handshake_deadline)
 
@@ -225,34 +203,77 @@ class Connection(asyncio.BufferedProtocol):
             self.abort(RemoteProtocolError(f"no handshake within {self.handshake_timeout_seconds:g} s"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.decoder.get_buffer()
+        return self.protocol.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.closed:
+            return
+        proto = self.protocol
         try:
-            frames = self.decoder.buffer_updated(nbytes)
+            frames = proto.receive(nbytes)
+            if not self._open:
+                frames = self._handshake_step(frames)
             if not frames:
                 if not self.frame_started:  # a frame is under way: the owner's sweep bounds how long it takes
                     self.frame_started = time.monotonic()
                 return
             self.last_activity = time.monotonic()  # activity = a frame completed, not a byte received
             self.frame_started = 0.0
-            if not self._open:
-                frames = self._handshake(frames) or self.decoder.more()
-                if not frames or not self._open:
-                    return
             self._batch = batch = []
             self._batch_bytes = 0
-            decoder = self.decoder
             try:
                 while frames:
                     self.owner.on_frames(self, frames)
-                    frames = decoder.more() if decoder.held else None
+                    frames = proto.more() if proto.decoder.held else None
             finally:
                 self._batch = None
                 if batch and not self.closed:
                     self._write(batch)
         except ProtocolError as exc:
             self.abort(exc)
+
+    def _handshake_step(self, events: list[Any]) -> list[Frame]:
+        """Send what the handshake produced and act on its outcome (the protocol's Opened / Closed events);
+        return the frames after it."""
+        self._write_protocol_output()
+        if not events:
+            return events
+        self.last_activity = time.monotonic()
+        event = events[0]
+        if isinstance(event, Opened):
+            peer = event.peer
+            self.peer_engine_id, self.peer_address = peer.engine_id, peer.address
+            self.peer_max_body_bytes, self.peer_cma, self.authenticated = (
+                peer.max_body_bytes,
+                peer.cma,
+                peer.authenticated,
+            )
+            # Statistics are kept per peer label: a server's address, or for client-only peers (no address) one
+            # label per client host, so churn of short connections from ephemeral ports adds no record (issue 13).
+            self.peer_label = peer.address or f"clients@{self.peer_host or 'local'}"
+            self._open = True
+            if self._handshake_timer is not None:
+                self._handshake_timer.cancel()
+                self._handshake_timer = None
+            self.owner.on_open(self)
+            if not self.ready.done():
+                self.ready.set_result(None)
+            return events[1:] or self.protocol.more()
+        if isinstance(event, Closed):
+            if event.by_us and self.server_side:
+                log.warning("refused connection from %s: %s", self.peername, event.error)
+            self.close_reason = event.error
+            if not self.ready.done():
+                self.ready.set_exception(event.error)
+                self.ready.exception()  # mark retrieved: only a dialler awaits it (and re-raises it)
+            self.close()
+        return []
+
+    def _write_protocol_output(self) -> None:
+        out = self.protocol.data_to_send()
+        if out and self.transport is not None and not self.closed:
+            for data in out:
+                self.transport.write(data)
 
     def pause_reading(self) -> None:
         """Stop reading requests (per-connection in-flight cap reached): TCP backpressure to the peer."""
@@ -272,9 +293,9 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()  # else it keeps the connection (and its buffers) alive
-        if exc is None and not self.decoder.idle:
-            exc = ConnectionLost("peer closed the connection in the middle of a frame")
-        self.decoder.close()  # drop the buffers, the bulk destination and the sink (a reference cycle)
+        cut = self.protocol.connection_lost()  # releases the buffers, bulk destinations and the sink
+        if exc is None:
+            exc = cut
         if not self.ready.done():
             self.ready.set_exception(exc or ConnectionLost(f"connection to {self.peername} closed in handshake"))
             self.ready.exception()  # mark retrieved; the dialler re-raises it
@@ -371,8 +392,13 @@ class Connection(asyncio.BufferedProtocol):
     def goodbye(self, status: Status, reason: str) -> None:
         """Tell the peer why we close, then close after the output is flushed."""
         if not self.closed and self.transport is not None:
-            self.send(encode_frame(Kind.GOODBYE, 0, pack_body(reason), status=status))
+            self.send(self.protocol.goodbye(status, reason))
             self.close()
+
+    def goodbye_received(self, frame: Frame) -> None:
+        """The peer said GOODBYE: its reason becomes the error of the calls pending here; close."""
+        self.close_reason = self.protocol.goodbye_received(frame)
+        self.close()
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -388,139 +414,14 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # -- handshake -----------------------------------------------------------------------------------
-    def _handshake(self, frames: list[Frame]) -> list[Frame]:
-        first, rest = frames[0], frames[1:]
-        if first.kind == Kind.GOODBYE:
-            if not self.ready.done():
-                self.ready.set_exception(goodbye_error(self, first))
-            self.close()
-            return []
-        if first.kind != Kind.HELLO:
-            raise RemoteProtocolError(f"expected HELLO first, got frame kind {first.kind}")
-        hello = unpack_body(first.body or b"")
-        if not isinstance(hello, dict):
-            raise RemoteProtocolError("malformed HELLO")
-        if self._client_nonce:  # the server's proof, second HELLO of a mutual handshake
-            return self._check_server_proof(hello, rest)
-        if not isinstance(hello.get("engine_id"), str):
-            raise RemoteProtocolError("malformed HELLO")
-        self.peer_engine_id = hello["engine_id"]
-        addr = hello.get("address")
-        self.peer_address = addr if isinstance(addr, str) else None
-        # Statistics are kept per peer label: a server's address, or for client-only peers (no address) one
-        # label per client host, so churn of short connections from ephemeral ports adds no record (issue 13).
-        self.peer_label = self.peer_address or f"clients@{self.peer_host or 'local'}"
-        self.peer_cma = hello.get("cma") is True and self.peer_pid is not None
-        limit = hello.get("max_body_bytes")
-        if isinstance(limit, int) and limit > 0:
-            self.peer_max_body_bytes = limit
-        secret = self.identity.secret
-        assert self.transport is not None
-        if self.server_side:
-            if secret is not None:
-                mac, client_nonce = hello.get("mac"), hello.get("nonce")
-                via = hello.get("via")
-                ok = isinstance(mac, bytes) and isinstance(client_nonce, bytes) and len(client_nonce) == 16
-                ok = ok and via == self._local_endpoint()  # a relay's client dialled another endpoint
-                if ok:
-                    expect = auth_mac(secret, "client", self._nonce, client_nonce, self.identity.engine_id,
-                                      self.peer_engine_id, via)  # fmt: skip
-                    ok = hmac.compare_digest(mac, expect)
-                if not ok:
-                    log.warning("refused connection from %s: authentication failed", self.peername)
-                    self.goodbye(Status.UNAUTHENTICATED, "authentication failed (shared secret)")
-                    return []
-                proof = auth_mac(secret, "server", self._nonce, client_nonce, self.identity.engine_id,
-                                 self.peer_engine_id, self._remote_endpoint())  # fmt: skip
-                self.transport.write(encode_frame(Kind.HELLO, 0, pack_body({"mac": proof})))
-                self.authenticated = True
-        else:
-            nonce = hello.get("nonce")
-            if not isinstance(nonce, bytes) or len(nonce) != 16:
-                raise RemoteProtocolError("HELLO without a 16-byte nonce")
-            reply: dict[str, Any] = {
-                "engine_id": self.identity.engine_id,
-                "address": self.identity.address,
-                "max_body_bytes": self.decoder.max_body_bytes,
-                "cma": self.identity.cma,
-            }
-            if secret is not None:
-                if not hello.get("auth"):  # a holder of the secret talks only to servers that prove it
-                    self._refuse_server(f"{self.peername} does not authenticate (no shared secret configured)")
-                    return []
-                self._nonce, self._client_nonce = nonce, secrets.token_bytes(16)
-                via = self._remote_endpoint()
-                reply.update(nonce=self._client_nonce, via=via, mac=auth_mac(
-                    secret, "client", nonce, self._client_nonce, self.peer_engine_id, self.identity.engine_id, via
-                ))  # fmt: skip
-                self.transport.write(encode_frame(Kind.HELLO, 0, pack_body(reply)))
-                return self._handshake(rest) if rest else []  # open once the server's proof arrives
-            if hello.get("auth"):
-                self._refuse_server(f"{self.peername} requires a shared secret and none is configured")
-                return []
-            self.transport.write(encode_frame(Kind.HELLO, 0, pack_body(reply)))
-        return self._opened(rest)
-
-    def _check_server_proof(self, hello: dict[str, Any], rest: list[Frame]) -> list[Frame]:
-        mac = hello.get("mac")
-        expect = auth_mac(self.identity.secret or b"", "server", self._nonce, self._client_nonce,
-                          self.peer_engine_id or "", self.identity.engine_id, self._local_endpoint())  # fmt: skip
-        if not isinstance(mac, bytes) or not hmac.compare_digest(mac, expect):
-            self._refuse_server(f"{self.peername} did not prove the shared secret (an impostor or a relay?)")
-            return []
-        self.authenticated = True
-        return self._opened(rest)
-
-    def _opened(self, rest: list[Frame]) -> list[Frame]:
-        self._open = True
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
-        self.owner.on_open(self)
-        if not self.ready.done():
-            self.ready.set_result(None)
-        return rest
-
-    def _refuse_server(self, reason: str) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(AuthenticationFailed(reason))
-        self.close()
-
-    def _local_endpoint(self) -> str:
-        """Our end of the connection: "host:port" (tcp) or the socket path (unix)."""
-        return _endpoint(self.transport.get_extra_info("sockname") if self.transport is not None else None)
-
-    def _remote_endpoint(self) -> str:
-        """The peer's end of the connection as our socket sees it."""
-        return _endpoint(self.transport.get_extra_info("peername") if self.transport is not None else None)
-
-    def _bulk_sink(self, kind: int, request_id: int, length: int) -> memoryview:
-        return self.owner.bulk_sink(self, kind, request_id, length)
-
 
 def _endpoint(name: Any) -> str:
+    """One end of a connection as the handshake names it: "host:port" (tcp) or the socket path (unix)."""
     if isinstance(name, tuple):
         return f"{name[0]}:{name[1]}"
     if isinstance(name, bytes):
         return name.decode(errors="replace")
     return str(name or "")
-
-
-def goodbye_error(conn: Connection, frame: Frame) -> ConnectionLost:
-    """The error a GOODBYE frame means for the calls pending on its connection."""
-    reason = _safe_text(frame.body)
-    if frame.status == Status.UNAUTHENTICATED:
-        return AuthenticationFailed(f"{conn.peername} refused the connection: {reason}")
-    return ConnectionLost(f"{conn.peername} closed the connection: {reason}")
-
-
-def _safe_text(body: bytes | bytearray | None) -> str:
-    try:
-        value = unpack_body(body or b"")
-    except ProtocolError:
-        return "(unreadable reason)"
-    return str(value)[:500]
 
 
 ConnFactory = Callable[[], Connection]

@@ -20,7 +20,7 @@ from reliability_kit import RELTEST_ID, Procs, service_config
 from reliability_provider import pattern
 
 from svcframe import Engine, cma
-from svcframe.engine import CMA_MIN_BYTES
+from svcframe.bulk import CMA_MIN_BYTES
 
 pytestmark = pytest.mark.skipif(not cma.supported(), reason="cross-memory attach needs Linux process_vm_readv")
 uvloop_test = pytest.mark.asyncio(loop_factories=["uvloop"])

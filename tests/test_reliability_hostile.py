@@ -412,7 +412,7 @@ async def test_a_buggy_client_sees_bad_request_not_connection_lost(
     next call, with a sound encoder, works on a new connection."""
     import msgpack
 
-    import svcframe.engine
+    import svcframe.calls
 
     server = procs.spawn(service_config(tmp_path, kv=None))
     async with Engine(None) as engine:
@@ -422,7 +422,7 @@ async def test_a_buggy_client_sees_bad_request_not_connection_lost(
                         timeout_seconds=20.0)
         )  # fmt: skip
         await wait_until(lambda: len(first.pending) == 1, what="the held call to be sent")
-        monkeypatch.setattr(svcframe.engine, "pack_body", lambda value: msgpack.packb(value, use_bin_type=True))
+        monkeypatch.setattr(svcframe.calls, "pack_body", lambda value: msgpack.packb(value, use_bin_type=True))
         with pytest.raises(RemoteError) as info:
             await engine.call(server.address, "noop", {1: "int key"}, provider_id=RELTEST_ID, timeout_seconds=5.0)
         monkeypatch.undo()

@@ -1,0 +1,253 @@
+"""Outgoing calls: a request to a provider of another engine, its deadline, its retries, its answer.
+
+``Engine.call`` encodes the argument (msgpack), sends one REQUEST frame carrying the remaining time budget,
+the callpath of the handler it is made from (``svcframe.handlers.current_request``) and, when tracing, the
+trace context, and waits for the RESPONSE or the deadline, whichever comes first. Only calls marked
+``idempotent`` are ever sent again (on a lost connection or a server shutting down), always within the
+deadline. A non-OK answer becomes an exception through ``svcframe.errors.error_from_status``.
+
+This is one part of the engine (``svcframe.engine.Engine`` inherits it): the state it uses is the engine's,
+declared below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    AuthenticationFailed,
+    ConnectionLost,
+    DeadlineExceeded,
+    LocalProtocolError,
+    ProtocolError,
+    RPCError,
+    ShuttingDown,
+    error_from_status,
+)
+from .handlers import current_request
+from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
+from .protocol import Pending
+from .registration import RegistrationTable
+from .tracing import Tracer, new_span_id, new_trace_id
+from .wire import (
+    F_IDEMPOTENT,
+    F_TRACED,
+    K_CANCEL,
+    NO_PARENT_PROVIDER,
+    S_OK,
+    ZERO_TRACE_ID,
+    callpath_extend,
+    encode_frame,
+    pack_body,
+    pack_request_header,
+    unpack_body,
+)
+
+if TYPE_CHECKING:
+    from .progress import Progress
+    from .transport import Connection
+
+perf_ns = time.perf_counter_ns
+
+
+class Calls:
+    """The engine's part that makes outgoing calls (see the module docstring)."""
+
+    # the engine's state this part uses (svcframe.engine.Engine)
+    table: RegistrationTable
+    _rpc_ids: dict[str, int]  # table.ids, read once per call
+    _root_callpaths: dict[tuple[int, int], int]
+    _conns: dict[str, Connection]
+    _loop: asyncio.AbstractEventLoop | None
+    _epoch_offset_us: float
+    default_timeout_seconds: float
+    monitor: Monitor
+    progress: Progress
+    tracer: Tracer | None
+
+    if TYPE_CHECKING:
+
+        async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
+
+    async def call(
+        self,
+        address: str,
+        name: str,
+        arg: Any = None,
+        *,
+        provider_id: int = 0,
+        timeout_seconds: float | None = None,
+        idempotent: bool = False,
+        max_attempts: int = 5,
+    ) -> Any:
+        """Call RPC ``name`` of provider ``provider_id`` at ``address`` and return its result.
+
+        Args:
+            arg: the RPC argument (msgpack types; put large buffers in a bulk handle).
+            timeout_seconds: deadline from now for the whole call, retries included (default: the
+                engine's default_timeout_seconds); it travels with the request so the server can drop
+                work nobody waits for.
+            idempotent: the call may safely run more than once. Only such calls are retried, on a lost
+                connection or a server shutting down, at most ``max_attempts`` (<= 5) times in all, with
+                jittered exponential back-off, always within the deadline. Other calls are never
+                re-sent: a lost connection is reported, never silently re-executed.
+
+        Raises:
+            DeadlineExceeded, ConnectionLost, AuthenticationFailed, NoSuchProvider, NoSuchRPC, RemoteError,
+            Refused, Cancelled (see svcframe.errors); LocalProtocolError when ``arg`` cannot be encoded.
+        """
+        if not idempotent:
+            return await self._call_once(address, name, arg, provider_id, timeout_seconds, 0)
+        loop = self._loop or asyncio.get_running_loop()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        deadline = loop.time() + timeout
+        attempts = max(1, min(max_attempts, 5))
+        for attempt in range(attempts):
+            try:
+                return await self._call_once(address, name, arg, provider_id, deadline - loop.time(), F_IDEMPOTENT)
+            except (ConnectionLost, ShuttingDown) as exc:
+                if isinstance(exc, AuthenticationFailed) or attempt == attempts - 1:
+                    raise
+                pause = min(0.05 * 2**attempt * random.uniform(0.5, 1.5), deadline - loop.time())
+                if pause <= 0:
+                    raise
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
+
+    async def _call_once(
+        self,
+        address: str,
+        name: str,
+        arg: Any,
+        provider_id: int,
+        timeout_seconds: float | None,
+        flags: int,
+    ) -> Any:
+        loop = self._loop or asyncio.get_running_loop()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        start = loop.time()
+        conn = self._conns.get(address)
+        if conn is None or conn.closed:
+            conn = await self.connection(address, timeout)
+        body = pack_body(arg)
+        if len(body) > conn.peer_max_body_bytes:
+            raise LocalProtocolError(
+                f"the argument of {name!r} encodes to {len(body)} bytes, over the {conn.peer_max_body_bytes}-byte "
+                f"limit of {address}; pass large data as a bulk handle (engine.expose)"
+            )
+        rid = self._rpc_ids.get(name) or self.table.rpc_id(name)
+        parent = current_request.get()
+        if parent is None:
+            parent_rpc, parent_provider = 0, NO_PARENT_PROVIDER
+            callpath = self._root_callpaths.get((rid, provider_id)) or self._root_callpath(rid, provider_id)
+        else:
+            pf = parent.frame
+            parent_rpc, parent_provider = pf.rpc_id, pf.provider_id
+            callpath = callpath_extend(pf.callpath, rid, provider_id)
+        tracer = self.tracer
+        trace_id, span_id, lamport = ZERO_TRACE_ID, 0, 0
+        if tracer is not None or (parent is not None and parent.frame.flags & F_TRACED):
+            flags |= F_TRACED
+            trace_id = parent.frame.trace_id if parent is not None and parent.frame.flags & F_TRACED else new_trace_id()
+            span_id = new_span_id()
+            lamport = tracer.tick() if tracer is not None else 0
+        rec = None
+        monitor = self.monitor
+        if monitor.enabled:
+            key = (parent_rpc, parent_provider, rid, provider_id, address)
+            rec = monitor.origin.get(key)
+            if rec is None:
+                rec = monitor.origin_record(key)
+                monitor.names[rid] = name
+            n = rec.calls = rec.calls + 1
+            timed = n <= ALWAYS_TIMED or not n % monitor.sample_every
+        else:
+            timed = False
+        t0 = perf_ns() if timed or flags & F_TRACED else 0
+        request_id = conn.next_request_id()
+        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
+            raise conn.close_reason or ConnectionLost(f"connection to {address} is closed")
+        conn.pending[request_id] = Pending(future)
+        remaining = timeout - (loop.time() - start)
+        conn.send(
+            pack_request_header(
+                flags, provider_id, rid, len(body), request_id, wire_deadline(remaining), 0, parent_provider,
+                parent_rpc, 0, callpath, trace_id, span_id, lamport,
+            )
+            + body
+        )  # fmt: skip
+        t1 = perf_ns() if t0 else 0
+        progress = self.progress
+        progress.inflight += 1
+        progress.activity()
+        timer = loop.call_at(start + timeout, _expire, future)
+        status = -1
+        try:
+            status, payload = await future
+        except _DeadlineExpired:
+            if not conn.closed:
+                conn.send(encode_frame(K_CANCEL, request_id))  # nobody waits any more: tell the server
+            raise DeadlineExceeded(
+                f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s"
+            ) from None
+        except asyncio.CancelledError:
+            if not conn.closed:
+                conn.send(encode_frame(K_CANCEL, request_id))  # the caller gave up: tell the server
+            raise
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
+            progress.inflight -= 1
+            progress.activity()
+            if rec is not None:
+                if status != S_OK:
+                    rec.errors += 1
+                if timed:
+                    buf = rec.buffer
+                    buf.extend((perf_ns() - t0, t1 - t0, len(body), len(payload) if status >= 0 and payload else 0))
+                    if len(buf) > FOLD_AT:
+                        rec.fold()
+            if flags & F_TRACED and tracer is not None:
+                parent_span = parent.frame.span_id if parent is not None else 0
+                tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
+                              parent_span, lamport, address, status)  # fmt: skip
+        if status == S_OK:
+            return unpack_body(payload)
+        raise error_from_status_body(status, payload, name, provider_id, address)
+
+    def _root_callpath(self, rid: int, provider_id: int) -> int:
+        cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)
+        return cp
+
+
+class _DeadlineExpired(Exception):
+    """Set on a pending call's future by its deadline timer (turned into DeadlineExceeded by the caller)."""
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_DeadlineExpired())
+
+
+_MAX_WIRE_DEADLINE_USEC = 0xFFFF_FFFF  # the header's 32-bit deadline: about 71 minutes
+
+
+def wire_deadline(remaining_seconds: float) -> int:
+    """The header's ``deadline_usec`` for a caller that waits ``remaining_seconds`` more: at least 1 µs;
+    0 ("no deadline") beyond what 32 bits of microseconds hold, so a longer wait is never cut short by the
+    server (the caller's own timer still ends the call)."""
+    usec = int(remaining_seconds * 1e6)
+    return max(1, usec) if usec <= _MAX_WIRE_DEADLINE_USEC else 0
+
+
+def error_from_status_body(status: int, payload: Any, name: str, provider_id: int, address: str | None) -> RPCError:
+    """The exception for a non-OK response whose body is ``payload`` (msgpack): svcframe.errors' table."""
+    try:
+        info = unpack_body(payload or b"")
+    except ProtocolError:
+        info = None
+    return error_from_status(status, info, name, provider_id, address)

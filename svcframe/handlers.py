@@ -1,0 +1,462 @@
+"""Running handlers: the server side of a call, from a decoded REQUEST frame to its RESPONSE.
+
+A request is looked up in the registration table (``svcframe.registration``), its argument decoded, and
+its handler run: a sync handler inline on the event loop (answered in the same received batch), an async
+one (or a sync one that returns an awaitable) as a task, cancelled by the caller's CANCEL or its deadline.
+The handler learns about its call from its ``Request`` (first argument) and, for nested calls, from
+``current_request``. Errors become statuses through ``svcframe.errors.status_for``; a handler reports an
+expected failure by raising an ``AppError``.
+
+Deadlines are honest (issue 13): a request whose handler never started is answered ``DROPPED`` (safe to
+send again); once it started, ``DEADLINE_EXCEEDED`` (the outcome is unknown).
+
+This is one part of the engine (``svcframe.engine.Engine`` inherits it): the state it uses is the engine's,
+declared below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import operator
+import threading
+import time
+import traceback
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from .errors import AppError, LocalProtocolError, ProtocolError, RemoteProtocolError, Status, status_for
+from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
+from .registration import Registration, RegistrationTable
+from .tracing import Tracer, new_span_id, new_trace_id
+from .wire import (
+    F_NO_REPLY,
+    F_TRACED,
+    K_GOODBYE,
+    K_RESPONSE,
+    ZERO_COPY_BYTES,
+    Frame,
+    Kind,
+    _new_tuple,
+    bin_header,
+    encode_frame,
+    pack_body,
+    pack_ok_response_header,
+    unpack_body,
+)
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .progress import Progress
+    from .transport import Connection
+
+log = logging.getLogger("svcframe.engine")
+
+perf_ns = time.perf_counter_ns
+_NIL = pack_body(None)
+_SMALL_RESULT_BYTES = 4096  # results up to this size are answered in _on_request itself (under any peer's limit)
+_pack_bytes = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # results that are bytes (bin)
+#: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
+_PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
+
+
+class Request(tuple):
+    """What a handler learns about the call it serves (its first argument).
+
+    Attributes:
+        engine: the engine serving the call (make nested calls and bulk transfers through it).
+        conn: the connection the request arrived on.
+        arrival: loop time (seconds) when the request was received.
+    """
+
+    # A tuple underneath: one is built per call, and building a tuple costs a third of running an __init__.
+    __slots__ = ()
+
+    engine: Engine = property(operator.itemgetter(0))  # type: ignore[assignment]
+    conn: Connection = property(operator.itemgetter(1))  # type: ignore[assignment]
+    reg: Registration = property(operator.itemgetter(2))  # type: ignore[assignment]
+    frame: Frame = property(operator.itemgetter(3))  # type: ignore[assignment]
+    arrival: float = property(operator.itemgetter(4))  # type: ignore[assignment]
+
+    def __new__(cls, engine: Engine, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
+        return _new_tuple(cls, (engine, conn, reg, frame, arrival))  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"Request({self.reg.name!r}, provider_id={self.reg.provider_id}, request_id={self.frame.request_id})"
+
+    @property
+    def provider_id(self) -> int:
+        return self.reg.provider_id
+
+    @property
+    def rpc_name(self) -> str:
+        return self.reg.name
+
+    @property
+    def request_id(self) -> int:
+        return self.frame.request_id
+
+    @property
+    def callpath(self) -> int:
+        """The 64-bit chained hash of this call's ancestry."""
+        return self.frame.callpath
+
+    @property
+    def deadline(self) -> float | None:
+        """Loop time (seconds) after which the caller no longer waits; None when it set no deadline."""
+        usec = self.frame.deadline_usec
+        return self.arrival + usec / 1e6 if usec else None
+
+    @property
+    def peer_address(self) -> str | None:
+        """The caller's listening address (None for a client-only engine)."""
+        return self.conn.peer_address
+
+    def remaining_seconds(self) -> float | None:
+        """Time left before the caller gives up (None when it set no deadline)."""
+        deadline = self.deadline
+        return None if deadline is None else deadline - asyncio.get_running_loop().time()
+
+
+#: The request of the async handler whose task runs in this context, and of the tasks it spawns.
+_task_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("svcframe_request", default=None)
+
+
+class _SyncRequest(threading.local):
+    """The request of the sync handler running on this thread (set and cleared around the call: a sync
+    handler runs to completion, and two never nest). A thread-local costs a tenth of a contextvar."""
+
+    request: Request | None = None
+
+
+_sync = _SyncRequest()
+
+
+class CurrentRequest:
+    """``current_request.get()``: the request whose handler is running here, None outside any handler.
+    Nested calls read their parent (callpath, RPC, provider, trace context) from it.
+
+    Inside a sync handler it is that handler's request; inside an async handler's task (and the tasks it
+    spawns, which copy its context) it is that handler's. Tasks a *sync* handler spawns run after it has
+    returned and start a new callpath (as a ULT spawned from a Margo handler does); spawn them from an
+    async handler to keep the parent.
+    """
+
+    __slots__ = ()
+
+    def get(self) -> Request | None:
+        req = _sync.request
+        return req if req is not None else _task_request.get()
+
+
+current_request = CurrentRequest()
+
+
+def current_callpath() -> int:
+    """The callpath of the handler running in this context (0 outside any handler)."""
+    req = current_request.get()
+    return req.frame.callpath if req is not None else 0
+
+
+class Handlers:
+    """The engine's part that runs incoming requests (see the module docstring)."""
+
+    # the engine's state this part uses (svcframe.engine.Engine)
+    table: RegistrationTable
+    _rows: dict[tuple[int, int], Registration]  # table.rows, read once per request
+    _refused: dict[int, str]  # table.refused
+    _closing: bool
+    _loop: asyncio.AbstractEventLoop | None
+    _tasks: set[asyncio.Task[Any]]
+    _epoch_offset_us: float
+    monitor: Monitor
+    progress: Progress
+    tracer: Tracer | None
+    max_inflight_per_connection: int
+    send_tracebacks: bool
+
+    def inflight_for(self, provider_id: int) -> list[asyncio.Task[Any]]:
+        """The handler tasks of ``provider_id`` still running (a provider being removed waits for them)."""
+        return [t for t in self._tasks if getattr(t, "svcframe_provider_id", None) == provider_id]
+
+    def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None:
+        if not frame.flags & F_NO_REPLY:
+            conn.send(encode_frame(K_RESPONSE, frame.request_id, body, status=status))
+
+    def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None:
+        self._reply(conn, frame, status, pack_body(message))
+
+    def _on_request(self, conn: Connection, frame: Frame, arrival_ns: int, arrival: float) -> None:
+        reg = self._rows.get((frame[2], frame[3]))
+        if reg is None or self._closing or self._refused:
+            if self._refuse(conn, frame, reg):
+                return
+            assert reg is not None
+        try:
+            arg = unpack_body(frame[13])
+        except ProtocolError as exc:
+            raise self._bad_body(conn, frame, str(exc)) from None
+        rec = None
+        monitor = self.monitor
+        if monitor.enabled:
+            rec = conn.records.get(reg) if not frame[8] else None  # calls from outside any handler: no key tuple
+            if rec is None:
+                rec = self._target_record(frame, reg, conn)
+            n = rec.calls = rec.calls + 1
+            if n > ALWAYS_TIMED and n % monitor.sample_every:
+                rec = None  # counted, not timed
+        tracer = self.tracer
+        start_ns = perf_ns() if rec is not None or tracer is not None else 0
+        if tracer is not None:
+            if frame[1] & F_TRACED:
+                tracer.tick(frame.lamport)
+            else:  # a tracing server starts the trace of an untraced call: its handler's calls join it (issue 15)
+                frame = frame._replace(flags=frame[1] | F_TRACED, trace_id=new_trace_id(), span_id=new_span_id())
+        req = _new_tuple(Request, (self, conn, reg, frame, arrival))
+        loop = self._loop
+        assert loop is not None
+        if reg.is_coroutine:  # its task copies this context: the request travels in the contextvar
+            token = _task_request.set(req)
+            try:
+                coro = reg.handler(req, arg)
+                task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, coro))
+            except Exception as exc:
+                self._finish_error(conn, frame, reg, exc)
+                return
+            finally:
+                _task_request.reset(token)
+            self._track_task(conn, frame, reg, req, task, coro)
+            return
+        sync = _sync
+        sync.request = req
+        try:
+            result = reg.handler(req, arg)
+            if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
+                if (
+                    start_ns
+                    or frame[1] & F_NO_REPLY
+                    or not (result is None or (type(result) is bytes and len(result) <= _SMALL_RESULT_BYTES))
+                ):
+                    self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
+                else:  # the common case, untimed and untraced: None or small bytes, answered here
+                    body = _NIL if result is None else _pack_bytes(result)
+                    conn.send(pack_ok_response_header(len(body), frame[4]) + body)
+                return
+            token = _task_request.set(req)  # a sync handler returned an awaitable: it runs as a task
+            try:
+                task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result))
+            finally:
+                _task_request.reset(token)
+        except Exception as exc:
+            self._finish_error(conn, frame, reg, exc)
+            return
+        finally:
+            sync.request = None
+        self._track_task(conn, frame, reg, req, task, result)
+
+    def _track_task(
+        self, conn: Connection, frame: Frame, reg: Registration, req: Request, task: asyncio.Task[Any], result: Any
+    ) -> None:
+        """Bookkeeping of a handler running as a task: cancellation by CANCEL or its deadline, backpressure."""
+        loop = self._loop
+        assert loop is not None
+        task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
+        task.svcframe_frame = frame  # type: ignore[attr-defined]
+        self._tasks.add(task)
+        conn.serving[frame.request_id] = task
+        if len(conn.serving) >= self.max_inflight_per_connection:
+            conn.pause_reading()  # backpressure: this peer's further requests wait in its socket buffer
+        self.progress.inflight += 1
+        deadline = req.deadline
+        if deadline is not None and deadline <= loop.time():  # it waited past its deadline (behind a blocking
+            _expire_handler(task)  # handler): dropped before its first step, answered DROPPED by _task_done
+        timer = loop.call_at(deadline, _expire_handler, task) if deadline is not None else None
+        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result))
+
+    def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError:
+        """A well-framed request or bulk request whose body a conforming peer never sends (malformed or
+        non-strict msgpack) is a bad frame: answer it with BAD_REQUEST (a buggy client learns why) and send a
+        GOODBYE. The caller raises the error returned: the transport then writes what this batch produced,
+        drops the connection, dispatches none of the peer's later frames and logs one warning naming the
+        peer and the problem."""
+        self._reply_error(conn, frame, Status.BAD_REQUEST, problem)
+        conn.send(encode_frame(K_GOODBYE, 0, pack_body(f"bad frame: {problem}"), status=Status.BAD_REQUEST))
+        if problem.startswith("map key "):  # the log names the problem, never the body (the key's repr)
+            problem = "map key is a " + problem.rpartition(" is a ")[2]
+        return RemoteProtocolError(
+            f"bad {Kind(frame[0]).name} body ({len(frame[13] or b'')} bytes, request {frame[4]}): {problem}"
+        )
+
+    def _refuse(self, conn: Connection, frame: Frame, reg: Registration | None) -> bool:
+        """Answer a request that will not run (unknown target, shutting down, provider removed)."""
+        if reg is None:
+            status = Status.NO_SUCH_RPC if frame.provider_id in self.table.providers else Status.NO_SUCH_PROVIDER
+            self._reply_error(conn, frame, status, "")
+        elif self._closing:
+            self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server is shutting down")
+        elif frame.provider_id in self._refused:
+            self._reply_error(conn, frame, Status.REFUSED, self._refused[frame.provider_id])
+        else:
+            return False
+        return True
+
+    def _task_done(
+        self,
+        conn: Connection,
+        request_id: int,
+        task: asyncio.Task[Any],
+        deadline: asyncio.TimerHandle | None,
+        handler_result: Any,
+    ) -> None:
+        if deadline is not None:
+            deadline.cancel()
+        if inspect.iscoroutine(handler_result):
+            if (
+                task.cancelled()
+                and inspect.getcoroutinestate(handler_result) == inspect.CORO_CREATED
+                and not conn.closed
+                and conn.serving.get(request_id) is task
+            ):  # cancelled before its first step: nothing ran and nothing answered yet
+                frame = task.svcframe_frame  # type: ignore[attr-defined]
+                self._count_error(conn, frame, self._rows.get((frame[2], frame[3])))
+                if self._closing:
+                    self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
+                elif getattr(task, "svcframe_deadline_passed", False):
+                    self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
+                else:
+                    self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled before it ran")
+            handler_result.close()  # cancelled before it first ran: never awaited, so close it (no-op otherwise)
+        self._tasks.discard(task)
+        if conn.serving.get(request_id) is task:
+            del conn.serving[request_id]
+        if conn.reading_paused and len(conn.serving) <= self.max_inflight_per_connection // 2:
+            conn.resume_reading()
+        self.progress.inflight -= 1
+        self.progress.activity()
+
+    async def _run_async(
+        self,
+        conn: Connection,
+        frame: Frame,
+        reg: Registration,
+        arrival_ns: int,
+        start_ns: int,
+        rec: Any,
+        aw: Awaitable[Any],
+    ) -> None:
+        try:
+            result = await aw
+        except asyncio.CancelledError:
+            self._count_error(conn, frame, reg)  # no result: by its deadline, its caller's CANCEL or a shutdown
+            if not conn.closed:
+                if self._closing:
+                    self._reply_error(
+                        conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished"
+                    )
+                elif getattr(asyncio.current_task(), "svcframe_deadline_passed", False):
+                    if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
+                        self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
+                    else:  # it ran: whatever it changed may have been applied
+                        self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, "the deadline passed as it ran")
+                else:
+                    self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
+            raise
+        except Exception as exc:
+            self._finish_error(conn, frame, reg, exc)
+        else:
+            self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
+
+    def _finish(
+        self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, rec: Any, result: Any
+    ) -> None:
+        """Send the result. ``rec`` is the statistics record when this call is timed (else None)."""
+        end_ns = perf_ns() if start_ns else 0
+        large = False
+        try:
+            if result is None:
+                body = _NIL
+            elif type(result) is bytes:  # msgpack cannot fail on bytes: no verification needed
+                large = len(result) >= ZERO_COPY_BYTES  # then sent as it is, not copied
+                body = bin_header(len(result)) if large else _pack_bytes(result)
+            else:
+                body = pack_body(result)
+            body_len = len(body) + len(result) if large else len(body)
+            if body_len > conn.peer_max_body_bytes:
+                raise LocalProtocolError(
+                    f"the result of {reg.name!r} encodes to {body_len} bytes, over the {conn.peer_max_body_bytes}-"
+                    "byte limit of the caller (its engine.max_body_bytes, or Engine(max_body_bytes=...)): the "
+                    "caller can raise that limit, or expose a buffer the handler pushes the data into"
+                )
+        except ProtocolError as exc:
+            self._finish_error(conn, frame, reg, exc)
+            return
+        if not frame[1] & F_NO_REPLY:
+            if large:
+                conn.send_many((pack_ok_response_header(body_len, frame[4]) + body, result))
+            else:
+                conn.send(pack_ok_response_header(body_len, frame[4]) + body)
+        if rec is not None:
+            buf = rec.buffer
+            sent_ns = perf_ns()
+            buf.extend((start_ns - arrival_ns, end_ns - start_ns, sent_ns - end_ns, len(frame[13] or b""), body_len))
+            if len(buf) > FOLD_AT:
+                rec.fold()
+        tracer = self.tracer
+        if tracer is not None:  # the trace and span of an untraced call were started in _on_request
+            traced = frame[1] & F_TRACED
+            tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
+                          frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
+                          tracer.lamport, conn.peer_label)  # fmt: skip
+
+    def _target_record(self, frame: Frame, reg: Registration, conn: Connection) -> Any:
+        key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
+        rec = self.monitor.target.get(key) or self.monitor.target_record(key)
+        if not frame.parent_rpc_id:
+            conn.records[reg] = rec
+        return rec
+
+    def _finish_error(self, conn: Connection, frame: Frame, reg: Registration, exc: BaseException) -> None:
+        """Answer a handler's exception: a refusal or an ``AppError`` as the status the errors table gives
+        (svcframe.errors.status_for), anything else as HANDLER_ERROR with the type and message, and the
+        traceback only to an authenticated peer or when ``send_tracebacks`` is set (it names server paths).
+        Unexpected exceptions are logged here, at most one traceback per RPC a second."""
+        status = status_for(exc)
+        if status == Status.APP_ERROR:
+            assert isinstance(exc, AppError)
+            try:
+                body = pack_body([exc.code, exc.message, exc.details])
+            except ProtocolError:
+                body = pack_body([exc.code, exc.message, None])
+            self._reply(conn, frame, Status.APP_ERROR, body)
+        elif status != Status.HANDLER_ERROR:
+            self._reply_error(conn, frame, status, str(exc))
+            return
+        else:
+            tb = "".join(traceback.format_exception(exc)) if conn.authenticated or self.send_tracebacks else ""
+            self._reply(
+                conn, frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]])
+            )
+            now = time.monotonic()
+            if now - reg.last_logged >= 1.0:
+                reg.last_logged = now
+                log.error("handler %r of provider %d failed (peer %s)", reg.name, reg.provider_id, conn.peer_label,
+                          exc_info=exc)  # fmt: skip
+        self._count_error(conn, frame, reg)
+
+    def _count_error(self, conn: Connection, frame: Frame, reg: Registration | None) -> None:
+        """One more error in the target statistics of the call ``frame`` (failed, dropped, cancelled)."""
+        if self.monitor.enabled and reg is not None:
+            key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
+            (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
+
+    # -- serving bulk transfers (no user code runs here) ------------------------------------------------
+
+
+def _expire_handler(task: asyncio.Task[Any]) -> None:
+    """The caller's deadline passed: stop its handler, answered as DEADLINE_EXCEEDED."""
+    task.svcframe_deadline_passed = True  # type: ignore[attr-defined]
+    task.cancel()

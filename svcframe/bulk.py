@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import cma
-from .calls import _DeadlineExpired, _expire, error_from_status_body, wire_deadline
+from .calls import Deadlines, _DeadlineExpired, error_from_status_body, wire_deadline
 from .errors import (
     BulkError,
     BulkUsageError,
@@ -39,7 +39,7 @@ from .errors import (
 )
 from .handlers import current_request
 from .monitoring import Monitor
-from .protocol import Pending
+from .protocol import IncomingPull
 from .wire import F_CMA, K_BULK_PUSH, Frame, Kind, encode_frame, encode_header, pack_body, unpack_body
 
 if TYPE_CHECKING:
@@ -160,6 +160,7 @@ class BulkTransfers:
     _peers: dict[str, Connection]
     _tasks: set[asyncio.Task[Any]]
     _loop: asyncio.AbstractEventLoop | None
+    _deadlines: Deadlines
     monitor: Monitor
     progress: Progress
 
@@ -394,15 +395,16 @@ class BulkTransfers:
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
         conn = await self._peer_connection(handle, timeout)
-        request_id = conn.next_request_id()
-        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
-        pending = Pending(future, dest)
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
-        conn.pending[request_id] = pending
+        request_id = conn.next_request_id()
+        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        conn.pending[request_id] = future
+        if dest is not None:
+            conn.protocol.pulls[request_id] = IncomingPull(dest)
         self.progress.inflight += 1
         self.progress.activity()
-        timer = loop.call_at(start + timeout, _expire, future)
+        self._deadlines.add(start + timeout, future)
         deadline_usec = wire_deadline(timeout - (loop.time() - start))
         if by_cma:  # a pull asks for the range's address; a push gives its source's (kept until answered)
             fields = (
@@ -431,8 +433,8 @@ class BulkTransfers:
                 conn.send(encode_frame(Kind.CANCEL, request_id))
             raise
         finally:
-            timer.cancel()
             conn.pending.pop(request_id, None)
+            conn.protocol.pulls.pop(request_id, None)
             self.progress.inflight -= 1
             self.progress.activity()
             if not (by_cma and kind == Kind.BULK_PULL):  # a cross-memory pull is recorded with its copy

@@ -13,8 +13,10 @@ declared below.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -27,9 +29,8 @@ from .errors import (
     ShuttingDown,
     error_from_status,
 )
-from .handlers import current_request
+from .handlers import _sync, _task_request
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
-from .protocol import Pending
 from .registration import RegistrationTable
 from .tracing import Tracer, new_span_id, new_trace_id
 from .wire import (
@@ -60,6 +61,7 @@ class Calls:
     table: RegistrationTable
     _rpc_ids: dict[str, int]  # table.ids, read once per call
     _root_callpaths: dict[tuple[int, int], int]
+    _deadlines: Deadlines
     _conns: dict[str, Connection]
     _loop: asyncio.AbstractEventLoop | None
     _epoch_offset_us: float
@@ -72,7 +74,7 @@ class Calls:
 
         async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
 
-    async def call(
+    def call(
         self,
         address: str,
         name: str,
@@ -82,7 +84,7 @@ class Calls:
         timeout_seconds: float | None = None,
         idempotent: bool = False,
         max_attempts: int = 5,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         """Call RPC ``name`` of provider ``provider_id`` at ``address`` and return its result.
 
         Args:
@@ -95,12 +97,21 @@ class Calls:
                 jittered exponential back-off, always within the deadline. Other calls are never
                 re-sent: a lost connection is reported, never silently re-executed.
 
+        Returns:
+            A coroutine: ``await engine.call(...)`` gives the result. (``call`` itself is not a coroutine
+            function, so a call costs one coroutine, not two: measured, 0.4 µs per call.)
+
         Raises:
             DeadlineExceeded, ConnectionLost, AuthenticationFailed, NoSuchProvider, NoSuchRPC, RemoteError,
             Refused, Cancelled (see svcframe.errors); LocalProtocolError when ``arg`` cannot be encoded.
         """
         if not idempotent:
-            return await self._call_once(address, name, arg, provider_id, timeout_seconds, 0)
+            return self._call_once(address, name, arg, provider_id, timeout_seconds, 0)
+        return self._call_retrying(address, name, arg, provider_id, timeout_seconds, max_attempts)
+
+    async def _call_retrying(
+        self, address: str, name: str, arg: Any, provider_id: int, timeout_seconds: float | None, max_attempts: int
+    ) -> Any:
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         deadline = loop.time() + timeout
@@ -129,9 +140,11 @@ class Calls:
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
+        remaining = timeout
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = await self.connection(address, timeout)
+            remaining = timeout - (loop.time() - start)
         body = pack_body(arg)
         if len(body) > conn.peer_max_body_bytes:
             raise LocalProtocolError(
@@ -139,7 +152,7 @@ class Calls:
                 f"limit of {address}; pass large data as a bulk handle (engine.expose)"
             )
         rid = self._rpc_ids.get(name) or self.table.rpc_id(name)
-        parent = current_request.get()
+        parent = _sync.request or _task_request.get()  # current_request.get(), inlined
         if parent is None:
             parent_rpc, parent_provider = 0, NO_PARENT_PROVIDER
             callpath = self._root_callpaths.get((rid, provider_id)) or self._root_callpath(rid, provider_id)
@@ -167,24 +180,25 @@ class Calls:
         else:
             timed = False
         t0 = perf_ns() if timed or flags & F_TRACED else 0
-        request_id = conn.next_request_id()
-        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
         if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
             raise conn.close_reason or ConnectionLost(f"connection to {address} is closed")
-        conn.pending[request_id] = Pending(future)
-        remaining = timeout - (loop.time() - start)
-        conn.send(
+        request_id = conn.next_request_id()
+        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        pending = conn.pending
+        pending[request_id] = future
+        conn.send_request(
             pack_request_header(
                 flags, provider_id, rid, len(body), request_id, wire_deadline(remaining), 0, parent_provider,
                 parent_rpc, 0, callpath, trace_id, span_id, lamport,
             )
-            + body
+            + body,
+            len(pending) > 1,
         )  # fmt: skip
         t1 = perf_ns() if t0 else 0
         progress = self.progress
         progress.inflight += 1
         progress.activity()
-        timer = loop.call_at(start + timeout, _expire, future)
+        self._deadlines.add(start + timeout, future)
         status = -1
         try:
             status, payload = await future
@@ -199,8 +213,7 @@ class Calls:
                 conn.send(encode_frame(K_CANCEL, request_id))  # the caller gave up: tell the server
             raise
         finally:
-            timer.cancel()
-            conn.pending.pop(request_id, None)
+            pending.pop(request_id, None)
             progress.inflight -= 1
             progress.activity()
             if rec is not None:
@@ -224,13 +237,81 @@ class Calls:
         return cp
 
 
+class Deadlines:
+    """The deadlines of one engine's outgoing calls and bulk transfers, behind ONE loop timer.
+
+    A loop timer per call (``loop.call_at`` + ``cancel``) costs about 2 µs on uvloop (measured), as much as
+    the rest of a call's Python work; here a call costs a heap push. Finished calls are not removed (their
+    futures are done);
+    the timer skips them, and the heap is compacted when it holds more than twice the unfinished calls,
+    so memory stays in proportion to the calls in flight.
+
+    On expiry, a waiting future gets ``_DeadlineExpired`` (its caller raises DeadlineExceeded).
+    """
+
+    __slots__ = ("_heap", "_loop", "_seq", "_timer", "_timer_at")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, asyncio.Future[Any]]] = []
+        self._seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def add(self, deadline: float, future: asyncio.Future[Any]) -> None:
+        """Expire ``future`` at ``deadline`` (loop time, seconds) unless it is done by then."""
+        heap = self._heap
+        self._seq = seq = self._seq + 1
+        heapq.heappush(heap, (deadline, seq, future))
+        if deadline < self._timer_at:
+            self._arm(deadline)
+        elif len(heap) > 1024 and not seq & 1023:
+            self._compact()
+
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        heap = self._heap
+        now = self._loop.time() if self._loop is not None else 0.0
+        while heap and (heap[0][0] <= now or heap[0][2].done()):
+            _, _, future = heapq.heappop(heap)
+            if not future.done():
+                future.set_exception(_DeadlineExpired())
+        if heap:
+            self._arm(heap[0][0])
+
+    def _compact(self) -> None:
+        """Drop finished calls when they are more than half the heap (amortised O(1) per call)."""
+        heap = self._heap
+        live = [entry for entry in heap if not entry[2].done()]
+        if len(live) * 2 < len(heap):
+            heapq.heapify(live)
+            self._heap = live
+            if not live and self._timer is not None:
+                self._timer.cancel()
+                self._timer, self._timer_at = None, float("inf")
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at, self._heap = None, float("inf"), []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
 class _DeadlineExpired(Exception):
     """Set on a pending call's future by its deadline timer (turned into DeadlineExceeded by the caller)."""
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(_DeadlineExpired())
 
 
 _MAX_WIRE_DEADLINE_USEC = 0xFFFF_FFFF  # the header's 32-bit deadline: about 71 minutes

@@ -41,7 +41,7 @@ from typing import Any
 
 from . import cma
 from .bulk import BulkTransfers
-from .calls import Calls
+from .calls import Calls, Deadlines
 from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
 from .handlers import Handlers, Request, current_callpath, current_request
 from .monitoring import Monitor, ProcessSampler
@@ -206,6 +206,7 @@ class Engine(Calls, Handlers, BulkTransfers):
         self._exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._root_callpaths: dict[tuple[int, int], int] = {}
+        self._deadlines = Deadlines()  # of outgoing calls and bulk transfers, behind one loop timer
         self.tracer: Tracer | None = None
         self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
         self._closing = False
@@ -230,6 +231,7 @@ class Engine(Calls, Handlers, BulkTransfers):
             ConnectionLost: the address cannot be bound.
         """
         self._loop = asyncio.get_running_loop()
+        self._deadlines.start(self._loop)
         if self._listen_address is not None:
             self._server, self._bound = await listen(self._listen_address, self._accept)
         self.progress.start(self._loop)
@@ -319,6 +321,7 @@ class Engine(Calls, Handlers, BulkTransfers):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._bound.path)
         self.progress.stop()
+        self._deadlines.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self.sampler is not None:
@@ -498,9 +501,9 @@ class Engine(Calls, Handlers, BulkTransfers):
     def _fail_pending(self, conn: Connection, error: RPCError) -> None:
         pending = list(conn.pending.values())
         conn.pending.clear()
-        for p in pending:
-            if not p.waiter.done():
-                p.waiter.set_exception(error)
+        for waiter in pending:
+            if not waiter.done():
+                waiter.set_exception(error)
 
     def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
         self.progress.activity()
@@ -509,9 +512,9 @@ class Engine(Calls, Handlers, BulkTransfers):
         for frame in frames:
             kind = frame[0]
             if kind == K_RESPONSE:
-                p = conn.pending.get(frame[4])
-                if p is not None and not p.waiter.done():
-                    p.waiter.set_result((frame[6], frame[13]))
+                waiter = conn.pending.get(frame[4])
+                if waiter is not None and not waiter.done():
+                    waiter.set_result((frame[6], frame[13]))
             elif kind == K_REQUEST:
                 self._on_request(conn, frame, arrival_ns, arrival)
             elif kind == K_BULK_DATA_PUSH:

@@ -68,7 +68,7 @@ from .wire import (
     unpack_body,
 )
 
-__all__ = ["Closed", "Identity", "IncomingPush", "Opened", "Peer", "Pending", "Phase", "Protocol", "Role"]
+__all__ = ["Closed", "Identity", "IncomingPull", "IncomingPush", "Opened", "Peer", "Phase", "Protocol", "Role"]
 
 
 class Role(enum.Enum):
@@ -153,17 +153,14 @@ class Closed:
     by_us: bool = False
 
 
-class Pending:
-    """An outgoing call or bulk transfer waiting for its response, by request id in ``Protocol.pending``.
+class IncomingPull:
+    """Where the data of one of our bulk pulls goes (``BULK_DATA_REPLY`` frames, in order), by request id in
+    ``Protocol.pulls``."""
 
-    ``waiter`` is the engine's (an asyncio future: opaque here); ``dest`` and ``cursor`` receive the data of
-    a pull (``BULK_DATA_REPLY`` frames), in order."""
+    __slots__ = ("cursor", "dest")
 
-    __slots__ = ("cursor", "dest", "waiter")
-
-    def __init__(self, waiter: Any, dest: Any = None) -> None:
-        self.waiter = waiter
-        self.dest = dest  # a memoryview, or an object that makes one when sliced (Bulk's lazy destination)
+    def __init__(self, dest: Any) -> None:
+        self.dest = dest  # a memoryview, or an object that makes one when sliced (bulk's lazy destination)
         self.cursor = 0
 
 
@@ -194,14 +191,16 @@ class Protocol:
     Attributes:
         phase: the current ``Phase``.
         peer: what the handshake established (None before ``OPEN``).
-        pending: outgoing calls and bulk transfers by request id (the engine adds and removes them).
+        pending: what waits for each of our requests' RESPONSE, by request id (the engine's futures: opaque
+            here; the engine adds and removes them).
+        pulls: where the data of our bulk pulls goes, by request id.
         serving: requests being served by request id (the engine's handler tasks: opaque here).
         error: the exception that put the connection in ``Phase.ERROR``.
     """
 
     __slots__ = ("_client_nonce", "_local_endpoint", "_next_id", "_nonce", "_out", "_peer_on_node",
                  "_refused_pushes", "_remote_endpoint", "decoder", "error", "identity", "max_pushes", "peer",
-                 "pending", "phase", "pushes", "role", "serving")  # fmt: skip
+                 "pending", "phase", "pulls", "pushes", "role", "serving")  # fmt: skip
 
     def __init__(
         self,
@@ -218,7 +217,8 @@ class Protocol:
         self.phase = Phase.AWAIT_HELLO
         self.peer: Peer | None = None
         self.error: ProtocolError | None = None
-        self.pending: dict[int, Pending] = {}
+        self.pending: dict[int, Any] = {}
+        self.pulls: dict[int, IncomingPull] = {}
         self.serving: dict[int, Any] = {}
         self.pushes: dict[int, IncomingPush] = {}
         self._refused_pushes: dict[int, int] = {}  # request id -> bytes of refused push data still to discard
@@ -500,8 +500,8 @@ class Protocol:
         if self.phase is not _OPEN:
             raise RemoteProtocolError(f"bulk data while the connection is {self.phase.value}")
         if kind == K_BULK_DATA_REPLY:
-            p = self.pending.get(request_id)
-            if p is None or p.dest is None:
+            p = self.pulls.get(request_id)
+            if p is None:
                 return _discard(length)  # a transfer we gave up on: drop its late data
             end = p.cursor + length
             if end > len(p.dest):
@@ -552,6 +552,7 @@ class Protocol:
         self.decoder.legal_kinds = 0
         self.decoder.close()
         self.pushes.clear()
+        self.pulls.clear()
         self._refused_pushes.clear()
         return ConnectionLost("peer closed the connection in the middle of a frame") if cut else None
 

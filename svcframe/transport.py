@@ -130,6 +130,7 @@ class Connection(asyncio.BufferedProtocol):
         )  # fmt: skip
         self.pending = proto.pending
         self.serving = proto.serving
+        self.next_request_id = proto.next_request_id
         self.max_output_bytes = max_output_bytes
         self.handshake_timeout_seconds = handshake_timeout_seconds
         self.transport: asyncio.Transport | None = None
@@ -160,9 +161,7 @@ class Connection(asyncio.BufferedProtocol):
         self._paused = False
         self._writelines_pauses = False  # set per transport in connection_made
         self._drain: asyncio.Future[None] | None = None
-
-    def next_request_id(self) -> int:
-        return self.protocol.next_request_id()
+        self._cork: list[bytes | memoryview] | None = None  # requests held until the loop's next turn
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -331,6 +330,24 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write(data)
             if self._paused:
                 self._check_output()
+
+    def send_request(self, data: bytes, corked: bool) -> None:
+        """Send a request. ``corked`` (other requests of ours are in flight here): hold it until the loop's
+        next turn, so the requests a batch of responses sets off leave in one write (one system call where
+        there were as many as requests: the client's largest cost per call at depth > 1)."""
+        if not corked or self._batch is not None or self.closed:
+            self.send(data)
+            return
+        cork = self._cork
+        if cork is None:
+            self._cork = cork = []
+            asyncio.get_running_loop().call_soon(self._uncork)
+        cork.append(data)
+
+    def _uncork(self) -> None:
+        cork, self._cork = self._cork, None
+        if cork and not self.closed:
+            self._write(cork)
 
     def _flush_batch(self) -> None:
         """Write what a large batch has produced so far (bounds its memory; checks the output cap)."""

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from svcframe.errors import AuthenticationFailed, ConnectionLost, LocalProtocolError, RemoteProtocolError, Status
-from svcframe.protocol import Closed, Identity, Opened, Pending, Phase, Protocol, Role
+from svcframe.protocol import Closed, Identity, IncomingPull, Opened, Phase, Protocol, Role
 from svcframe.wire import Frame, Kind, encode_frame, encode_header, pack_body, rpc_id
 
 SECRET = b"s" * 32
@@ -71,7 +71,7 @@ def test_a_pair_completes_the_handshake_and_exchanges_frames(secret: bytes | Non
     assert client.peer is not None and client.peer.engine_id == "server-engine"
     assert server.peer.authenticated is client.peer.authenticated is (secret is not None)
     rid = client.next_request_id()
-    client.pending[rid] = Pending("waiter")
+    client.pending[rid] = "waiter"
     frames = server.feed(request(rid, {"x": 1}))
     assert [(f.kind, f.request_id) for f in frames] == [(Kind.REQUEST, rid)]
     answers = client.feed(encode_frame(Kind.RESPONSE, rid, pack_body({"x": 1})))
@@ -283,7 +283,7 @@ def test_bulk_data_beyond_what_was_asked_is_a_protocol_error() -> None:
     handshake(server, client)
     rid = client.next_request_id()
     dest = bytearray(10)
-    client.pending[rid] = Pending("waiter", memoryview(dest))
+    client.pulls[rid] = IncomingPull(memoryview(dest))
     client.feed(encode_header(Kind.BULK_DATA_REPLY, rid, 6) + b"abcdef")
     with pytest.raises(RemoteProtocolError, match="12 bytes for a 10-byte pull"):
         client.feed(encode_header(Kind.BULK_DATA_REPLY, rid, 6) + b"ghijkl")
@@ -416,7 +416,7 @@ class PairMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._open())
     def call(self, arg: object) -> None:
         rid = self.client.next_request_id()
-        self.client.pending[rid] = Pending("waiter")
+        self.client.pending[rid] = "waiter"
         self.sent_requests.append(rid)
         self.to_server += request(rid, arg)
 
@@ -435,7 +435,7 @@ class PairMachine(RuleBasedStateMachine):
     def pull(self, data: bytes) -> None:
         rid = self.client.next_request_id()
         dest = bytearray(len(data))
-        self.client.pending[rid] = Pending("waiter", memoryview(dest))
+        self.client.pulls[rid] = IncomingPull(memoryview(dest))
         self.pulls[rid] = (dest, data)
         self.to_client += encode_header(Kind.BULK_DATA_REPLY, rid, len(data)) + data
         self.to_client += encode_frame(Kind.RESPONSE, rid)

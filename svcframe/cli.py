@@ -64,12 +64,12 @@ def _read_secret(secret_file: str | None) -> bytes | None:
 
 
 def _targets(addresses: tuple[str, ...], group: str | None) -> list[tuple[str, int]]:
-    from .launch import read_group_file
+    from .group import read_group_file
 
     out = [(a, ADMIN_PROVIDER_ID) for a in addresses]
     if group:
         try:
-            out += [(m.address, m.provider_id) for m in read_group_file(group)]
+            out += [(m.address, m.provider_id) for m in read_group_file(group).members]
         except SvcframeError as exc:
             _fail(str(exc), 2)
     if not out:
@@ -522,7 +522,7 @@ def selftest_run(
     from selftest.driver import SelftestParams, run_selftest, save_results
 
     from .config import format_validation_error
-    from .launch import read_group_file
+    from .group import read_group_file
 
     values: dict[str, Any] = json.loads(Path(params_file).read_text()) if params_file else {}
     for key, value in flags.items():
@@ -534,7 +534,7 @@ def selftest_run(
         _fail(format_validation_error(exc, "selftest parameters"))
         return
     targets = [(a, ADMIN_PROVIDER_ID) for a in target]
-    targets += [(m.address, m.provider_id) for m in read_group_file(group)] if group else []
+    targets += [(m.address, m.provider_id) for m in read_group_file(group).members] if group else []
     if not targets:
         _fail("give --group FILE or --target ADDRESS")
     servers = [a for a, _ in targets]
@@ -623,10 +623,10 @@ def selftest_bursts(group: str | None, target: str | None, out: str, modes: str,
     """Sequential noop bursts separated by idle gaps, once per progress mode (the paper's Figure 6)."""
     from selftest.bursts import BurstParams, plot_bursts, run_bursts
 
-    from .launch import read_group_file
+    from .group import read_group_file
     from .loops import run
 
-    server = target or (read_group_file(group)[0].address if group else None)
+    server = target or (read_group_file(group).members[0].address if group else None)
     if server is None:
         _fail("give --target ADDRESS or --group FILE")
         return

@@ -31,9 +31,20 @@ from typing import Any
 
 import click
 
+# The self-test's registries (the move of its commands into selftest comes next)
+from selftest.bench import WORKLOADS as BENCH_WORKLOADS
+from selftest.collect import ALL_METRICS
+from selftest.driver import WORKLOADS
+from selftest.nic_dispersion import SCENARIOS
+from selftest.nodes import LAUNCHERS
+from selftest.provider import DIRECTIONS, STORAGE_OPS
+
 from .config import ADMIN_PROVIDER_ID, config_schema, load_config
 from .errors import ConfigError, SvcframeError
-from .loops import LOOP_FACTORIES
+from .loops import EVENT_LOOPS
+from .plumber import BUCKET_POLICIES, NIC_POLICIES
+from .progress import PROGRESS_MODES
+from .topology import BACKENDS
 from .wire import check_secret
 
 
@@ -494,17 +505,20 @@ def selftest() -> None:
               help="JSON file of parameters (flags override it).")  # fmt: skip
 @click.option("--clients", "-c", type=int, default=None)
 @click.option("--depth", type=int, default=None)
-@click.option("--workload", type=click.Choice(["noop", "bulk"]), default=None)
+@click.option("--workload", type=click.Choice(WORKLOADS), default=None)
 @click.option("--duration-seconds", type=float, default=None)
 @click.option("--warmup-iterations", type=int, default=None)
 @click.option("--req-buffer-size", type=int, default=None)
 @click.option("--resp-buffer-size", type=int, default=None)
 @click.option("--bulk-size", type=int, default=None)
-@click.option("--bulk-direction", type=click.Choice(["pull", "push"]), default=None)
+@click.option("--bulk-direction", type=click.Choice(DIRECTIONS), default=None)
+@click.option("--storage-op", type=click.Choice(STORAGE_OPS), default=None)
+@click.option("--storage-block-size", type=int, default=None)
+@click.option("--storage-fsync", is_flag=True, default=None, help="fdatasync after every storage write.")
 @click.option("--provider-id", type=int, default=None)
-@click.option("--progress-mode", type=click.Choice(["block", "busy", "spindown"]), default=None)
+@click.option("--progress-mode", type=click.Choice(PROGRESS_MODES), default=None)
 @click.option("--client-cores", default=None, help="Comma-separated cores to pin clients to.")
-@click.option("--event-loop", type=click.Choice(["auto", *LOOP_FACTORIES]), default=None)
+@click.option("--event-loop", type=click.Choice(EVENT_LOOPS), default=None)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
 @click.option("--keep-provider", is_flag=True,
               help="Keep a self-test provider this command added (default: remove it after the run).")  # fmt: skip
@@ -614,7 +628,7 @@ def _selftest_detach(attachment: Any, keep: bool) -> None:
 @click.option("--burst-seconds", type=float, default=10.0, show_default=True)
 @click.option("--gap-seconds", type=float, default=20.0, show_default=True)
 @click.option("--interval-seconds", type=float, default=1.0, show_default=True)
-@click.option("--modes", default="block,busy,spindown", show_default=True)
+@click.option("--modes", default=",".join(PROGRESS_MODES), show_default=True)
 @click.option("--spindown-msec", type=float, default=10.0, show_default=True)
 @click.option("--provider-id", type=int, default=1, show_default=True)
 @click.option("--client-core", type=int, default=None, help="Pin the client to this core.")
@@ -681,7 +695,7 @@ def _open_store(store_path: str | None, *, must_exist: bool = True) -> Any:
 @click.option("--repeats", type=int, default=3, show_default=True, help="Samples of Pc and Ps.")
 @click.option("--paper", is_flag=True, help="The paper's settings: 5-second measurements, five samples.")
 @click.option("--metric", "metrics", multiple=True,
-              type=click.Choice(["rpc_rate", "bandwidth", "storage_iops", "storage_bandwidth"]),
+              type=click.Choice(ALL_METRICS),
               help="Metric to measure (repeatable; default all four).")  # fmt: skip
 @click.option("--bulk-size", type=int, default=1024 * 1024, show_default=True)
 @click.option("--grid-servers", default="1,2", show_default=True)
@@ -693,7 +707,7 @@ def _open_store(store_path: str | None, *, must_exist: bool = True) -> Any:
 @click.option("--storage-block-size", type=int, default=4096, show_default=True, help="Bytes per op, storage_iops.")
 @click.option("--storage-bandwidth-block-size", type=int, default=1024 * 1024, show_default=True,
               help="Bytes per op, storage_bandwidth.")  # fmt: skip
-@click.option("--storage-op", type=click.Choice(["write", "read"]), default="write", show_default=True)
+@click.option("--storage-op", type=click.Choice(STORAGE_OPS), default="write", show_default=True)
 @click.option("--storage-fsync", is_flag=True, help="fdatasync after every storage write.")
 @click.option("--service", default=None, help="Name history compares under (default: the config's file stem).")
 @click.option("--platform", "platform_name", default=None,
@@ -703,7 +717,7 @@ def _open_store(store_path: str | None, *, must_exist: bool = True) -> Any:
               help="Split this machine's usable cores into K local nodes (default local:2 outside an allocation).")  # fmt: skip
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Nodes from an Open MPI ('host slots=N') or MPICH ('host:N') hostfile; first host = server node.")  # fmt: skip
-@click.option("--launcher", type=click.Choice(["auto", "local", "mpiexec", "srun"]), default="auto", show_default=True,
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
               help="What starts processes: srun inside Slurm, mpiexec with a hostfile, local otherwise.")  # fmt: skip
 @click.option("--grid-server-nodes", default=None,
               help="Validation grid in fully populated nodes, e.g. 1,2 (with --grid-client-nodes).")  # fmt: skip
@@ -726,7 +740,7 @@ def roofline_collect(
     --resume continues. On a cluster: inside salloc/sbatch (--launcher srun) or with --hostfile (mpiexec)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from selftest.collect import ALL_METRICS, DEFAULT_CONFIG, CollectOptions, collect, plan
+    from selftest.collect import DEFAULT_CONFIG, CollectOptions, collect, plan
     from selftest.report import print_collect_summary
     from selftest.store import default_store_path
 
@@ -1045,13 +1059,13 @@ def trace_dump(address: tuple[str, ...], group: str | None, output: str, clear: 
 @main.command()
 @click.option("--quick", is_flag=True, help="Short measurements (for CI: figures printed, no pass/fail).")
 @click.option("--seconds", type=float, default=3.0, show_default=True, help="Length of each measurement.")
-@click.option("--workload", "workloads", multiple=True, type=click.Choice(["seq", "sat", "bulk", "overhead"]))
+@click.option("--workload", "workloads", multiple=True, type=click.Choice(BENCH_WORKLOADS))
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="out/bench.json", show_default=True)
 def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str) -> None:
     """Measure svcframe against the raw uvloop limit (and pyzmq / grpcio when installed)."""
     from selftest.bench import BenchOptions, print_table, run_bench
 
-    opts = BenchOptions(quick=quick, seconds=seconds, workloads=workloads or ("seq", "sat", "bulk", "overhead"))
+    opts = BenchOptions(quick=quick, seconds=seconds, workloads=workloads or BENCH_WORKLOADS)
     result = run_bench(opts)
     print_table(result)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
@@ -1064,12 +1078,12 @@ def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str) 
 @click.option("--json", "as_json", is_flag=True, help="Print the topology document (the --from FILE format).")
 @click.option("--from", "from_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A described topology (JSON, or hwloc XML through pyhwloc) instead of this host's.")  # fmt: skip
-@click.option("--backend", type=click.Choice(["auto", "hwloc", "sysfs"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
 @click.option("--policies", is_flag=True, help="Also show what every plumber policy pair would choose (dry run).")
 @click.option("--interfaces", multiple=True, help="Interface-name pattern the plumber may choose (repeatable).")
 def topology(as_json: bool, from_file: str | None, backend: str, policies: bool, interfaces: tuple[str, ...]) -> None:
     """Show packages, NUMA nodes, cores and NICs (with PCI locality), as the plumber sees them."""
-    from .plumber import BUCKET_POLICIES, NIC_POLICIES, select_nic
+    from .plumber import select_nic
     from .topology import discover, format_cpulist, load_topology
 
     try:
@@ -1079,9 +1093,9 @@ def topology(as_json: bool, from_file: str | None, backend: str, policies: bool,
         return
     patterns = list(interfaces) or None
     matrix = []
-    if policies:
-        for bp in (b for b in BUCKET_POLICIES if b != "passthrough"):
-            for np_ in (n for n in NIC_POLICIES if n != "passthrough"):
+    if policies:  # every pair of policies that choose (passthrough, a None in the registries, does not)
+        for bp in (b for b, choose_buckets in BUCKET_POLICIES.items() if choose_buckets is not None):
+            for np_ in (n for n, choose_nic in NIC_POLICIES.items() if choose_nic is not None):
                 choice = select_nic(topo, bp, np_, interfaces=patterns, dry_run=True)
                 matrix.append({"bucket_policy": bp, "nic_policy": np_, **choice.to_dict()})
     if as_json:
@@ -1130,12 +1144,12 @@ def topology(as_json: bool, from_file: str | None, backend: str, policies: bool,
               help="A described topology instead of this host's (with --loopback-aliases to rehearse it here).")  # fmt: skip
 @click.option("--loopback-aliases", is_flag=True, help="Stand NIC k in by 127.0.0.(k+2).")
 @click.option("--clients", "-c", type=int, default=16, show_default=True)
-@click.option("--scenario", "scenarios", multiple=True, type=click.Choice(["one-core", "two-cores", "unbound"]),
+@click.option("--scenario", "scenarios", multiple=True, type=click.Choice(SCENARIOS),
               help="Client-binding scenario (repeatable; default: all three).")  # fmt: skip
-@click.option("--nic-policy", "nic_policies", multiple=True,
-              type=click.Choice(["byset", "bycore", "random", "roundrobin", "passthrough"]),
+@click.option("--nic-policy", "nic_policies", multiple=True, type=click.Choice(NIC_POLICIES),
               help="NIC policy to compare (repeatable; default: byset and roundrobin).")  # fmt: skip
-@click.option("--bucket-policy", type=click.Choice(["all", "package", "numa"]), default="all", show_default=True)
+@click.option("--bucket-policy", type=click.Choice([b for b, forms in BUCKET_POLICIES.items() if forms is not None]),
+              default="all", show_default=True)  # fmt: skip
 @click.option("--interfaces", multiple=True, help="Interface-name pattern (repeatable).")
 @click.option("--bulk-size", type=int, default=4 * 1024 * 1024, show_default=True)
 @click.option("--duration-seconds", type=float, default=2.0, show_default=True)
@@ -1150,7 +1164,7 @@ def selftest_nic_dispersion(
 ) -> None:  # fmt: skip
     """Servers one per NIC, clients under three CPU-binding scenarios and two NIC policies: aggregate
     bandwidth per scenario and a bar chart (the paper's Figure 2)."""
-    from selftest.nic_dispersion import SCENARIOS, DispersionOptions, run_dispersion, save
+    from selftest.nic_dispersion import DispersionOptions, run_dispersion, save
 
     from .topology import discover, load_topology
 

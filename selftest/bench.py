@@ -39,6 +39,7 @@ from svcframe.progress import PROGRESS_MODES
 
 from .bench_peers import raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
 from .driver import SelftestParams, environment, latency_summary, run_selftest
+from .provider import DIRECTIONS
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 BULK_SIZES = (64 * 1024, 4 * 1024 * 1024)
@@ -302,7 +303,7 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
                 Launch(cfg, 1, cores=[server_core]) as job,
             ):
                 for size in BULK_SIZES:
-                    for direction in ("pull", "push"):
+                    for direction in DIRECTIONS:
                         params = SelftestParams(
                             workload="bulk", bulk_size=size, bulk_direction=direction, clients=1,
                             duration_seconds=sample, client_cores=client_cores[:1], warmup_iterations=20,

@@ -80,7 +80,9 @@ def test_ranks_select_members_on_every_group_verb(servers: list[Member], flock_f
         servers[2].address,
     ]
     assert list(ok_json(cli("provider", "list", *g, "--ranks", "1"))) == [servers[1].address]
-    added = ok_json(cli("provider", "add", *g, "--ranks", "0-1", '{"name": "extra", "type": "kv"}'))
+    added = ok_json(
+        cli("provider", "add", *g, "--ranks", "0-1", '{"name": "extra", "type": "kv", "config": {"path": ":memory:"}}')
+    )
     assert added == {servers[0].address: 2, servers[1].address: 2}
     assert ok_json(cli("provider", "lookup", *g, "extra")) == {
         servers[0].address: {"name": "extra", "type": "kv", "provider_id": 2},
@@ -137,7 +139,11 @@ def test_svcframe_group_is_the_default_target(tmp_path: Path) -> None:
     """launch writes $SVCFRAME_GROUP; status, call and shutdown read it when given no address and no -g."""
     env = {"SVCFRAME_GROUP": str(tmp_path / "group.json")}
     config = tmp_path / "kv.json"
-    config.write_text(json.dumps({"libraries": ["providers.kv"], "providers": [{"name": "s", "type": "kv"}]}))
+    config.write_text(
+        json.dumps(
+            {"libraries": ["providers.kv"], "providers": [{"name": "s", "type": "kv", "config": {"path": ":memory:"}}]}
+        )
+    )
     launcher = subprocess.Popen(
         [sys.executable, "-m", "svcframe", "launch", str(config), "--procs", "2"],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True, env={**os.environ, **env},

@@ -25,7 +25,7 @@ from svcframe.plumber import BUCKET_POLICIES, NIC_POLICIES
 from svcframe.progress import PROGRESS_MODES
 
 from ..driver import WORKLOADS
-from ..nic_dispersion import SCENARIOS
+from ..nic_dispersion import COMPARED_NIC_POLICIES, SCENARIOS
 from ..provider import DIRECTIONS, STORAGE_OPS
 
 
@@ -202,7 +202,7 @@ def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, 
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice(SCENARIOS),
               help="Client-binding scenario (repeatable; default: all three).")  # fmt: skip
 @click.option("--nic-policy", "nic_policies", multiple=True, type=click.Choice(NIC_POLICIES),
-              help="NIC policy to compare (repeatable; default: byset and roundrobin).")  # fmt: skip
+              help=f"NIC policy to compare (repeatable; default: {' and '.join(COMPARED_NIC_POLICIES)}).")  # fmt: skip
 @click.option("--bucket-policy", type=click.Choice([b for b, forms in BUCKET_POLICIES.items() if forms is not None]),
               default="all", show_default=True)  # fmt: skip
 @click.option("--interfaces", multiple=True, help="Interface-name pattern (repeatable).")
@@ -225,7 +225,7 @@ def selftest_nic_dispersion(
 
     opts = DispersionOptions(
         out=Path(out), clients=clients, scenarios=list(scenarios) or list(SCENARIOS),
-        nic_policies=list(nic_policies) or ["byset", "roundrobin"], bucket_policy=bucket_policy,
+        nic_policies=list(nic_policies or COMPARED_NIC_POLICIES), bucket_policy=bucket_policy,
         bulk_size=bulk_size, duration_seconds=duration_seconds, interfaces=list(interfaces) or None,
         loopback_aliases=loopback_aliases,
         servers=dict(item.split("=", 1) for item in server_map if "=" in item) if server_map else None,

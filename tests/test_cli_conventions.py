@@ -194,6 +194,9 @@ def test_a_bad_group_file_is_one_line_naming_it(tmp_path: Path, content: str | N
 
 
 def test_click_usage_errors_are_one_line() -> None:
+    for group in ([], ["config"]):  # a group given no command shows its help, whole
+        shown = cli(*group)
+        assert "Usage: svcframe" in shown.stdout + shown.stderr and "Commands:" in shown.stdout + shown.stderr
     assert "No such option '--bogus'" in one_clear_line(cli("status", "--bogus"))
     assert "No such command 'statu'" in one_clear_line(cli("statu"))
     assert "Missing argument 'CONFIG'" in one_clear_line(cli("launch"))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from functools import cached_property
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -38,6 +39,8 @@ from .common import fail
 
 #: The entry-point group plugins register their commands in.
 PLUGIN_GROUP = "svcframe.cli"
+#: What click >= 8.2 raises for a group given no command (click 8.1 prints the help and exits instead).
+_NO_ARGS_IS_HELP: type[click.UsageError] | None = getattr(click.exceptions, "NoArgsIsHelpError", None)
 
 
 class RootGroup(click.Group):
@@ -97,12 +100,18 @@ class RootGroup(click.Group):
         for problem in self._warnings.values():
             click.echo(f"svcframe: warning: {problem}", err=True)
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+        standalone_mode: bool = True, **extra: Any,
+    ) -> Any:  # fmt: skip
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:
+            if _NO_ARGS_IS_HELP is not None and isinstance(exc, _NO_ARGS_IS_HELP):
+                exc.show()  # a group given no command: its help, as click shows it
+                sys.exit(exc.exit_code)
             hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
             fail(" ".join(exc.format_message().split()) + hint, exc.exit_code)
         except click.ClickException as exc:

@@ -49,8 +49,8 @@ def topology(as_json: bool, from_file: str | None, backend: str, policies: bool,
         places.add_column(col)
     for p in topo.packages:
         places.add_row("package", str(p.os_index), format_cpulist(p.cpus))
-    for n in topo.numa_nodes:
-        places.add_row("numa", str(n.os_index), format_cpulist(n.cpus))
+    for node in topo.numa_nodes:
+        places.add_row("numa", str(node.os_index), format_cpulist(node.cpus))
     console.print(places)
     candidates = {n.name for n in topo.candidate_nics(patterns)}
     nics = Table(title="network interfaces")

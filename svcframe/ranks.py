@@ -18,12 +18,12 @@ the batch step's ``SLURM_PROCID=0``. Without any of them, ``mpi4py`` (when impor
 otherwise the process is rank 0 of 1.
 
 Group file (``publish_group``): every rank of ``svcframe serve CONFIG --group-file F`` reports its address
-once it accepts calls; rank 0 writes ``F`` atomically (the shape of ``svcframe.launch``) when all ``size``
-ranks have (``svcframe.group.write_group_file``); each member carries ``ready``, when it accepted calls, so a
-reader can check the file came after every member was ready. The barrier is MPI's own (``gather`` to rank 0, then
-``barrier``) when mpi4py is importable, else the filesystem: each rank writes ``F.d/rank-<r>.json`` (a group file
-of one member, its job in the metadata) and rank 0 waits for ``size`` of
-them by bounded polling of that condition (no fixed sleep; it also answers within milliseconds), checks
+once it accepts calls; rank 0 writes ``F`` (``svcframe.group.write_group_file``: atomic, the shape
+``svcframe launch`` writes) when all ``size`` ranks have; each member carries ``ready``, when it accepted calls,
+so a reader can check the file came after every member was ready. The barrier is MPI's own (``gather`` to
+rank 0, then ``barrier``) when mpi4py is importable, else the filesystem: each rank writes ``F.d/rank-<r>.json``
+(a group file of one member, its job in the metadata) and rank 0 waits for ``size`` of them by bounded
+polling of that condition (no fixed sleep; it also answers within milliseconds), checks
 that each member answers an admin ``status`` call with its pid (so a stale file of an earlier job cannot
 complete the group), writes ``F`` and removes ``F.d``.
 

@@ -35,13 +35,17 @@ import psutil
 
 from svcframe.config import load_config
 from svcframe.launch import Launch, usable_cores
+from svcframe.progress import PROGRESS_MODES
 
 from .bench_peers import raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
 from .driver import SelftestParams, environment, latency_summary, run_selftest
+from .provider import DIRECTIONS
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
-MODES = ("block", "spindown", "busy")
 BULK_SIZES = (64 * 1024, 4 * 1024 * 1024)
+#: What ``svcframe bench`` measures: sequential calls (every progress mode), a saturated server, bulk
+#: transfers, the cost of monitoring.
+WORKLOADS = ("seq", "sat", "bulk", "overhead")
 
 
 @dataclass
@@ -51,7 +55,7 @@ class BenchOptions:
     sat_clients: int = 2
     sat_depth: int = 32
     bulk_repeats: int = 5  # interleaved rounds per bulk setting (3 with --quick)
-    workloads: tuple[str, ...] = ("seq", "sat", "bulk", "overhead")
+    workloads: tuple[str, ...] = WORKLOADS
     peers: tuple[str, ...] = ("raw", "zmq", "grpc")
 
     def __post_init__(self) -> None:
@@ -156,7 +160,7 @@ def bench_seq(opts: BenchOptions, server_core: int) -> list[dict[str, Any]]:
                 arg = [0, None, None, b""]
                 return await _timed_loop(lambda: engine.call(address, "work", arg, provider_id=1), opts.seconds)
 
-        for mode in MODES:
+        for mode in PROGRESS_MODES:
             rows.append(_row("seq", "svcframe", mode=mode, **run(sf_seq(mode))))
     rows += _seq_optional(opts, server_core)
     return rows
@@ -299,7 +303,7 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
                 Launch(cfg, 1, cores=[server_core]) as job,
             ):
                 for size in BULK_SIZES:
-                    for direction in ("pull", "push"):
+                    for direction in DIRECTIONS:
                         params = SelftestParams(
                             workload="bulk", bulk_size=size, bulk_direction=direction, clients=1,
                             duration_seconds=sample, client_cores=client_cores[:1], warmup_iterations=20,

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from svcframe.errors import SvcframeError
-
-MODES = ("block", "busy", "spindown")
+from svcframe.progress import PROGRESS_MODES
 
 
 @dataclass
@@ -31,7 +30,7 @@ class BurstParams:
     burst_seconds: float = 10.0
     gap_seconds: float = 20.0
     interval_seconds: float = 1.0
-    modes: list[str] = field(default_factory=lambda: list(MODES))
+    modes: list[str] = field(default_factory=lambda: list(PROGRESS_MODES))
     spindown_msec: float = 10.0
     provider_id: int = 1
     admin_provider_id: int = 0
@@ -40,9 +39,9 @@ class BurstParams:
     def __post_init__(self) -> None:
         if self.bursts < 1 or self.burst_seconds <= 0 or self.gap_seconds < 0 or self.interval_seconds <= 0:
             raise ValueError("bursts >= 1, burst_seconds > 0, gap_seconds >= 0 and interval_seconds > 0 are required")
-        bad = [m for m in self.modes if m not in MODES]
+        bad = [m for m in self.modes if m not in PROGRESS_MODES]
         if bad:
-            raise ValueError(f"unknown progress mode(s) {bad}; choose from {list(MODES)}")
+            raise ValueError(f"unknown progress mode(s) {bad}; choose from {list(PROGRESS_MODES)}")
 
     def schedule(self) -> list[tuple[float, float]]:
         """(start, end) of each burst, in seconds from the start of the run; a gap follows each burst."""

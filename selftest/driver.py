@@ -43,11 +43,19 @@ import socket
 import time
 from array import array
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from svcframe.config import EventLoop, OneOf, ProgressMode
 from svcframe.errors import SvcframeError
+
+from .provider import DIRECTIONS, STORAGE_OPS, work_arg
+
+#: The self-test's workloads (Quintain's, and storage, the future work of Carns et al. 2025 §4.3): ``noop``
+#: calls ``work`` with request/response payloads only, ``bulk`` adds a bulk pull or push of ``bulk_size`` bytes,
+#: ``storage`` calls ``storage`` (server-local disk I/O of ``storage_block_size`` bytes).
+WORKLOADS = ("noop", "bulk", "storage")
 
 
 class SelftestError(SvcframeError):
@@ -59,24 +67,26 @@ class SelftestParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workload: Literal["noop", "bulk", "storage"] = "noop"
+    workload: Annotated[str, OneOf(WORKLOADS)] = "noop"
     provider_id: int = Field(1, ge=0, le=65535, description="self-test provider id on the servers")
     duration_seconds: float = Field(2.0, gt=0)
     warmup_iterations: int = Field(10, ge=0)
     req_buffer_size: int = Field(128, ge=0)
     resp_buffer_size: int = Field(128, ge=0)
     bulk_size: int = Field(1024 * 1024, ge=0, description="bytes per op, bulk workload only")
-    bulk_direction: Literal["pull", "push"] = "pull"
-    storage_op: Literal["write", "read"] = Field("write", description="storage workload: what the server does")
+    bulk_direction: Annotated[str, OneOf(DIRECTIONS)] = "pull"
+    storage_op: Annotated[str, OneOf(STORAGE_OPS)] = Field(
+        "write", description="storage workload: what the server does"
+    )
     storage_block_size: int = Field(4096, gt=0, description="bytes per op, storage workload only")
     storage_fsync: bool = Field(False, description="storage workload: fdatasync after each write")
     clients: int = Field(1, ge=1)
     depth: int = Field(1, ge=1, description="outstanding calls per client")
     client_cores: list[int] | None = Field(None, description="pin client i to client_cores[i % len]")
-    progress_mode: Literal["block", "busy", "spindown"] = "spindown"
+    progress_mode: ProgressMode = "spindown"
     timeline_interval_seconds: float | None = Field(None, gt=0)
     timeout_seconds: float = Field(30.0, gt=0, description="deadline of each call")
-    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    event_loop: EventLoop = "auto"
 
 
 LAT_KEYS = ("min", "p50", "p90", "p99", "max", "mean")
@@ -118,7 +128,6 @@ def _client_main(rank: int, server: str, params_json: str, barrier: Any, results
 
 
 async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) -> dict[str, Any]:
-    from selftest.provider import work_arg
     from svcframe.engine import Engine
 
     engine = Engine(None, progress_mode=params.progress_mode, default_timeout_seconds=params.timeout_seconds)

@@ -49,6 +49,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.
 
 #: The client-binding scenarios of Figure 2, in the paper's order.
 SCENARIOS = ("one-core", "two-cores", "unbound")
+#: The NIC policies Figure 2 compares (any of ``svcframe.plumber.NIC_POLICIES`` may be given).
+COMPARED_NIC_POLICIES = ("byset", "roundrobin")
 
 
 def scenario_placements(topology: Topology, scenario: str, clients: int) -> list[Placement]:
@@ -122,7 +124,7 @@ class DispersionOptions:
     out: Path = Path("out/nic-dispersion")
     clients: int = 16
     scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
-    nic_policies: list[str] = field(default_factory=lambda: ["byset", "roundrobin"])
+    nic_policies: list[str] = field(default_factory=lambda: list(COMPARED_NIC_POLICIES))
     bucket_policy: str = "all"
     bulk_size: int = 4 * 1024 * 1024
     bulk_direction: str = "pull"

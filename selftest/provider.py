@@ -46,6 +46,8 @@ from svcframe.wire import lazy_buffer
 PULL = "pull"
 PUSH = "push"
 DIRECTIONS = (PULL, PUSH)
+#: What the ``storage`` RPC does: write or read a block of the provider's file.
+STORAGE_OPS = ("write", "read")
 _KEEP_BUFFERS = 4  # bulk/storage buffer sizes kept for reuse (a run uses one or two)
 
 
@@ -109,7 +111,7 @@ class SelftestProvider(Provider):
     async def _work_bulk(self, req: Request, resp_size: int, direction: str, handle: BulkHandle) -> bytes:
         size = handle.size
         if direction not in DIRECTIONS:
-            raise ValueError(f"bulk_direction {direction!r}: expected 'pull' or 'push'")
+            raise ValueError(f"bulk_direction {direction!r}: expected {' or '.join(map(repr, DIRECTIONS))}")
         if size > self.config["max_bulk_bytes"]:
             raise ValueError(f"bulk of {size} bytes exceeds max_bulk_bytes {self.config['max_bulk_bytes']}")
         buf = self._buffer(size)
@@ -134,8 +136,8 @@ class SelftestProvider(Provider):
     @rpc
     async def storage(self, req: Request, arg: Any) -> int:
         op, block_size, fsync = arg
-        if op not in ("write", "read"):
-            raise ValueError(f"storage op {op!r}: expected 'write' or 'read'")
+        if op not in STORAGE_OPS:
+            raise ValueError(f"storage op {op!r}: expected {' or '.join(map(repr, STORAGE_OPS))}")
         file_bytes = self.config["storage_file_bytes"]
         if not isinstance(block_size, int) or not 0 < block_size <= min(file_bytes, self.config["max_bulk_bytes"]):
             raise ValueError(

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -48,8 +47,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from svcframe.config import ServiceConfig
-from svcframe.errors import SvcframeError
-from svcframe.launch import LaunchError, Member, read_group_file
+from svcframe.errors import GroupError, LaunchError, SvcframeError
+from svcframe.group import Member, read_group_file
 
 from .driver import SelftestError, SelftestParams, _server_stats, summarize
 from .nodes import Node, NodeSet, launcher_command
@@ -205,15 +204,18 @@ class ServerGroup:
                                   f"{self.node.name} within {self.start_timeout_seconds:g} s{_log_tail(self.log)}")  # fmt: skip
             await asyncio.sleep(interval)
             interval = min(2 * interval, 0.05)
-        doc = json.loads(self.group_file.read_text())
-        self.members = read_group_file(self.group_file)
+        try:
+            group = read_group_file(self.group_file)
+        except GroupError as exc:
+            raise LaunchError(f"{exc}{_log_tail(self.log)}") from None
+        self.members = group.members
         statuses = await asyncio.gather(
             *(engine.call(m.address, "status", None, provider_id=m.provider_id, timeout_seconds=10.0)
               for m in self.members), return_exceptions=True)  # fmt: skip
         answered = sum(1 for m, s in zip(self.members, statuses, strict=True)
                        if isinstance(s, dict) and s.get("pid") == m.pid)  # fmt: skip
-        meta = doc.get("metadata", {})
-        ready = [m.get("ready") for m in doc["members"] if m.get("ready") is not None]
+        meta = group.metadata
+        ready = [m.ready for m in self.members if m.ready is not None]
         self.publication = {"node": self.node.name, "servers": len(self.members), "launcher": meta.get("launcher"),
                             "barrier": meta.get("barrier"), "created": meta.get("created"),
                             "last_ready": max(ready) if ready else None, "answered": answered}  # fmt: skip

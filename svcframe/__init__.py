@@ -1,11 +1,14 @@
 """svcframe: an asyncio runtime for HPC-style data services (Mochi's Margo + Bedrock + Quintain, in Python).
 
-Layers, top to bottom (imports only go down): cli / launch -> server, config, admin -> providers ->
-engine (engine, bulk, progress, monitoring) -> transport -> wire.
+Layers, top to bottom (imports only go down; tests/test_layers.py checks): cli / launch -> server, config,
+admin, group -> providers -> engine (engine, bulk, progress, plumber, monitoring) -> transport -> wire. The
+application (``providers``, ``selftest``) imports svcframe, never the reverse: the self-test's commands join the
+CLI as plugins (``svcframe.cli``).
 """
 
 from importlib import metadata as _metadata
 
+from .admin import ServiceGroupHandle, ServiceHandle
 from .bulk import BulkHandle
 from .engine import Engine, Request
 from .errors import (
@@ -36,7 +39,8 @@ from .errors import (
     Unauthenticated,
     UsageError,
 )
-from .provider import Provider, ProviderHandle, load_library, register_provider_type, rpc
+from .group import Group, Member, read_group_file
+from .provider import Dependency, Provider, ProviderHandle, load_library, register_provider_type, rpc
 
 try:  # one source: the version in pyproject.toml, as installed
     __version__ = _metadata.version("svcframe")
@@ -53,10 +57,13 @@ __all__ = [
     "ConfigError",
     "ConnectionLost",
     "DeadlineExceeded",
+    "Dependency",
     "Dropped",
     "Engine",
+    "Group",
     "GroupError",
     "LaunchError",
+    "Member",
     "MutationsDisabled",
     "NoSuchProvider",
     "NoSuchRPC",
@@ -70,6 +77,8 @@ __all__ = [
     "Refused",
     "RemoteError",
     "Request",
+    "ServiceGroupHandle",
+    "ServiceHandle",
     "ShuttingDown",
     "SvcframeError",
     "TimeoutError_",
@@ -77,6 +86,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "load_library",
+    "read_group_file",
     "register_provider_type",
     "rpc",
 ]

@@ -45,17 +45,18 @@ keyed by address). ``lookup_remote`` is the bounded-wait remote lookup the serve
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .control import ServerControl
 from .engine import Engine, Request
 from .errors import (
     AuthenticationFailed,
     ConfigError,
     ConnectionLost,
+    GroupError,
     MutationsDisabled,
     NoSuchProvider,
     Refused,
@@ -64,10 +65,8 @@ from .errors import (
     TimeoutError_,
     Unauthenticated,
 )
-from .provider import PROVIDER_TYPES, Provider, load_library, rpc
-
-if TYPE_CHECKING:
-    from .server import Server
+from .group import read_group_file
+from .provider import Provider, rpc
 
 log = logging.getLogger("svcframe.admin")
 
@@ -81,11 +80,12 @@ MAX_QUERY_CHARS = 4096
 
 
 class AdminProvider(Provider):
-    """The admin provider of one ``Server`` (type ``"admin"``, name ``"admin"``)."""
+    """The admin provider of one server (type ``"admin"``, name ``"admin"``), written against the small
+    ``ServerControl`` interface the server implements (``svcframe.control``)."""
 
     type_name = "admin"
 
-    def __init__(self, engine: Engine, provider_id: int, *, server: Server) -> None:
+    def __init__(self, engine: Engine, provider_id: int, *, server: ServerControl) -> None:
         super().__init__(engine, provider_id, name="admin")
         self.server = server
 
@@ -195,10 +195,7 @@ class AdminProvider(Provider):
         self._mutation("load_library", req)
         if not isinstance(module, str) or not module:
             raise ConfigError("load_library takes a module name (a string such as 'providers.kv')")
-        new = load_library(module)
-        if module not in self.server.config.libraries:
-            self.server.config.libraries = [*self.server.config.libraries, module]
-        return sorted(set(new) | {t for t, cls in PROVIDER_TYPES.items() if cls.__module__ == module})
+        return self.server.load_library(module)
 
     @rpc
     def shutdown(self, req: Request, _: Any) -> None:
@@ -295,23 +292,6 @@ class ServiceHandle:
         await self._call("shutdown")
 
 
-def read_group_members(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
-    """``(address, admin provider id)`` of each member of a group file (Flock's shape, as written by
-    ``svcframe launch``: ``{"members": [{"address": ..., "provider_id": ...}, ...], ...}``).
-
-    Raises:
-        ConfigError: the file is missing or not a group file (the message says which and why).
-    """
-    try:
-        data = json.loads(Path(path).read_text())
-        members = [(str(m["address"]), int(m.get("provider_id", 0))) for m in data["members"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"cannot read group file {path}: {type(exc).__name__}: {exc}") from None
-    if not members:
-        raise ConfigError(f"group file {path} has no members")
-    return members
-
-
 class ServiceGroupHandle:
     """Fan admin calls out to every member of a group; results keyed by address (Bedrock's
     ``ServiceGroupHandle``, with every admin call, not only the config ones).
@@ -335,16 +315,20 @@ class ServiceGroupHandle:
     def from_group_file(
         cls, engine: Engine, path: str | os.PathLike[str], *, timeout_seconds: float | None = None
     ) -> ServiceGroupHandle:
-        """A handle over the members of a group file (see ``read_group_members``; raises ConfigError)."""
-        group = cls(engine, read_group_members(path), timeout_seconds=timeout_seconds)
+        """A handle over the members of a group file (``svcframe.group``: svcframe's or Flock's).
+
+        Raises:
+            GroupError: the file cannot be read or is not a group file.
+        """
+        group = cls(engine, _admin_targets(path), timeout_seconds=timeout_seconds)
         group.group_file = Path(path)
         return group
 
     def refresh(self) -> None:
-        """Re-read the group file (after the group changed). Raises ConfigError."""
+        """Re-read the group file (after the group changed). Raises GroupError."""
         if self.group_file is None:
-            raise ConfigError("this group handle was not made from a group file")
-        members = read_group_members(self.group_file)
+            raise GroupError("this group handle was not made from a group file")
+        members = _admin_targets(self.group_file)
         self.handles = [ServiceHandle(self.engine, a, p, timeout_seconds=self.timeout_seconds) for a, p in members]
 
     @property
@@ -393,6 +377,10 @@ class ServiceGroupHandle:
 
     async def shutdown(self) -> dict[str, Any]:
         return await self.call("shutdown")
+
+
+def _admin_targets(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    return [(m.address, m.provider_id) for m in read_group_file(path).members]
 
 
 async def lookup_remote(

@@ -22,19 +22,46 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import core_schema
 
 from .errors import ConfigError
+from .loops import EVENT_LOOPS
+from .plumber import BUCKET_POLICIES, DEFAULT_BUCKET_POLICY, DEFAULT_NIC_POLICY, NIC_POLICIES
 from .progress import PROGRESS_MODES
 
 #: The admin provider's reserved provider id (Bedrock's default is 0 as well).
 ADMIN_PROVIDER_ID = 0
 
-ProgressMode = Literal["block", "busy", "spindown"]
-assert set(ProgressMode.__args__) == set(PROGRESS_MODES)  # type: ignore[attr-defined]
+
+class OneOf:
+    """pydantic metadata for a ``str`` setting whose value is a name of a registry: ``Annotated[str,
+    OneOf(REGISTRY)]`` validates and exports (JSON Schema ``enum``) exactly as ``Literal[...]`` of the
+    registry's names would, with the names taken from the registry, never typed again."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = tuple(names)
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.literal_schema(list(self.names))
+
+
+ProgressMode = Annotated[str, OneOf(PROGRESS_MODES)]  # svcframe.progress
+EventLoop = Annotated[str, OneOf(EVENT_LOOPS)]  # svcframe.loops
+BucketPolicy = Annotated[str, OneOf(BUCKET_POLICIES)]  # svcframe.plumber
+NicPolicy = Annotated[str, OneOf(NIC_POLICIES)]  # svcframe.plumber
 
 ProviderId = Annotated[int, Field(ge=0, le=65535)]
 
@@ -68,8 +95,8 @@ class PlumberConfig(StrictModel):
     the OS route. Defaults are the paper's: ``package`` + ``roundrobin``.
     """
 
-    bucket_policy: Literal["passthrough", "all", "package", "numa"] = "package"
-    nic_policy: Literal["passthrough", "roundrobin", "random", "bycore", "byset"] = "roundrobin"
+    bucket_policy: BucketPolicy = DEFAULT_BUCKET_POLICY
+    nic_policy: NicPolicy = DEFAULT_NIC_POLICY
     interfaces: list[str] | None = Field(
         None, description="interface-name patterns (fnmatch) to choose from; None = physical NICs with an address"
     )
@@ -106,7 +133,7 @@ class EngineConfig(StrictModel):
     """The engine section (Margo analogue). Times carry their unit in their name."""
 
     address: str = Field("tcp://127.0.0.1:0", description="tcp://HOST:PORT (port 0 = ephemeral) or unix:///path")
-    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    event_loop: EventLoop = "auto"
     progress_mode: ProgressMode = "spindown"
     progress_spindown_msec: float = Field(10.0, ge=0)
     progress_timeout_ub_msec: float = Field(100.0, ge=0)

@@ -3,7 +3,7 @@
 Each process is a full server (``python -m svcframe serve``). Readiness is a signal, not a sleep: a
 process writes one JSON line (``{"ok": true, "address": ...}`` or ``{"ok": false, "error": ...}``) on a
 pipe once it accepts calls, or the pipe closes because it died (its log tail is then the reason). When
-every process is ready the group file is written atomically::
+every process is ready the group file is written (``svcframe.group.write_group_file``, atomically)::
 
     {"members": [{"rank": 0, "address": "tcp://127.0.0.1:41234", "provider_id": 0, "pid": 1234}, ...],
      "metadata": {"config": "...", "host": "...", "created": 1700000000.0}}
@@ -25,43 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from .config import ServiceConfig, load_config
 from .errors import LaunchError
+from .group import Member, write_group_file
 from .transport import parse_address
-
-
-@dataclass(frozen=True)
-class Member:
-    rank: int
-    address: str
-    provider_id: int
-    pid: int
-
-
-def read_group_file(path: str | os.PathLike[str]) -> list[Member]:
-    """Members of a group file. Raises LaunchError when it is missing or malformed."""
-    try:
-        data = json.loads(Path(path).read_text())
-        return [
-            Member(int(m["rank"]), str(m["address"]), int(m["provider_id"]), int(m.get("pid", 0)))
-            for m in data["members"]
-        ]
-    except KeyError as exc:
-        raise LaunchError(f"{path} is not a group file: a member or the file lacks {exc}") from None
-    except (OSError, ValueError, TypeError) as exc:
-        raise LaunchError(f"cannot read group file {path}: {exc}") from None
-
-
-def write_group_file(path: str | os.PathLike[str], members: list[Member], metadata: dict[str, Any]) -> None:
-    """Write atomically (temporary file + rename), so readers never see a partial group."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"members": [asdict(m) for m in members], "metadata": metadata}, indent=2))
-    os.replace(tmp, path)
 
 
 def usable_cores() -> list[int]:

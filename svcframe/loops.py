@@ -31,6 +31,8 @@ LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": _uvloop_factory,
     "asyncio": asyncio.new_event_loop,
 }
+#: The names a config or a command may choose: ``auto`` (uvloop when it imports, else asyncio), then the factories.
+EVENT_LOOPS = ("auto", *LOOP_FACTORIES)
 
 
 def loop_factory(name: str = "auto") -> Callable[[], asyncio.AbstractEventLoop]:
@@ -46,7 +48,7 @@ def loop_factory(name: str = "auto") -> Callable[[], asyncio.AbstractEventLoop]:
     try:
         return LOOP_FACTORIES[name]
     except KeyError:
-        raise ValueError(f"unknown event_loop {name!r}; choose one of {['auto', *LOOP_FACTORIES]}") from None
+        raise ValueError(f"unknown event_loop {name!r}; choose one of {list(EVENT_LOOPS)}") from None
 
 
 def run(main: Coroutine[Any, Any, T], event_loop: str = "auto") -> T:

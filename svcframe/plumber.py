@@ -60,13 +60,10 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import ConfigError
 from .topology import Nic, Topology, discover, load_topology
-
-if TYPE_CHECKING:
-    from .config import PlumberConfig
 
 log = logging.getLogger("svcframe.plumber")
 
@@ -199,7 +196,8 @@ def buckets(topology: Topology, bucket_policy: str, interfaces: list[str] | None
     """
     fn = BUCKET_POLICIES.get(bucket_policy)
     if fn is None:
-        raise ConfigError(f"bucket_policy {bucket_policy!r} forms no buckets; choose from all, package, numa")
+        forming = ", ".join(name for name, policy in BUCKET_POLICIES.items() if policy is not None)
+        raise ConfigError(f"bucket_policy {bucket_policy!r} forms no buckets; choose from {forming}")
     return fn(topology, topology.candidate_nics(interfaces))
 
 
@@ -243,6 +241,33 @@ NIC_POLICIES: dict[str, Callable[[Bucket, Placement, Path | None, bool], _Pick] 
     "roundrobin": _nic_roundrobin,
     "passthrough": None,
 }
+
+
+#: The paper's choice after experiments on every platform of its study (Carns 2025 §4.1.1).
+DEFAULT_BUCKET_POLICY = "package"
+DEFAULT_NIC_POLICY = "roundrobin"
+
+
+class PlumberSettings(Protocol):
+    """The plumber's settings as it reads them: ``svcframe.config.PlumberConfig`` (the ``engine.plumber``
+    section of a bootstrap config) has them; the plumber does not import the config layer above it."""
+
+    @property
+    def bucket_policy(self) -> str: ...
+    @property
+    def nic_policy(self) -> str: ...
+    @property
+    def interfaces(self) -> list[str] | None: ...
+    @property
+    def topology_file(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    bucket_policy: str = DEFAULT_BUCKET_POLICY
+    nic_policy: str = DEFAULT_NIC_POLICY
+    interfaces: list[str] | None = None
+    topology_file: str | None = None
 
 
 # -- the round-robin control files ------------------------------------------------------------------------------
@@ -323,8 +348,8 @@ def peek_roundrobin(path: Path, n: int) -> tuple[int, int]:
 # -- the choice -------------------------------------------------------------------------------------------------
 def select_nic(
     topology: Topology,
-    bucket_policy: str = "package",
-    nic_policy: str = "roundrobin",
+    bucket_policy: str = DEFAULT_BUCKET_POLICY,
+    nic_policy: str = DEFAULT_NIC_POLICY,
     *,
     placement: Placement | None = None,
     interfaces: list[str] | None = None,
@@ -397,7 +422,7 @@ def select_nic(
     )  # fmt: skip
 
 
-def topology_for(config: PlumberConfig) -> Topology:
+def topology_for(config: PlumberSettings) -> Topology:
     """The topology a plumber config asks for: ``topology_file`` if set, else this host's (auto backend).
 
     Raises:
@@ -408,7 +433,7 @@ def topology_for(config: PlumberConfig) -> Topology:
     return discover()
 
 
-def choose(config: PlumberConfig, *, family: int | None = None, placement: Placement | None = None) -> NicChoice:
+def choose(config: PlumberSettings, *, family: int | None = None, placement: Placement | None = None) -> NicChoice:
     """This process's NIC under a plumber config (policies, ``interfaces``, ``topology_file``).
 
     Raises:
@@ -423,17 +448,16 @@ def choose(config: PlumberConfig, *, family: int | None = None, placement: Place
     )  # fmt: skip
 
 
-def choose_local_host(config: PlumberConfig | None = None) -> NicChoice:
+def choose_local_host(config: PlumberSettings | None = None) -> NicChoice:
     """For a client engine: the NIC to bind outgoing connections to, ``Engine(None, local_host=c.address)``.
 
     Best effort, like Margo: when the topology cannot be read, the choice is None with the reason.
 
     Args:
-        config: plumber settings (default: ``PlumberConfig()``, i.e. ``package`` + ``roundrobin``).
+        config: plumber settings, e.g. a ``svcframe.config.PlumberConfig`` (default: the default policies,
+            ``package`` + ``roundrobin``, on this host's topology).
     """
-    from .config import PlumberConfig
-
-    config = config or PlumberConfig()
+    config = config or _Defaults()
     try:
         return choose(config)
     except ConfigError as exc:
@@ -455,7 +479,7 @@ def _format_tcp(host: str, port: int) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-def plumb_address(address: str, config: PlumberConfig) -> Plumbed:
+def plumb_address(address: str, config: PlumberSettings) -> Plumbed:
     """Apply the plumber to a server's ``engine.address``.
 
     A wildcard host (``0.0.0.0``, ``::``, ``*``) is replaced by the chosen NIC's address (of the same IP

@@ -18,11 +18,12 @@ the batch step's ``SLURM_PROCID=0``. Without any of them, ``mpi4py`` (when impor
 otherwise the process is rank 0 of 1.
 
 Group file (``publish_group``): every rank of ``svcframe serve CONFIG --group-file F`` reports its address
-once it accepts calls; rank 0 writes ``F`` atomically (the shape of ``svcframe.launch``) when all ``size``
-ranks have; each member carries ``ready``, when it accepted calls, so a reader can check the file came after
-every member was ready. The barrier is MPI's own (``gather`` to rank 0, then ``barrier``) when mpi4py is importable,
-else the filesystem: each rank writes ``F.d/rank-<r>.json`` atomically and rank 0 waits for ``size`` of
-them by bounded polling of that condition (no fixed sleep; it also answers within milliseconds), checks
+once it accepts calls; rank 0 writes ``F`` (``svcframe.group.write_group_file``: atomic, the shape
+``svcframe launch`` writes) when all ``size`` ranks have; each member carries ``ready``, when it accepted calls,
+so a reader can check the file came after every member was ready. The barrier is MPI's own (``gather`` to
+rank 0, then ``barrier``) when mpi4py is importable, else the filesystem: each rank writes ``F.d/rank-<r>.json``
+(a group file of one member, its job in the metadata) and rank 0 waits for ``size`` of them by bounded
+polling of that condition (no fixed sleep; it also answers within milliseconds), checks
 that each member answers an admin ``status`` call with its pid (so a stale file of an earlier job cannot
 complete the group), writes ``F`` and removes ``F.d``.
 
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GroupError, SvcframeError
+from .group import Member, read_group_file, write_group_file
 
 
 @dataclass(frozen=True)
@@ -164,36 +165,21 @@ def rank_address(address: str, info: RankInfo) -> str:
     return address
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _group_document(members: list[dict[str, Any]], info: RankInfo, barrier: str) -> str:
-    members = sorted(members, key=lambda m: m["rank"])
-    meta = {"host": socket.gethostname(), "created": time.time(), "size": info.size, "launcher": info.source,
-            "job": info.job, "barrier": barrier}  # fmt: skip
-    keys = ("rank", "address", "provider_id", "pid", "ready")
-    return json.dumps({"members": [{k: m[k] for k in keys if k in m} for m in members], "metadata": meta},
-                      indent=2)  # fmt: skip
-
-
 async def publish_group(
     path: str | os.PathLike[str],
-    member: Mapping[str, Any],
+    member: Member,
     info: RankInfo,
     *,
     engine: Any = None,
     comm: Any = None,
     timeout_seconds: float = 120.0,
     poll_seconds: float = 0.01,
-) -> list[dict[str, Any]] | None:
+) -> list[Member] | None:
     """Join the group; rank 0 writes the group file when every rank has joined.
 
     Args:
         path: the group file ``F``.
-        member: this rank's ``{"rank", "address", "provider_id" (admin), "pid", "host"}``.
+        member: this rank's entry (``member_record``).
         info: this rank (``detect()``).
         engine: a started engine, used by rank 0 (filesystem barrier) to check each member answers.
         comm: an mpi4py communicator: use MPI's gather + barrier instead of the filesystem.
@@ -208,37 +194,37 @@ async def publish_group(
     """
     target = Path(path)
     loop = asyncio.get_running_loop()
-    mine = {**member, "job": info.job}
     if comm is not None:
 
-        def gather() -> list[dict[str, Any]] | None:
-            members = comm.gather(mine, root=0)
+        def gather() -> list[Member] | None:
+            members = comm.gather(member, root=0)
             if comm.Get_rank() == 0:
-                _write_atomic(target, _group_document(members, info, "mpi4py"))
+                write_group_file(target, members, _metadata(info, "mpi4py"))
             comm.Barrier()  # every rank returns once the file exists
-            return members if comm.Get_rank() == 0 else None
+            return sorted(members, key=lambda m: m.rank) if comm.Get_rank() == 0 else None
 
         return await loop.run_in_executor(None, gather)
 
+    # Each rank's member file is a group file of one member, with the job in its metadata.
     members_dir = target.with_name(target.name + ".d")
     members_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(members_dir / f"rank-{info.rank}.json", json.dumps(mine))
+    write_group_file(members_dir / f"rank-{info.rank}.json", [member], {"job": info.job})
     if info.rank != 0:
         return None
     deadline = loop.time() + timeout_seconds
-    verified: dict[int, dict[str, Any]] = {}
+    verified: dict[int, Member] = {}
     interval = poll_seconds
     while True:
         for entry in members_dir.glob("rank-*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads(entry.read_text())
-                r = int(doc["rank"])
-                if r in verified and verified[r]["pid"] == doc["pid"] and verified[r]["address"] == doc["address"]:
+            with contextlib.suppress(GroupError):
+                joined = read_group_file(entry)
+                m = joined.members[0]
+                if verified.get(m.rank) == m:
                     continue
-                if doc.get("job") != info.job or not 0 <= r < info.size:
+                if joined.metadata.get("job") != info.job or not 0 <= m.rank < info.size:
                     continue  # another job's leftover
-                if r == 0 or await _answers(engine, doc):
-                    verified[r] = doc
+                if m.rank == 0 or await _answers(engine, m):
+                    verified[m.rank] = m
         if len(verified) == info.size:
             break
         if loop.time() > deadline:
@@ -250,28 +236,32 @@ async def publish_group(
         await asyncio.sleep(interval)  # bounded polling of a condition, not a guess at readiness
         interval = min(interval * 2, 0.1)
     members = [verified[r] for r in range(info.size)]
-    _write_atomic(target, _group_document(members, info, "filesystem"))
+    write_group_file(target, members, _metadata(info, "filesystem"))
     shutil.rmtree(members_dir, ignore_errors=True)
     return members
 
 
-async def _answers(engine: Any, doc: Mapping[str, Any]) -> bool:
-    """Does the member at ``doc["address"]`` answer an admin ``status`` call with its own pid?"""
+def _metadata(info: RankInfo, barrier: str) -> dict[str, Any]:
+    return {"host": socket.gethostname(), "created": time.time(), "size": info.size, "launcher": info.source,
+            "job": info.job, "barrier": barrier}  # fmt: skip
+
+
+async def _answers(engine: Any, member: Member) -> bool:
+    """Does the member answer an admin ``status`` call with its own pid?"""
     if engine is None:
         return True
     try:
-        status = await engine.call(doc["address"], "status", None, provider_id=doc["provider_id"],
+        status = await engine.call(member.address, "status", None, provider_id=member.provider_id,
                                    timeout_seconds=2.0)  # fmt: skip
     except SvcframeError:
         return False
-    return isinstance(status, dict) and status.get("pid") == doc["pid"]
+    return isinstance(status, dict) and status.get("pid") == member.pid
 
 
-def member_record(info: RankInfo, address: str, admin_provider_id: int) -> dict[str, Any]:
+def member_record(info: RankInfo, address: str, admin_provider_id: int) -> Member:
     """This rank's entry of the group file; ``ready`` is when it accepted calls (seconds since the epoch), so a
     reader can check the file was written (``metadata.created``) after every member was ready."""
-    return {"rank": info.rank, "address": address, "provider_id": admin_provider_id, "pid": os.getpid(),
-            "host": socket.gethostname(), "ready": time.time()}  # fmt: skip
+    return Member(info.rank, address, admin_provider_id, os.getpid(), socket.gethostname(), time.time())
 
 
 def describe(info: RankInfo) -> dict[str, Any]:

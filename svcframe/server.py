@@ -27,7 +27,7 @@ from .config import ProviderSpec, ServiceConfig, format_validation_error
 from .engine import Engine
 from .errors import ConfigError, SvcframeError
 from .loops import loop_factory
-from .provider import Provider, ProviderHandle, load_library, provider_type
+from .provider import PROVIDER_TYPES, Provider, ProviderHandle, load_library, provider_type
 from .transport import parse_address
 from .wire import check_secret
 
@@ -115,7 +115,8 @@ def _changed_paths(old: Any, new: Any, path: tuple[str, ...] = ()) -> list[tuple
 
 
 class Server:
-    """One svcframe server: an engine, the admin provider and the configured providers.
+    """One svcframe server: an engine, the admin provider and the configured providers. It implements
+    ``svcframe.control.ServerControl``, the interface its admin provider is written against.
 
     Args:
         config: the validated bootstrap config.
@@ -390,6 +391,20 @@ class Server:
         finally:
             self._removing.discard(name)
         await provider.close()
+
+    def load_library(self, module: str) -> list[str]:
+        """Import a provider library (``svcframe.provider.load_library``) and record it in the live config.
+
+        Returns:
+            the provider types the module defines (sorted).
+
+        Raises:
+            ConfigError: the module cannot be imported.
+        """
+        new = load_library(module)
+        if module not in self.config.libraries:
+            self.config.libraries = [*self.config.libraries, module]
+        return sorted(set(new) | {t for t, cls in PROVIDER_TYPES.items() if cls.__module__ == module})
 
     # -- configuration and lifecycle ----------------------------------------------------------------------
     def live_config(self) -> dict[str, Any]:

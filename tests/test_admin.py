@@ -17,11 +17,12 @@ import psutil
 import pytest
 
 from providers.kv import KVClient
-from svcframe.admin import ServiceGroupHandle, ServiceHandle, read_group_members
+from svcframe.admin import ServiceGroupHandle, ServiceHandle
 from svcframe.config import parse_config
 from svcframe.engine import Engine
-from svcframe.errors import ConfigError, NoSuchProvider, Refused, RemoteError
-from svcframe.launch import Launch, LaunchError, Member
+from svcframe.errors import ConfigError, GroupError, NoSuchProvider, Refused, RemoteError
+from svcframe.group import Member, read_group_file
+from svcframe.launch import Launch, LaunchError
 from svcframe.loops import run
 from svcframe.provider import Dependency, Provider, register_provider_type
 from svcframe.server import Server
@@ -408,7 +409,7 @@ def test_mutations_refused_when_disabled(locked: Member, method: str, arg: Any) 
 def test_group_handle_from_group_file(group: tuple[Path, list[Member]], tmp_path: Path) -> None:
     path, members = group
     addresses = [m.address for m in members]
-    assert read_group_members(path) == [(a, 0) for a in addresses]
+    assert [(m.address, m.provider_id) for m in read_group_file(path).members] == [(a, 0) for a in addresses]
 
     async def go() -> None:
         async with client_engine(default_timeout_seconds=WAIT_SECONDS) as engine:
@@ -439,8 +440,8 @@ def test_group_handle_from_group_file(group: tuple[Path, list[Member]], tmp_path
             assert g2.addresses == addresses
 
     run(go())
-    with pytest.raises(ConfigError, match="cannot read group file"):
-        read_group_members(tmp_path / "missing.json")
+    with pytest.raises(GroupError, match=r"missing\.json: cannot read"):
+        read_group_file(tmp_path / "missing.json")
 
 
 def test_shutdown_drains_and_exits_zero() -> None:

@@ -17,7 +17,8 @@ from selftest.attach import attach
 from svcframe.admin import ServiceHandle
 from svcframe.config import config_schema, parse_config
 from svcframe.engine import Engine
-from svcframe.launch import Launch, Member
+from svcframe.group import Member
+from svcframe.launch import Launch
 from svcframe.loops import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,4 +259,4 @@ def test_call_takes_bytes_and_a_group(group: tuple[str, list[Member]], tmp_path:
         err = cli("call", members[0].address, "count", bad, "-p", "1", ok=False).stderr
         assert err.count("\n") == 1 and err.startswith("svcframe: error: ARG"), err
     err = cli("call", "-g", path, "--rank", "5", "count", ok=False).stderr
-    assert "has ranks 0..1" in err
+    assert f"group file {path}: no rank 5 (ranks: 0, 1)" in err

@@ -15,7 +15,8 @@ from conftest import readme_quickstart
 from svcframe.admin import ServiceHandle
 from svcframe.config import parse_config
 from svcframe.engine import Engine
-from svcframe.launch import Launch, LaunchError, read_group_file
+from svcframe.group import read_group_file
+from svcframe.launch import Launch, LaunchError
 from svcframe.loops import run
 
 SELFTEST = {"libraries": ["selftest.provider"], "providers": [{"name": "st", "type": "selftest", "provider_id": 1}]}
@@ -36,7 +37,7 @@ def test_launch_three_servers_group_file_and_clean_stop(tmp_path) -> None:
     try:
         assert [m.rank for m in members] == [0, 1, 2]
         assert len({m.address for m in members}) == 3
-        assert read_group_file(group) == members
+        assert read_group_file(group).members == members
         for m in members:
             status = _status(m.address)
             assert status["pid"] == m.pid
@@ -93,7 +94,7 @@ def test_cli_launch_stops_all_on_sigterm(tmp_path) -> None:
         # The launcher prints its readiness line only after the group file is written.
         line = proc.stderr.readline()
         assert "2 server(s) ready" in line, line
-        members = read_group_file(group)
+        members = read_group_file(group).members
         pids = [m.pid for m in members]
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -164,7 +165,7 @@ def test_servers_exit_when_the_launcher_is_killed(tmp_path) -> None:
     )  # fmt: skip
     try:
         assert "2 server(s) ready" in proc.stderr.readline()
-        pids = [m.pid for m in read_group_file(group)]
+        pids = [m.pid for m in read_group_file(group).members]
         proc.kill()
     finally:
         if proc.poll() is None:

@@ -315,14 +315,14 @@ async def test_spans_through_the_opentelemetry_api() -> None:
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_monitor_counts_every_call_not_the_timed_sample() -> None:
     """Issue 15: ``svcframe monitor`` showed about 1/16 of the calls (the timed sample's count)."""
-    from svcframe.cli import _stats_rows
+    from svcframe.cli.observe import stats_rows
 
     async with Engine("tcp://127.0.0.1:0", timing_sample_every=16) as server, Engine(None) as client:
         server.register(1, "noop", lambda req, arg: None)
         before = {server.address: server.statistics()}
         for _ in range(1000):
             await client.call(server.address, "noop", provider_id=1)  # type: ignore[arg-type]
-        rows = _stats_rows(before, {server.address: server.statistics()}, 1.0)
+        rows = stats_rows(before, {server.address: server.statistics()}, 1.0)
     (row,) = [r for r in rows if r[1] == "target" and r[2] == "noop[1]"]
     assert row[5] == 1000 and row[4] == 1000.0  # calls, calls/s over the 1 s window given
 

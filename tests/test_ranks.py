@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from svcframe.launch import read_group_file
+from svcframe.group import read_group_file
 from svcframe.ranks import GroupError, RankInfo, detect, from_environment, rank_address
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
@@ -106,7 +106,7 @@ def test_filesystem_barrier_publishes_when_all_ranks_are_ready(tmp_path) -> None
         _wait_for(group, procs)
         doc = json.loads(group.read_text())
         assert doc["metadata"]["barrier"] == "filesystem" and doc["metadata"]["size"] == 3
-        members = read_group_file(group)
+        members = read_group_file(group).members
         assert [m.rank for m in members] == [0, 1, 2]
         assert {m.pid for m in members} == {p.pid for p in procs}
         assert not (tmp_path / "group.json.d").exists()  # member files cleaned up
@@ -160,7 +160,7 @@ def test_mpiexec_servers_publish_group_file(tmp_path, barrier) -> None:
         doc = json.loads(group.read_text())
         assert doc["metadata"]["barrier"] == barrier
         assert doc["metadata"]["launcher"] in ("pmi", "ompi", "pmix")
-        members = read_group_file(group)
+        members = read_group_file(group).members
         assert [m.rank for m in members] == [0, 1, 2] and len({m.pid for m in members}) == 3
         status = subprocess.run([*CLI, "status", "-g", str(group)], capture_output=True, text=True, timeout=60, env=ENV)
         assert status.returncode == 0, status.stderr

@@ -140,7 +140,7 @@ def test_quickstart_custom_provider(tmp_path) -> None:
     check = subprocess.run([*cli, "config", "check", "counter.json"], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     launcher = subprocess.Popen(
-        [*cli, "launch", "counter.json", "--procs", "1", "-g", "group.json"],
+        [*cli, "launch", "counter.json", "--procs", "1", "--group-file", "group.json"],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

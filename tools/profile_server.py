@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from svcframe.engine import Engine
 from svcframe.loops import run
+from svcframe.progress import PROGRESS_MODES
 from svcframe.wire import HEADER_SIZE, Kind, encode_frame, pack_body, rpc_id
 
 
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=64)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--loop", default="uvloop")
-    parser.add_argument("--mode", default="spindown", choices=["block", "busy", "spindown"])
+    parser.add_argument("--mode", default="spindown", choices=PROGRESS_MODES)
     parser.add_argument("--no-monitoring", action="store_true")
     parser.add_argument("--selftest", action="store_true", help="serve the self-test provider's work RPC")
     args = parser.parse_args()

@@ -1,0 +1,94 @@
+"""``svcframe history [show RUN]`` and ``svcframe report RUN``: the runs of the results store, a run against its
+history ("is that normal?") and a run's HTML page (a plugin of the ``svcframe`` command line, registered in
+pyproject.toml's ``svcframe.cli`` entry points)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from svcframe.cli.common import fail
+from svcframe.errors import SvcframeError
+
+
+def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--store", "store_path", type=click.Path(dir_okay=False), default=None,
+        help="Results store (SQLite). Default: $SVCFRAME_RESULTS or ~/.local/share/svcframe/results.sqlite.",
+    )(fn)  # fmt: skip
+
+
+def open_store(store_path: str | None, *, must_exist: bool = True) -> Any:
+    from ..store import ResultsStore, default_store_path
+
+    path = Path(store_path) if store_path else default_store_path()
+    if must_exist and not path.exists():
+        fail(f"no results store at {path}: run `svcframe roofline collect` first, or give --store PATH")
+    return ResultsStore(path)
+
+
+@click.group(invoke_without_command=True)
+@store_option
+@click.option("--service", default=None, help="Only runs of this service.")
+@click.option("--platform", "platform_name", default=None, help="Only runs on this platform.")
+@click.pass_context
+def history(ctx: click.Context, store_path: str | None, service: str | None, platform_name: str | None) -> None:
+    """List the runs of the results store (or `history show RUN`: a run against its history)."""
+    ctx.ensure_object(dict)
+    ctx.obj["store_path"] = store_path
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..report import print_history
+
+    with open_store(store_path) as st:
+        print_history(st.runs(service=service, platform=platform_name), st.path)
+
+
+@history.command("show")
+@click.argument("run_ref", metavar="RUN", default="latest")
+@store_option
+@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+              help="Box-plot PNG (default: out/history/run-ID.png).")  # fmt: skip
+@click.pass_context
+def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: str | None) -> None:
+    """Is that normal? RUN's Pc, Ps, scores and overhead against the earlier runs of the same service and
+    platform: a table, and box plots of the history with RUN as a marker (UMAMI)."""
+    from ..report import print_comparison
+    from ..store import compare, plot_history
+
+    try:
+        with open_store(store_path or ctx.obj.get("store_path")) as st:
+            run = st.run(run_ref, with_samples=False)
+            hist = [h for h in st.history(run["id"]) if h["id"] != run["id"] and h["created"] <= run["created"]]
+        rows = compare(run, hist)
+        dest = Path(out) if out else Path("out/history") / f"run-{run['id']}.png"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        png = plot_history(run, hist, dest)
+    except SvcframeError as exc:
+        fail(str(exc))
+    print_comparison(run, rows)
+    click.echo(f"plot: {png}")
+
+
+@click.command()
+@click.argument("run_ref", metavar="RUN", default="latest")
+@store_option
+@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+              help="HTML file (default: out/report/run-ID.html).")  # fmt: skip
+def report(run_ref: str, store_path: str | None, out: str | None) -> None:
+    """Write one self-contained HTML page of a run from the results store: every plot and table."""
+    from ..report import write_report
+
+    try:
+        with open_store(store_path) as st:
+            run = st.run(run_ref)
+            hist = [h for h in st.history(run["id"]) if h["id"] != run["id"] and h["created"] <= run["created"]]
+        dest = Path(out) if out else Path("out/report") / f"run-{run['id']}.html"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        write_report(run, hist, dest)
+    except SvcframeError as exc:
+        fail(str(exc))
+    click.echo(f"report: {dest}")

@@ -1,0 +1,178 @@
+"""``svcframe roofline collect|plot``: the whole parameter suite of the data-service roofline over a node set,
+and its plots redrawn from a model (a plugin of the ``svcframe`` command line, registered in pyproject.toml's
+``svcframe.cli`` entry points)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from svcframe.cli.common import fail
+from svcframe.errors import SvcframeError
+
+from ..collect import ALL_METRICS
+from ..nodes import LAUNCHERS
+from ..provider import STORAGE_OPS
+from .history import open_store, store_option
+
+
+@click.group()
+def roofline() -> None:
+    """Measure and draw the data-service roofline."""
+
+
+@roofline.command("collect")
+@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/roofline", show_default=True)
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Server config hosting the self-test provider (default: configs/selftest.json).")  # fmt: skip
+@click.option("--duration-seconds", type=float, default=2.0, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Samples of Pc and Ps.")
+@click.option("--paper", is_flag=True, help="The paper's settings: 5-second measurements, five samples.")
+@click.option("--metric", "metrics", multiple=True,
+              type=click.Choice(ALL_METRICS),
+              help="Metric to measure (repeatable; default all four).")  # fmt: skip
+@click.option("--bulk-size", type=int, default=1024 * 1024, show_default=True)
+@click.option("--grid-servers", default="1,2", show_default=True)
+@click.option("--grid-clients", default="1,2,4,8", show_default=True)
+@click.option("--sweep-max-servers", type=int, default=None,
+              help="Server-process sweep 1..N (default: the server cores; 0 = no sweep).")  # fmt: skip
+@click.option("--storage-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the servers' storage files (default: the system temporary directory).")  # fmt: skip
+@click.option("--storage-block-size", type=int, default=4096, show_default=True, help="Bytes per op, storage_iops.")
+@click.option("--storage-bandwidth-block-size", type=int, default=1024 * 1024, show_default=True,
+              help="Bytes per op, storage_bandwidth.")  # fmt: skip
+@click.option("--storage-op", type=click.Choice(STORAGE_OPS), default="write", show_default=True)
+@click.option("--storage-fsync", is_flag=True, help="fdatasync after every storage write.")
+@click.option("--service", default=None, help="Name history compares under (default: the config's file stem).")
+@click.option("--platform", "platform_name", default=None,
+              help="Platform name for history (default: $SLURM_CLUSTER_NAME or the host name).")  # fmt: skip
+@click.option("--weight", "weights", multiple=True, help="METRIC=W: weight in the combined score (default 1).")
+@click.option("--nodes", "nodes_spec", default=None, metavar="local:K",
+              help="Split this machine's usable cores into K local nodes (default local:2 outside an allocation).")  # fmt: skip
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Nodes from an Open MPI ('host slots=N') or MPICH ('host:N') hostfile; first host = server node.")  # fmt: skip
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
+              help="What starts processes: srun inside Slurm, mpiexec with a hostfile, local otherwise.")  # fmt: skip
+@click.option("--grid-server-nodes", default=None,
+              help="Validation grid in fully populated nodes, e.g. 1,2 (with --grid-client-nodes).")  # fmt: skip
+@click.option("--grid-client-nodes", default=None, help="Validation grid client nodes, e.g. 1,2,3.")
+@click.option("--coordinator-host", default=None,
+              help="Host this process's engine binds to for remote client processes (default: the host name).")  # fmt: skip
+@store_option
+@click.option("--no-store", is_flag=True, help="Do not record the run in the results store.")
+@click.option("--resume", default=None, help="Continue an interrupted run (id, 'latest' or -N) from the store.")
+def roofline_collect(
+    out: str, config_file: str | None, duration_seconds: float, repeats: int, paper: bool, metrics: tuple[str, ...],
+    bulk_size: int, grid_servers: str, grid_clients: str, sweep_max_servers: int | None, storage_dir: str | None,
+    storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str, storage_fsync: bool,
+    service: str | None, platform_name: str | None, weights: tuple[str, ...], nodes_spec: str | None,
+    hostfile: str | None, launcher: str, grid_server_nodes: str | None, grid_client_nodes: str | None,
+    coordinator_host: str | None, store_path: str | None, no_store: bool, resume: str | None,
+) -> None:  # fmt: skip
+    """Run the whole suite over a node set: launch, Pc over every pair of nodes, Ps, server sweep, validation
+    grid, teardown; write plots + JSON and record the run in the results store. Ctrl-C stops cleanly;
+    --resume continues. On a cluster: inside salloc/sbatch (--launcher srun) or with --hostfile (mpiexec)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..collect import DEFAULT_CONFIG, CollectOptions, collect, plan
+    from ..report import print_collect_summary
+    from ..store import default_store_path
+
+    store_file = None if no_store else (Path(store_path) if store_path else default_store_path())
+    resume_id = None
+    if resume is not None:
+        if store_file is None:
+            fail("--resume needs the results store (drop --no-store)")
+        try:
+            with open_store(str(store_file)) as st:
+                resume_id = st.resolve(resume)
+                run = st.run(resume_id, with_samples=False)
+        except SvcframeError as exc:
+            fail(str(exc))
+        if run["status"] == "complete":
+            fail(f"run {resume_id} is already complete")
+        opts = CollectOptions.from_dict(run["options"])
+        opts.store = store_file
+    else:
+        if paper:
+            duration_seconds, repeats = 5.0, 5
+        try:
+            weight_map = {k: float(v) for k, v in (w.split("=", 1) for w in weights)}
+        except ValueError:
+            fail(f"--weight takes METRIC=NUMBER, got {weights}")
+        opts = CollectOptions(
+            out=Path(out), config=Path(config_file) if config_file else DEFAULT_CONFIG,
+            metrics=list(metrics) or list(ALL_METRICS), duration_seconds=duration_seconds, repeats=repeats,
+            bulk_size=bulk_size, grid_servers=[int(x) for x in grid_servers.split(",")],
+            grid_clients=[int(x) for x in grid_clients.split(",")], sweep_max_servers=sweep_max_servers,
+            storage_dir=Path(storage_dir) if storage_dir else None, storage_block_size=storage_block_size,
+            storage_bandwidth_block_size=storage_bandwidth_block_size, storage_op=storage_op,
+            storage_fsync=storage_fsync, store=store_file, service=service, platform=platform_name,
+            weights=weight_map or None, nodes=nodes_spec, hostfile=Path(hostfile) if hostfile else None,
+            launcher=launcher, coordinator_host=coordinator_host,
+            grid_server_nodes=[int(x) for x in grid_server_nodes.split(",")] if grid_server_nodes else None,
+            grid_client_nodes=[int(x) for x in grid_client_nodes.split(",")] if grid_client_nodes else None,
+        )  # fmt: skip
+    try:
+        total = len(plan(opts))
+    except (ValueError, SvcframeError) as exc:
+        fail(str(exc))
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # tear down as for Ctrl-C
+
+    old_term = signal.signal(signal.SIGTERM, on_sigterm)
+    columns = (TextColumn("[bold]{task.fields[stage]}[/bold] {task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("ETA"),
+               TimeRemainingColumn())  # fmt: skip
+    try:
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task("launching servers and clients", total=total, stage="start")
+
+            def on_step(description: str, index: int, todo: int) -> None:
+                stage, _, rest = description.partition(" ")
+                bar.update(task, description=rest, stage=stage, completed=total - todo + index - 1)
+
+            doc = collect(opts, on_step, resume=resume_id)
+            bar.update(task, completed=total, description="done", stage="")
+    except KeyboardInterrupt:
+        hint = ""
+        if store_file is not None and store_file.exists():
+            with open_store(str(store_file)) as st:
+                runs = st.runs()
+            rid = resume_id if resume_id is not None else (runs[-1]["id"] if runs else None)
+            if rid is not None:
+                hint = f"; resume with: svcframe roofline collect --resume {rid} --store {store_file}"
+        click.echo(f"svcframe: interrupted, servers and clients stopped{hint}", err=True)
+        sys.exit(130)
+    except SvcframeError as exc:
+        fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    print_collect_summary(doc, Path(opts.out))
+
+
+@roofline.command("plot")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default=None)
+def roofline_plot(model: str, out: str | None) -> None:
+    """Redraw the plots of a roofline.json (no service needed)."""
+    from ..roofline import Roofline, plot
+
+    try:
+        doc = json.loads(Path(model).read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"{model}: cannot read a roofline model: {exc}", 2)
+    if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        fail(f"{model} is not a roofline model (the roofline.json of `svcframe roofline collect`)"
+              + (f"; it is a {kind} document" if kind else ""), 2)  # fmt: skip
+    dest = Path(out) if out else Path(model).parent
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, m in doc["metrics"].items():
+        click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))

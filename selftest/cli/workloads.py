@@ -1,0 +1,248 @@
+"""``svcframe selftest run|bursts|nic-dispersion``: the self-test's workloads against live servers (a plugin
+of the ``svcframe`` command line, registered in pyproject.toml's ``svcframe.cli`` entry points)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from svcframe.cli.common import (
+    echo_json,
+    fail,
+    group_members,
+    group_option,
+    json_argument,
+    ranks_option,
+    read_secret,
+    resolve_targets,
+)
+from svcframe.errors import SvcframeError
+from svcframe.loops import EVENT_LOOPS
+from svcframe.plumber import BUCKET_POLICIES, NIC_POLICIES
+from svcframe.progress import PROGRESS_MODES
+
+from ..driver import WORKLOADS
+from ..nic_dispersion import COMPARED_NIC_POLICIES, SCENARIOS
+from ..provider import DIRECTIONS, STORAGE_OPS
+
+
+@click.group()
+def selftest() -> None:
+    """Run synthetic workloads against a live service."""
+
+
+@selftest.command("run")
+@group_option
+@ranks_option
+@click.option("--target", "-t", multiple=True, help="Server address (repeatable).")
+@click.option("--params", "params_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="JSON file of parameters (flags override it).")  # fmt: skip
+@click.option("--clients", "-c", type=int, default=None)
+@click.option("--depth", type=int, default=None)
+@click.option("--workload", type=click.Choice(WORKLOADS), default=None)
+@click.option("--duration-seconds", type=float, default=None)
+@click.option("--warmup-iterations", type=int, default=None)
+@click.option("--req-buffer-size", type=int, default=None)
+@click.option("--resp-buffer-size", type=int, default=None)
+@click.option("--bulk-size", type=int, default=None)
+@click.option("--bulk-direction", type=click.Choice(DIRECTIONS), default=None)
+@click.option("--storage-op", type=click.Choice(STORAGE_OPS), default=None)
+@click.option("--storage-block-size", type=int, default=None)
+@click.option("--storage-fsync", is_flag=True, default=None, help="fdatasync after every storage write.")
+@click.option("--provider-id", type=int, default=None)
+@click.option("--progress-mode", type=click.Choice(PROGRESS_MODES), default=None)
+@click.option("--client-cores", default=None, help="Comma-separated cores to pin clients to.")
+@click.option("--event-loop", type=click.Choice(EVENT_LOOPS), default=None)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
+@click.option("--keep-provider", is_flag=True,
+              help="Keep a self-test provider this command added (default: remove it after the run).")  # fmt: skip
+def selftest_run(
+    group: str | None, ranks: list[int] | None, target: tuple[str, ...], params_file: str | None, output: str | None,
+    keep_provider: bool, **flags: Any,
+) -> None:  # fmt: skip
+    """Run one self-test; print the results JSON (or a summary when -o is given).
+
+    Servers without a self-test provider get one through their admin provider (library selftest.provider,
+    type selftest) for the run; it is removed afterwards unless --keep-provider.
+    """
+    from pydantic import ValidationError
+
+    from svcframe.config import format_validation_error
+    from svcframe.diagnosis import format_diagnosis
+
+    from ..driver import SelftestParams, run_selftest, save_results
+
+    values: dict[str, Any] = json_argument(f"@{params_file}", "the parameters file") if params_file else {}
+    if not isinstance(values, dict):
+        fail(f"{params_file}: the parameters file must hold a JSON object")
+    for key, value in flags.items():
+        if value is not None:
+            values[key] = [int(c) for c in value.split(",")] if key == "client_cores" else value
+    try:
+        params = SelftestParams.model_validate(values)
+    except ValidationError as exc:
+        fail(format_validation_error(exc, "selftest parameters").replace("\n", "; "))
+    targets = resolve_targets(target, group, ranks)
+    servers = [a for a, _ in targets]
+    try:
+        attachment = _selftest_attach(targets, params.provider_id if "provider_id" in values else None)
+    except SvcframeError as exc:
+        fail(str(exc))
+    params = params.model_copy(update={"provider_id": attachment.provider_id})
+    try:
+        results = run_selftest(params, servers, admin_provider_id=targets[0][1])
+    except SvcframeError as exc:
+        fail(str(exc))
+    finally:
+        _selftest_detach(attachment, keep_provider)
+    if output:
+        save_results(results, output)
+        agg = results["aggregate"]
+        lat = agg["latency_usec"]
+        click.echo(
+            f"{params.workload}: {agg['rate_ops_per_second']:.0f} ops/s "
+            f"({agg['bandwidth_gib_per_second']:.3f} GiB/s), p50 {lat['p50']:.1f} us, p99 {lat['p99']:.1f} us, "
+            f"server CPU {agg['server_cpu_usec_per_op']:.1f} us/op; results in {output}"
+        )
+        for address, findings in results.get("diagnosis", {}).items():
+            click.echo(f"diagnosis of {address}:\n{format_diagnosis(findings)}")
+    else:
+        echo_json(results)
+
+
+def _selftest_attach(targets: list[tuple[str, int]], provider_id: int | None) -> Any:
+    from svcframe.engine import Engine
+    from svcframe.loops import run
+
+    from ..attach import attach
+
+    async def go() -> Any:
+        async with Engine(None, secret=read_secret()) as engine:
+            return await attach(engine, targets, provider_id)
+
+    attachment = run(go())
+    if attachment.added:
+        click.echo(
+            f"svcframe: added a self-test provider (id {attachment.provider_id}) to "
+            f"{', '.join(attachment.added_addresses)}", err=True,
+        )  # fmt: skip
+    return attachment
+
+
+def _selftest_detach(attachment: Any, keep: bool) -> None:
+    from svcframe.engine import Engine
+    from svcframe.loops import run
+
+    from ..attach import detach
+
+    if not attachment.added:
+        return
+    if keep:
+        click.echo(f"svcframe: kept the self-test provider (id {attachment.provider_id})", err=True)
+        return
+
+    async def go() -> list[str]:
+        async with Engine(None, secret=read_secret()) as engine:
+            return await detach(engine, attachment)
+
+    for problem in run(go()):
+        click.echo(f"svcframe: warning: {problem}", err=True)
+
+
+@selftest.command("bursts")
+@group_option
+@click.option("--rank", type=int, default=0, show_default=True, help="Which member of the group to measure.")
+@click.option("--target", "-t", default=None, help="Server address (instead of a member of the group).")
+@click.option("--bursts", type=int, default=3, show_default=True)
+@click.option("--burst-seconds", type=float, default=10.0, show_default=True)
+@click.option("--gap-seconds", type=float, default=20.0, show_default=True)
+@click.option("--interval-seconds", type=float, default=1.0, show_default=True)
+@click.option("--modes", default=",".join(PROGRESS_MODES), show_default=True)
+@click.option("--spindown-msec", type=float, default=10.0, show_default=True)
+@click.option("--provider-id", type=int, default=1, show_default=True)
+@click.option("--client-core", type=int, default=None, help="Pin the client to this core.")
+@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/bursts", show_default=True)
+def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, modes: str, **kw: Any) -> None:
+    """Sequential noop bursts separated by idle gaps, once per progress mode (the paper's Figure 6)."""
+    from svcframe.loops import run
+
+    from ..bursts import BurstParams, plot_bursts, run_bursts
+
+    if target is not None and group is not None:
+        fail("give --target ADDRESS or -g/--group FILE, not both", 2)
+    server = target or group_members(group, [rank])[0].address
+    try:
+        params = BurstParams(modes=modes.split(","), **kw)
+        results = run(run_bursts(params, server))
+    except (SvcframeError, ValueError) as exc:
+        fail(str(exc))
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "bursts.json").write_text(json.dumps(results, indent=2))
+    png = plot_bursts(results, dest / "bursts.png")
+    for mode in results["modes"]:
+        s = mode["summary"]
+        watts = f", {s['idle_package_watts']:.1f} W" if s["idle_package_watts"] is not None else ""
+        click.echo(
+            f"{mode['mode']:>8}: {s['burst_rate_ops_per_second'] or 0:9.0f} calls/s in bursts, "
+            f"server CPU idle {100 * (s['idle_server_cpu_utilization'] or 0):5.1f}%, "
+            f"busy {100 * (s['burst_server_cpu_utilization'] or 0):5.1f}%{watts}"
+        )
+    click.echo(f"plot: {png}\nresults: {dest / 'bursts.json'}")
+
+
+@selftest.command("nic-dispersion")
+@click.option("--from", "from_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A described topology instead of this host's (with --loopback-aliases to rehearse it here).")  # fmt: skip
+@click.option("--loopback-aliases", is_flag=True, help="Stand NIC k in by 127.0.0.(k+2).")
+@click.option("--clients", "-c", type=int, default=16, show_default=True)
+@click.option("--scenario", "scenarios", multiple=True, type=click.Choice(SCENARIOS),
+              help="Client-binding scenario (repeatable; default: all three).")  # fmt: skip
+@click.option("--nic-policy", "nic_policies", multiple=True, type=click.Choice(NIC_POLICIES),
+              help=f"NIC policy to compare (repeatable; default: {' and '.join(COMPARED_NIC_POLICIES)}).")  # fmt: skip
+@click.option("--bucket-policy", type=click.Choice([b for b, forms in BUCKET_POLICIES.items() if forms is not None]),
+              default="all", show_default=True)  # fmt: skip
+@click.option("--interfaces", multiple=True, help="Interface-name pattern (repeatable).")
+@click.option("--bulk-size", type=int, default=4 * 1024 * 1024, show_default=True)
+@click.option("--duration-seconds", type=float, default=2.0, show_default=True)
+@click.option("--server", "server_map", multiple=True, metavar="NIC=ADDRESS",
+              help="Use a running server for NIC instead of launching one (repeatable).")  # fmt: skip
+@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/nic-dispersion",
+              show_default=True)  # fmt: skip
+def selftest_nic_dispersion(
+    from_file: str | None, loopback_aliases: bool, clients: int, scenarios: tuple[str, ...],
+    nic_policies: tuple[str, ...], bucket_policy: str, interfaces: tuple[str, ...], bulk_size: int,
+    duration_seconds: float, server_map: tuple[str, ...], out: str,
+) -> None:  # fmt: skip
+    """Servers one per NIC, clients under three CPU-binding scenarios and two NIC policies: aggregate
+    bandwidth per scenario and a bar chart (the paper's Figure 2)."""
+    from svcframe.topology import discover, load_topology
+
+    from ..nic_dispersion import DispersionOptions, run_dispersion, save
+
+    opts = DispersionOptions(
+        out=Path(out), clients=clients, scenarios=list(scenarios) or list(SCENARIOS),
+        nic_policies=list(nic_policies or COMPARED_NIC_POLICIES), bucket_policy=bucket_policy,
+        bulk_size=bulk_size, duration_seconds=duration_seconds, interfaces=list(interfaces) or None,
+        loopback_aliases=loopback_aliases,
+        servers=dict(item.split("=", 1) for item in server_map if "=" in item) if server_map else None,
+    )  # fmt: skip
+    if any("=" not in item for item in server_map):
+        fail("--server takes NIC=ADDRESS, e.g. --server nic0=tcp://10.99.1.1:40000")
+    try:
+        topo = load_topology(from_file) if from_file else discover()
+        doc = run_dispersion(topo, opts, on_step=lambda what: click.echo(f"running {what} ...", err=True))
+    except SvcframeError as exc:
+        fail(str(exc))
+    js, png = save(doc, opts.out)
+    for note in doc["notes"]:
+        click.echo(f"note: {note}")
+    names = [n["name"] for n in doc["nics"]]
+    click.echo(f"{'scenario':>10} {'nic_policy':>11} {'GiB/s':>8}  clients per NIC ({', '.join(names)})")
+    for r in doc["runs"]:
+        spread = " ".join(str(r["clients_per_nic"][n]) for n in names)
+        click.echo(f"{r['scenario']:>10} {r['nic_policy']:>11} {r['bandwidth_gib_per_second']:8.3f}  {spread}")
+    click.echo(f"plot: {png}\nresults: {js}")

@@ -1,0 +1,91 @@
+"""``svcframe call``: call any RPC of any provider and print its result as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import SvcframeError
+from .common import describe, echo_json, fail, group_members, group_option, read_secret
+
+
+def _call_argument(text: str) -> Any:
+    """ARG of ``svcframe call``: JSON, ``@FILE`` (the file's bytes) or ``base64:DATA`` (bytes)."""
+    if text.startswith("@"):
+        try:
+            return Path(text[1:]).read_bytes()
+        except OSError as exc:
+            fail(f"ARG {text}: cannot read {text[1:]}: {exc.strerror}", 2)
+    if text.startswith("base64:"):
+        import base64
+        import binascii
+
+        try:
+            return base64.b64decode(text[7:], validate=True)
+        except binascii.Error as exc:
+            fail(f"ARG {text[:40]}: not base64 ({exc})", 2)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(
+            f"ARG {text[:40]!r} is not JSON ({exc.msg} at column {exc.colno}); quote strings as '\"text\"', "
+            "pass bytes as @FILE or base64:DATA",
+            2,
+        )
+
+
+@click.command()
+@click.argument("words", nargs=-1, required=True, metavar="[ADDRESS] RPC_NAME [ARG]")
+@group_option
+@click.option("--rank", type=int, default=0, show_default=True, help="Which member of the group to call.")
+@click.option("--bytes", "byte_fields", multiple=True, metavar="FIELD=@FILE|base64:DATA",
+              help="Set FIELD of the JSON object ARG to bytes (repeatable), e.g. --bytes value=@blob.bin.")  # fmt: skip
+@click.option("--provider-id", "-p", type=int, default=0, show_default=True)
+@click.option("--timeout-seconds", type=float, default=10.0, show_default=True)
+def call(
+    words: tuple[str, ...], group: str | None, rank: int, byte_fields: tuple[str, ...], provider_id: int,
+    timeout_seconds: float,
+) -> None:  # fmt: skip
+    """Call RPC_NAME of a provider and print the result as JSON (bytes as text).
+
+    The server is ADDRESS (tcp://... or unix://...), else the member --rank of the group file -g (or
+    $SVCFRAME_GROUP). ARG is JSON (default null), @FILE (the file's bytes) or base64:DATA (bytes). With --bytes,
+    ARG is a JSON object some of whose fields are bytes: svcframe call ADDR put '{"key": "k"}' --bytes
+    value=@v.bin -p 1
+    """
+    from ..engine import Engine
+    from ..loops import run
+
+    if "://" in words[0]:  # an address: tcp://HOST:PORT or unix:///path
+        if group is not None:
+            fail("give ADDRESS or -g/--group, not both", 2)
+        if len(words) not in (2, 3):
+            fail("usage: svcframe call ADDRESS RPC_NAME [ARG], or svcframe call -g GROUP RPC_NAME [ARG]", 2)
+        address, rpc_name, *rest = words
+    else:
+        if len(words) > 2:
+            fail(f"{words[0]!r} is not an address (tcp://... or unix://...): give ADDRESS RPC_NAME [ARG]", 2)
+        (member,) = group_members(group, [rank])
+        address = member.address
+        rpc_name, *rest = words
+    arg = _call_argument(rest[0] if rest else ("{}" if byte_fields else "null"))
+    for spec in byte_fields:
+        name, sep, source = spec.partition("=")
+        if not sep or not (source.startswith("@") or source.startswith("base64:")):
+            fail(f"--bytes {spec}: expected FIELD=@FILE or FIELD=base64:DATA", 2)
+        if not isinstance(arg, dict):
+            fail("--bytes needs ARG to be a JSON object", 2)
+        arg[name] = _call_argument(source)
+
+    async def go() -> Any:
+        async with Engine(None, secret=read_secret()) as engine:
+            return await engine.call(address, rpc_name, arg, provider_id=provider_id, timeout_seconds=timeout_seconds)
+
+    try:
+        result = run(go())
+    except (SvcframeError, ValueError) as exc:
+        fail(describe(exc))
+    echo_json(result.decode(errors="replace") if isinstance(result, bytes) else result)

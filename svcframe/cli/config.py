@@ -1,0 +1,79 @@
+"""``svcframe config``: check a bootstrap config offline, print its JSON Schema, and read or patch the live
+configuration of running servers (JMESPath queries, JSON Patch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..config import config_schema, load_config
+from ..errors import SvcframeError
+from .common import addresses_then, echo_json, fail, json_argument, resolve_targets, run_admin, target_options
+
+
+@click.group()
+def config() -> None:
+    """Check, export the schema of, and read live configurations."""
+
+
+@config.command("check")
+@click.argument("file", type=click.Path(dir_okay=False))
+def config_check(file: str) -> None:
+    """Validate a bootstrap config offline; print it with every default filled in."""
+    try:
+        cfg = load_config(file)
+    except SvcframeError as exc:
+        fail(str(exc))
+    echo_json(cfg.model_dump(mode="json"))
+
+
+@config.command("schema")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write it to this file (the repository keeps it in configs/schema.json).")  # fmt: skip
+def config_schema_cmd(output: str | None) -> None:
+    """Print the JSON Schema of the bootstrap config (generated from the pydantic models)."""
+    if output:
+        Path(output).write_text(json.dumps(config_schema(), indent=2) + "\n")
+        click.echo(f"schema written to {output}", err=True)
+    else:
+        echo_json(config_schema())
+
+
+@config.command("get")
+@target_options
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the one server's configuration to this file, ready for `svcframe serve`.")  # fmt: skip
+def config_get(address: tuple[str, ...], group: str | None, ranks: list[int] | None, output: str | None) -> None:
+    """Print the live configuration of each server, keyed by address (re-launchable: defaults filled in,
+    every change since start, the configured listen address; the bound one is in `svcframe status`)."""
+    targets = resolve_targets(address, group, ranks)
+    if output and len(targets) != 1:
+        fail(f"--output takes the configuration of one server; {len(targets)} were given")
+    configs = run_admin(targets, "get_config")
+    if output:
+        Path(output).write_text(json.dumps(next(iter(configs.values())), indent=2) + "\n")
+        click.echo(f"configuration of {targets[0][0]} written to {output}", err=True)
+    else:
+        echo_json(configs)
+
+
+@config.command("query")
+@addresses_then("EXPRESSION")
+def config_query(args: tuple[str, ...], group: str | None, ranks: list[int] | None) -> None:
+    """Evaluate a JMESPath EXPRESSION on each server's live configuration."""
+    *addresses, expression = args
+    echo_json(run_admin(resolve_targets(tuple(addresses), group, ranks), "query_config", expression))
+
+
+@config.command("patch")
+@addresses_then("PATCH")
+def config_patch(args: tuple[str, ...], group: str | None, ranks: list[int] | None) -> None:
+    """Apply a JSON PATCH (JSON text or @FILE) to each server's live configuration.
+
+    Example: svcframe config patch ADDRESS '[{"op": "replace", "path": "/engine/progress_mode", "value": "busy"}]'
+    """
+    *addresses, text = args
+    patch = json_argument(text, "the JSON Patch")
+    echo_json(run_admin(resolve_targets(tuple(addresses), group, ranks), "patch_config", patch))

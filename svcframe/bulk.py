@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import cma
-from .calls import Deadlines, _DeadlineExpired, error_from_status_body, wire_deadline
+from .deadlines import DeadlineExpired, Deadlines, wire_deadline
 from .errors import (
     BulkError,
     BulkUsageError,
@@ -36,11 +36,21 @@ from .errors import (
     ProtocolError,
     RemoteProtocolError,
     Status,
+    error_from_status,
 )
-from .handlers import current_request
 from .monitoring import Monitor
 from .protocol import IncomingPull
-from .wire import F_CMA, K_BULK_PUSH, Frame, Kind, encode_frame, encode_header, pack_body, unpack_body
+from .wire import (
+    F_CMA,
+    K_BULK_PUSH,
+    Frame,
+    Kind,
+    decode_status_body,
+    encode_frame,
+    encode_header,
+    pack_body,
+    unpack_body,
+)
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -170,6 +180,7 @@ class BulkTransfers:
         def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None: ...
         def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None: ...
         def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError: ...
+        def _request_here(self) -> Any: ...
 
     def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle:
         """Expose ``buffer`` (bytes-like or C-contiguous numpy array) for remote pull ("r"), push ("w")
@@ -245,7 +256,7 @@ class BulkTransfers:
                 raise DeadlineExceeded(f"pull of {size} bytes from {handle.address}: the deadline passed")
         status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
         if status != Status.OK:
-            raise error_from_status_body(status, payload, "pull", 0, handle.address)
+            raise error_from_status(status, decode_status_body(payload), "pull", 0, handle.address)
 
     async def push(
         self,
@@ -276,7 +287,7 @@ class BulkTransfers:
                 raise DeadlineExceeded(f"push of {size} bytes to {handle.address}: the deadline passed")
         status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
         if status != Status.OK:
-            raise error_from_status_body(status, payload, "push", 0, handle.address)
+            raise error_from_status(status, decode_status_body(payload), "push", 0, handle.address)
 
     def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
         entry = self._exposed.get(handle.bulk_id)
@@ -309,7 +320,7 @@ class BulkTransfers:
             if _cma_refused(status, payload):
                 conn.peer_cma = False  # the owner cannot serve it: the socket from now on
                 return False
-            raise error_from_status_body(status, payload, "pull", 0, handle.address)
+            raise error_from_status(status, decode_status_body(payload), "pull", 0, handle.address)
         address = unpack_body(payload or b"")
         if not isinstance(address, int) or address <= 0:
             raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
@@ -347,7 +358,7 @@ class BulkTransfers:
         if _cma_refused(status, payload):
             conn.peer_cma = False  # the kernel refused the owner: the socket from now on
             return False
-        raise error_from_status_body(status, payload, "push", 0, handle.address)
+        raise error_from_status(status, decode_status_body(payload), "push", 0, handle.address)
 
     async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
         """The connection to the handle's owner. Inside a handler, a handle of the caller's own engine is
@@ -355,7 +366,7 @@ class BulkTransfers:
         presented the handle, never of another peer that merely claims the same engine id in its HELLO
         (issue 13). Otherwise: a connection we dialled, or an authenticated accepted one, to that engine;
         else the handle's address is dialled and the engine found there must be the owner."""
-        req = current_request.get()
+        req = self._request_here()  # the handler's request, if we run inside one (svcframe.handlers)
         if req is not None:
             conn = req[1]
             if conn.peer_engine_id == handle.engine_id and not conn.closed:
@@ -424,7 +435,7 @@ class BulkTransfers:
             else:
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
             return await future
-        except _DeadlineExpired:
+        except DeadlineExpired:
             if not conn.closed:
                 conn.send(encode_frame(Kind.CANCEL, request_id))
             raise DeadlineExceeded(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None

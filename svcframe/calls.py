@@ -13,19 +13,17 @@ declared below.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import random
 import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from .deadlines import DeadlineExpired, Deadlines, wire_deadline
 from .errors import (
     AuthenticationFailed,
     ConnectionLost,
     DeadlineExceeded,
     LocalProtocolError,
-    ProtocolError,
-    RPCError,
     ShuttingDown,
     error_from_status,
 )
@@ -41,6 +39,7 @@ from .wire import (
     S_OK,
     ZERO_TRACE_ID,
     callpath_extend,
+    decode_status_body,
     encode_frame,
     pack_body,
     pack_request_header,
@@ -202,7 +201,7 @@ class Calls:
         status = -1
         try:
             status, payload = await future
-        except _DeadlineExpired:
+        except DeadlineExpired:
             if not conn.closed:
                 conn.send(encode_frame(K_CANCEL, request_id))  # nobody waits any more: tell the server
             raise DeadlineExceeded(
@@ -230,105 +229,8 @@ class Calls:
                               parent_span, lamport, address, status)  # fmt: skip
         if status == S_OK:
             return unpack_body(payload)
-        raise error_from_status_body(status, payload, name, provider_id, address)
+        raise error_from_status(status, decode_status_body(payload), name, provider_id, address)
 
     def _root_callpath(self, rid: int, provider_id: int) -> int:
         cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)
         return cp
-
-
-class Deadlines:
-    """The deadlines of one engine's outgoing calls and bulk transfers, behind ONE loop timer.
-
-    A loop timer per call (``loop.call_at`` + ``cancel``) costs about 2 µs on uvloop (measured), as much as
-    the rest of a call's Python work; here a call costs a heap push. Finished calls are not removed (their
-    futures are done);
-    the timer skips them, and the heap is compacted when it holds more than twice the unfinished calls,
-    so memory stays in proportion to the calls in flight.
-
-    On expiry, a waiting future gets ``_DeadlineExpired`` (its caller raises DeadlineExceeded).
-    """
-
-    __slots__ = ("_heap", "_loop", "_seq", "_timer", "_timer_at")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, asyncio.Future[Any]]] = []
-        self._seq = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def add(self, deadline: float, future: asyncio.Future[Any]) -> None:
-        """Expire ``future`` at ``deadline`` (loop time, seconds) unless it is done by then."""
-        heap = self._heap
-        self._seq = seq = self._seq + 1
-        heapq.heappush(heap, (deadline, seq, future))
-        if deadline < self._timer_at:
-            self._arm(deadline)
-        elif len(heap) > 1024 and not seq & 1023:
-            self._compact()
-
-    def _arm(self, deadline: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        self._timer_at = deadline
-        self._timer = self._loop.call_at(deadline, self._fire)
-
-    def _fire(self) -> None:
-        self._timer, self._timer_at = None, float("inf")
-        heap = self._heap
-        now = self._loop.time() if self._loop is not None else 0.0
-        while heap and (heap[0][0] <= now or heap[0][2].done()):
-            _, _, future = heapq.heappop(heap)
-            if not future.done():
-                future.set_exception(_DeadlineExpired())
-        if heap:
-            self._arm(heap[0][0])
-
-    def _compact(self) -> None:
-        """Drop finished calls when they are more than half the heap (amortised O(1) per call)."""
-        heap = self._heap
-        live = [entry for entry in heap if not entry[2].done()]
-        if len(live) * 2 < len(heap):
-            heapq.heapify(live)
-            self._heap = live
-            if not live and self._timer is not None:
-                self._timer.cancel()
-                self._timer, self._timer_at = None, float("inf")
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._timer_at, self._heap = None, float("inf"), []
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-
-class _DeadlineExpired(Exception):
-    """Set on a pending call's future by its deadline timer (turned into DeadlineExceeded by the caller)."""
-
-
-_MAX_WIRE_DEADLINE_USEC = 0xFFFF_FFFF  # the header's 32-bit deadline: about 71 minutes
-
-
-def wire_deadline(remaining_seconds: float) -> int:
-    """The header's ``deadline_usec`` for a caller that waits ``remaining_seconds`` more: at least 1 µs;
-    0 ("no deadline") beyond what 32 bits of microseconds hold, so a longer wait is never cut short by the
-    server (the caller's own timer still ends the call)."""
-    usec = int(remaining_seconds * 1e6)
-    return max(1, usec) if usec <= _MAX_WIRE_DEADLINE_USEC else 0
-
-
-def error_from_status_body(status: int, payload: Any, name: str, provider_id: int, address: str | None) -> RPCError:
-    """The exception for a non-OK response whose body is ``payload`` (msgpack): svcframe.errors' table."""
-    try:
-        info = unpack_body(payload or b"")
-    except ProtocolError:
-        info = None
-    return error_from_status(status, info, name, provider_id, address)

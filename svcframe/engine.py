@@ -6,7 +6,8 @@ drives the progress loop. It is built of parts, one concept per file, that this 
 
     svcframe/engine.py        the facade: lifecycle, connections (cache, caps, sweep), dispatch, statistics
     svcframe/registration.py  the registration table
-    svcframe/calls.py         outgoing calls: deadlines, retries (Calls)
+    svcframe/calls.py         outgoing calls: encoding, callpath, retries (Calls)
+    svcframe/deadlines.py     the deadlines of outgoing calls and transfers, behind one loop timer
     svcframe/handlers.py      running handlers: Request, current_request, replies, cancellation (Handlers)
     svcframe/bulk.py          bulk handles, expose / pull / push and serving them, the CMA policy (BulkTransfers)
     svcframe/protocol.py      one connection's state, sans-IO: phase, handshake, tables
@@ -41,7 +42,8 @@ from typing import Any
 
 from . import cma
 from .bulk import BulkTransfers
-from .calls import Calls, Deadlines
+from .calls import Calls
+from .deadlines import Deadlines
 from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
 from .handlers import Handlers, Request, current_callpath, current_request
 from .monitoring import Monitor, ProcessSampler

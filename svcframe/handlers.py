@@ -24,8 +24,8 @@ import operator
 import threading
 import time
 import traceback
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
@@ -50,7 +50,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .bulk import BulkHandle
     from .progress import Progress
     from .transport import Connection
 
@@ -62,6 +62,48 @@ _SMALL_RESULT_BYTES = 4096  # results up to this size are answered in _on_reques
 _pack_bytes = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # results that are bytes (bin)
 #: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
 _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
+
+
+class EngineAPI(Protocol):
+    """What a handler reaches through ``request.engine``: the engine's public API for providers (nested
+    calls and bulk transfers). ``svcframe.engine.Engine`` implements it; handlers and providers are typed
+    against this, so the request path does not import the engine back."""
+
+    engine_id: str
+
+    @property
+    def address(self) -> str | None: ...
+
+    def call(
+        self,
+        address: str,
+        name: str,
+        arg: Any = None,
+        *,
+        provider_id: int = 0,
+        timeout_seconds: float | None = None,
+        idempotent: bool = False,
+        max_attempts: int = 5,
+    ) -> Coroutine[Any, Any, Any]: ...
+
+    def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle: ...
+
+    def unexpose(self, handle: BulkHandle) -> None: ...
+
+    async def pull(
+        self,
+        handle: BulkHandle,
+        dest: Any = None,
+        *,
+        offset: int = 0,
+        size: int | None = None,
+        dest_offset: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> Any: ...
+
+    async def push(
+        self, handle: BulkHandle, src: Any, *, offset: int = 0, timeout_seconds: float | None = None
+    ) -> None: ...
 
 
 class Request(tuple):
@@ -76,13 +118,13 @@ class Request(tuple):
     # A tuple underneath: one is built per call, and building a tuple costs a third of running an __init__.
     __slots__ = ()
 
-    engine: Engine = property(operator.itemgetter(0))  # type: ignore[assignment]
+    engine: EngineAPI = property(operator.itemgetter(0))  # type: ignore[assignment]
     conn: Connection = property(operator.itemgetter(1))  # type: ignore[assignment]
     reg: Registration = property(operator.itemgetter(2))  # type: ignore[assignment]
     frame: Frame = property(operator.itemgetter(3))  # type: ignore[assignment]
     arrival: float = property(operator.itemgetter(4))  # type: ignore[assignment]
 
-    def __new__(cls, engine: Engine, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
+    def __new__(cls, engine: EngineAPI, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
         return _new_tuple(cls, (engine, conn, reg, frame, arrival))  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
@@ -178,6 +220,9 @@ class Handlers:
     tracer: Tracer | None
     max_inflight_per_connection: int
     send_tracebacks: bool
+
+    #: The request whose handler runs here (``current_request.get``), for the other parts of the engine.
+    _request_here = staticmethod(current_request.get)
 
     def inflight_for(self, provider_id: int) -> list[asyncio.Task[Any]]:
         """The handler tasks of ``provider_id`` still running (a provider being removed waits for them)."""

@@ -11,15 +11,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import ConfigError
 from .wire import rpc_id
 
-if TYPE_CHECKING:
-    from .handlers import Request
-
-Handler = Callable[["Request", Any], Any]
+#: ``handler(request, arg) -> result``, sync or async (the request is a ``svcframe.handlers.Request``).
+Handler = Callable[[Any, Any], Any]
 
 #: Provider ids are 16-bit on the wire; 65535 is reserved (Bedrock: "choose one"; the wire: "no parent").
 MAX_PROVIDER_ID = 0xFFFE

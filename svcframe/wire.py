@@ -328,6 +328,15 @@ def unpack_body(body: bytes | bytearray | memoryview) -> object:
     return value
 
 
+def decode_status_body(body: bytes | bytearray | memoryview | None) -> object:
+    """The body of a non-OK RESPONSE, decoded (``svcframe.errors.error_from_status`` reads it); None when it
+    is malformed: the status alone still says what failed."""
+    try:
+        return unpack_body(body or b"")
+    except RemoteProtocolError:
+        return None
+
+
 def _refuse_ext(code: int, data: bytes) -> object:
     raise RemoteProtocolError(f"msgpack extension type {code} is not allowed on the wire")
 

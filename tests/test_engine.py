@@ -710,7 +710,7 @@ async def test_unix_socket_is_removed_on_close(make_engine: MakeEngine) -> None:
 async def test_a_deadline_beyond_the_headers_32_bits_is_carried_as_no_deadline(make_engine: Any) -> None:
     """A caller may wait longer than the header's 32-bit microsecond deadline holds (~71 min): the call
     goes out without a server-side deadline instead of failing to encode."""
-    from svcframe.calls import wire_deadline
+    from svcframe.deadlines import wire_deadline
 
     server = await make_engine("tcp://127.0.0.1:0")
     client = await make_engine(None)

@@ -1,16 +1,13 @@
 """Layers point one way (issue 12): the imports of ``svcframe`` (the framework), ``providers`` and ``selftest``
 (the application), read from the source with ``ast`` (module-level, function-level and ``TYPE_CHECKING``
 imports), have no upward edge (svcframe imports neither providers nor selftest, providers does not import
-selftest; type-only imports included) and no cycle between modules among the imports that run (one cycle
-through type annotations remains in the engine's parts: an xfail names it). The package ships ``py.typed``
+selftest; type-only imports included) and no cycle between modules, even through type annotations. The package ships ``py.typed``
 and re-exports its public API."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Lower layers first: a module may import its own layer's modules and those of the layers before it.
@@ -154,11 +151,6 @@ def test_no_import_cycle_between_modules() -> None:
     _assert_no_cycle(RUNTIME_EDGES)
 
 
-@pytest.mark.xfail(
-    reason="the engine's parts (svcframe/handlers.py, registration.py) name the Engine they are mixed into "
-    "under TYPE_CHECKING: handlers -> engine -> handlers; give them a small protocol as admin has ServerControl",
-    strict=True,
-)
 def test_no_import_cycle_even_through_type_annotations() -> None:
     _assert_no_cycle(EDGES)
 

@@ -47,8 +47,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from svcframe.config import EventLoop, OneOf, ProgressMode
 from svcframe.errors import SvcframeError
+from svcframe.settings import EventLoop, OneOf, ProgressMode
 
 from .provider import DIRECTIONS, STORAGE_OPS, work_arg
 

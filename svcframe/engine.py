@@ -40,6 +40,8 @@ import time
 import uuid
 from typing import Any
 
+from pydantic import ValidationError
+
 from . import cma
 from .bulk import BulkTransfers
 from .calls import Calls
@@ -50,10 +52,9 @@ from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
 from .protocol import Identity
 from .registration import Handler, Registration, RegistrationTable
+from .settings import EngineConfig, MonitoringConfig, format_validation_error
 from .tracing import Tracer
 from .transport import (
-    DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
-    DEFAULT_MAX_OUTPUT_BYTES,
     Address,
     Connection,
     dial,
@@ -61,7 +62,6 @@ from .transport import (
     parse_address,
 )
 from .wire import (
-    DEFAULT_MAX_BODY_BYTES,
     K_BULK_DATA_PUSH,
     K_BULK_DATA_REPLY,
     K_BULK_PULL,
@@ -91,100 +91,73 @@ class Engine(Calls, Handlers, BulkTransfers):
     Args:
         address: where to listen, ``tcp://HOST:PORT`` (port 0 = ephemeral) or ``unix:///path``; None
             for a client-only engine (it can call, expose buffers and serve bulk on its own connections).
-        progress_mode / progress_spindown_msec / progress_timeout_ub_msec: see ``svcframe.progress``; the mode
-            defaults to "spindown" for an engine that listens and "block" for a client-only one (a client
-            spinning on a core it shares with its server slows both: issue 14).
-        default_timeout_seconds: deadline of calls that give none.
-        max_body_bytes: largest inline frame body accepted (default 4 MiB).
-        bulk_chunk_bytes: size of the data frames bulk transfers are cut into.
-        bulk_cma: move bulk data between processes of one node (``unix://`` connections) by cross-memory
-            attach, one kernel copy (``svcframe.cma``); falls back to the socket path when the kernel
-            refuses. Linux only; ignored elsewhere.
+            Given, it takes the place of ``config.address``.
+        config: the engine's settings (``svcframe.settings.EngineConfig``: names, defaults, bounds and
+            meanings are there, and only there); default: its defaults.
         secret: shared secret for connection authentication; by default taken from the SVCFRAME_SECRET
-            environment variable when it is set; None = no authentication.
-        monitoring: keep per-callpath statistics (see svcframe.monitoring).
-        frame_timeout_seconds: a frame whose first bytes arrived must be complete this long after, or its
-            connection is dropped (a peer trickling a byte now and then cannot hold a connection open).
-        max_connections: accepted connections at once (default: 4096, or the descriptor limit less 64 when
-            lower); see ``admit`` for what happens over the cap.
-        max_connections_per_host: accepted tcp connections at once from one IP address.
-        allow_third_party_bulk: let a handler pull from or push to a bulk handle that is not its caller's
-            (one passed on by another engine). Off by default: a caller could otherwise make a server read
-            or overwrite a third party's buffer on its behalf (a confused deputy).
-        send_tracebacks: send a failed handler's traceback to unauthenticated callers too (it names the
-            server's source paths); authenticated callers always get it.
-        sample_interval_seconds: how often to sample loop lag, tasks, in-flight calls, CPU and RSS
-            (None = never).
+            environment variable when it is set; None = no authentication. Never part of a config.
+        local_host: the address outgoing connections are made from (the plumber's NIC choice).
+        settings: ``EngineConfig`` fields by name, over ``config`` (``progress_mode="busy"``,
+            ``default_timeout_seconds=2.0``, ``monitoring=False``...), validated as a config would be.
+
+    The progress mode defaults to "spindown" for an engine that listens and "block" for a client-only one
+    when neither ``config`` nor ``settings`` sets it (a client spinning on a core it shares with its server
+    slows both: issue 14). Settings the engine does not use (event loop, CPU affinity, plumber, auth source,
+    drain time) belong to the server process that runs it (``svcframe.server``).
 
     Raises:
-        ConfigError: an invalid address or setting.
+        ConfigError: an invalid address or setting (the message names it).
     """
 
     def __init__(
         self,
         address: str | None = "tcp://127.0.0.1:0",
         *,
-        progress_mode: str | None = None,
-        progress_spindown_msec: float = 10.0,
-        progress_timeout_ub_msec: float = 100.0,
-        default_timeout_seconds: float = 30.0,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        bulk_chunk_bytes: int = 1024 * 1024,
-        bulk_cma: bool = True,
+        config: EngineConfig | None = None,
         secret: bytes | object | None = FROM_ENVIRONMENT,
-        monitoring: bool = True,
-        sample_interval_seconds: float | None = 1.0,
-        timing_sample_every: int = 16,
         local_host: str | None = None,
-        max_inflight_per_connection: int = 1024,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        idle_timeout_seconds: float = 300.0,
-        handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
-        frame_timeout_seconds: float = 30.0,
-        send_tracebacks: bool = False,
-        max_connections: int | None = None,
-        max_connections_per_host: int = 1024,
-        allow_third_party_bulk: bool = False,
+        **settings: Any,
     ) -> None:
+        base = config if config is not None else EngineConfig()
+        if settings:
+            try:
+                cfg = EngineConfig.model_validate({**base.model_dump(exclude_unset=True), **settings})
+            except ValidationError as exc:
+                raise ConfigError(format_validation_error(exc, "Engine")) from None
+        else:
+            cfg = base
+        self.config = cfg
         self._listen_address = parse_address(address) if address else None
-        if default_timeout_seconds <= 0:
-            raise ConfigError("default_timeout_seconds must be > 0")
-        if not 0 < bulk_chunk_bytes <= max_body_bytes:
-            raise ConfigError("bulk_chunk_bytes must be in 1..max_body_bytes")
-        if progress_mode is None:  # a client-only engine must not burn a core it may share with its server
-            progress_mode = "spindown" if address else "block"
-        try:
-            self.progress = Progress(progress_mode, progress_spindown_msec, progress_timeout_ub_msec)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        mode = cfg.progress_mode
+        if "progress_mode" not in cfg.model_fields_set and not address:
+            mode = "block"  # a client-only engine must not burn a core it may share with its server
+        self.progress = Progress(mode, cfg.progress_spindown_msec, cfg.progress_timeout_ub_msec)
         self.engine_id = uuid.uuid4().hex
-        self.default_timeout_seconds = default_timeout_seconds
-        self.max_body_bytes = max_body_bytes
-        self.bulk_chunk_bytes = bulk_chunk_bytes
-        self.bulk_cma = bulk_cma and cma.supported()
+        self.default_timeout_seconds = cfg.default_timeout_seconds
+        self.max_body_bytes = cfg.max_body_bytes
+        self.bulk_chunk_bytes = cfg.bulk_chunk_bytes
+        self.bulk_cma = cfg.bulk_cma and cma.supported()
         self.cma_bytes = 0  # bulk bytes moved by cross-memory attach (pulls made, pushes served)
         self.local_host = local_host
-        self.max_inflight_per_connection = max_inflight_per_connection
-        self.max_output_bytes = max_output_bytes
-        self.idle_timeout_seconds = idle_timeout_seconds
-        self.handshake_timeout_seconds = handshake_timeout_seconds
-        self.send_tracebacks = send_tracebacks
-        if frame_timeout_seconds <= 0:
-            raise ConfigError("frame_timeout_seconds must be > 0")
-        self.frame_timeout_seconds = frame_timeout_seconds
-        self.max_connections = default_max_connections() if max_connections is None else max_connections
-        self.max_connections_per_host = max_connections_per_host
-        self.allow_third_party_bulk = allow_third_party_bulk
-        if self.max_connections < 1 or max_connections_per_host < 1:
-            raise ConfigError("max_connections and max_connections_per_host must be >= 1")
+        self.max_inflight_per_connection = cfg.max_inflight_per_connection
+        self.max_output_bytes = cfg.max_output_bytes
+        self.idle_timeout_seconds = cfg.idle_timeout_seconds
+        self.handshake_timeout_seconds = cfg.handshake_timeout_seconds
+        self.send_tracebacks = cfg.send_tracebacks
+        self.frame_timeout_seconds = cfg.frame_timeout_seconds
+        self.max_connections = default_max_connections() if cfg.max_connections is None else cfg.max_connections
+        self.max_connections_per_host = cfg.max_connections_per_host
+        self.allow_third_party_bulk = cfg.allow_third_party_bulk
         self._accepted = 0  # accepted connections counted against the caps
         self._per_host: dict[str, int] = {}
         self._handshaking: dict[Connection, None] = {}  # accepted, handshake not complete, oldest first
         self._last_refusal_log = 0.0
         self._peer_labels: set[str] = set()  # distinct peer labels in the statistics (at most MAX_PEER_LABELS)
         self._sweeper: asyncio.TimerHandle | None = None
-        self.monitor = Monitor(monitoring, timing_sample_every)
-        self.sampler = ProcessSampler(sample_interval_seconds) if sample_interval_seconds else None
+        monitoring = cfg.monitoring
+        self.monitor = Monitor(monitoring.enabled, monitoring.timing_sample_every)
+        interval = monitoring.sample_interval_seconds
+        self.sampler = ProcessSampler(interval) if interval else None
         if secret is FROM_ENVIRONMENT:
             env = os.environ.get(SECRET_ENV)
             secret = None if env is None else check_secret(env.encode(), f"the {SECRET_ENV} variable")
@@ -210,6 +183,7 @@ class Engine(Calls, Handlers, BulkTransfers):
         self._root_callpaths: dict[tuple[int, int], int] = {}
         self._deadlines = Deadlines()  # of outgoing calls and bulk transfers, behind one loop timer
         self.tracer: Tracer | None = None
+        self.apply_monitoring(monitoring)
         self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
         self._closing = False
         self._closed = asyncio.Event()
@@ -351,6 +325,21 @@ class Engine(Calls, Handlers, BulkTransfers):
     def registrations(self) -> list[Registration]:
         """The registration table, sorted by provider id and name."""
         return self.table.registrations()
+
+    def apply_monitoring(self, monitoring: MonitoringConfig) -> None:
+        """Apply the monitoring section (at start, and live when a server's config is patched).
+
+        Raises:
+            ConfigError: ``otel`` is on but the OpenTelemetry API is not installed.
+        """
+        self.monitor.enabled = monitoring.enabled
+        self.monitor.sample_every = monitoring.timing_sample_every
+        try:
+            self.set_tracing(monitoring.tracing, otel=monitoring.otel)
+        except ImportError:
+            raise ConfigError(
+                "engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'"
+            ) from None
 
     def set_tracing(self, enabled: bool, *, otel: bool = False) -> None:
         """Switch request tracing on or off at runtime (events are kept in ``self.tracer``); with

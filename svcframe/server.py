@@ -137,36 +137,12 @@ class Server:
         ec = self.config.engine
         # The plumber (Carns 2025 §4.1.1): a wildcard host becomes the chosen NIC's address, recorded
         # (output only) under engine.plumber.chosen; any other address is used as given.
-        from .config import PlumberChoice
         from .plumber import plumb_address
+        from .settings import PlumberChoice
 
         plumbed = plumb_address(ec.address, ec.plumber)
         ec.plumber.chosen = PlumberChoice.model_validate(plumbed.choice.to_dict())
-        self.engine = Engine(
-            plumbed.listen_address,
-            progress_mode=ec.progress_mode,
-            progress_spindown_msec=ec.progress_spindown_msec,
-            progress_timeout_ub_msec=ec.progress_timeout_ub_msec,
-            default_timeout_seconds=ec.default_timeout_seconds,
-            max_body_bytes=ec.max_body_bytes,
-            bulk_chunk_bytes=ec.bulk_chunk_bytes,
-            bulk_cma=ec.bulk_cma,
-            secret=self._secret,
-            monitoring=ec.monitoring.enabled,
-            sample_interval_seconds=ec.monitoring.sample_interval_seconds,
-            timing_sample_every=ec.monitoring.timing_sample_every,
-            local_host=plumbed.local_host,
-            max_inflight_per_connection=ec.max_inflight_per_connection,
-            max_output_bytes=ec.max_output_bytes,
-            idle_timeout_seconds=ec.idle_timeout_seconds,
-            handshake_timeout_seconds=ec.handshake_timeout_seconds,
-            send_tracebacks=ec.send_tracebacks,
-            frame_timeout_seconds=ec.frame_timeout_seconds,
-            max_connections=ec.max_connections,
-            max_connections_per_host=ec.max_connections_per_host,
-            allow_third_party_bulk=ec.allow_third_party_bulk,
-        )
-        self._apply_monitoring(ec.monitoring)
+        self.engine = Engine(plumbed.listen_address, config=ec, secret=self._secret, local_host=plumbed.local_host)
         listen = parse_address(plumbed.listen_address)
         if not listen.is_loopback and self._secret is None and not ec.trusted_network:
             raise ConfigError(
@@ -447,26 +423,10 @@ class Server:
         ec = new.engine
         self.engine.progress.configure(ec.progress_mode, ec.progress_spindown_msec, ec.progress_timeout_ub_msec)
         self.engine.default_timeout_seconds = ec.default_timeout_seconds
-        self._apply_monitoring(ec.monitoring)
+        self.engine.apply_monitoring(ec.monitoring)
         self.config.engine = ec
         self.config.admin = new.admin
         return self.live_config()
-
-    def _apply_monitoring(self, monitoring: Any) -> None:
-        """Give the engine the monitoring section's live settings (at start and on every patch).
-
-        Raises:
-            ConfigError: ``otel`` is on but the OpenTelemetry API is not installed.
-        """
-        assert self.engine is not None
-        self.engine.monitor.enabled = monitoring.enabled
-        self.engine.monitor.sample_every = monitoring.timing_sample_every
-        try:
-            self.engine.set_tracing(monitoring.tracing, otel=monitoring.otel)
-        except ImportError:
-            raise ConfigError(
-                "engine.monitoring.otel needs the OpenTelemetry API: pip install 'svcframe[otel]'"
-            ) from None
 
     def status(self) -> dict[str, Any]:
         assert self.engine is not None

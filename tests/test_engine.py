@@ -439,13 +439,13 @@ MALFORMED = {
 async def test_oversized_argument_is_refused_before_sending(address: str, make_engine: MakeEngine) -> None:
     """The server announces its frame limit in its HELLO: an argument over it fails locally, and the
     connection is not disturbed."""
-    server = await make_engine(address, max_body_bytes=1024, bulk_chunk_bytes=1024)
+    server = await make_engine(address, max_body_bytes=4096, bulk_chunk_bytes=4096)
     register_test_rpcs(server)
     client = await make_engine(None)
     await assert_serves(client, server)
     conn = await client.connection(server.address)  # type: ignore[arg-type]
     with pytest.raises(LocalProtocolError, match="bulk"):
-        await call1(client, server, "echo", b"x" * 2048, timeout_seconds=WAIT_SECONDS)
+        await call1(client, server, "echo", b"x" * 8192, timeout_seconds=WAIT_SECONDS)
     await assert_serves(client, server)
     assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
 
@@ -454,11 +454,11 @@ async def test_result_over_the_callers_limit_is_a_remote_error(address: str, mak
     """A caller with a small frame limit gets an error for a too-large result, not a dropped connection."""
     server = await make_engine(address)
     server.register(1, "big", lambda req, n: b"r" * n)
-    client = await make_engine(None, max_body_bytes=1024, bulk_chunk_bytes=1024)
+    client = await make_engine(None, max_body_bytes=4096, bulk_chunk_bytes=4096)
     assert await call1(client, server, "big", 100) == b"r" * 100
     conn = await client.connection(server.address)  # type: ignore[arg-type]
     with pytest.raises(RemoteError) as info:
-        await call1(client, server, "big", 4096, timeout_seconds=WAIT_SECONDS)
+        await call1(client, server, "big", 16384, timeout_seconds=WAIT_SECONDS)
     assert info.value.remote_type == "LocalProtocolError"
     assert await call1(client, server, "big", 10) == b"r" * 10
     assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
@@ -466,7 +466,7 @@ async def test_result_over_the_callers_limit_is_a_remote_error(address: str, mak
 
 async def test_oversized_request_frame_closes_only_that_connection(address: str, make_engine: MakeEngine) -> None:
     # no shared secret on either end: the raw socket below speaks an unauthenticated handshake
-    server = await make_engine(address, max_body_bytes=1024, bulk_chunk_bytes=1024, secret=None)
+    server = await make_engine(address, max_body_bytes=4096, bulk_chunk_bytes=4096, secret=None)
     register_test_rpcs(server)
     bystander = await make_engine(None, secret=None)
     await assert_serves(bystander, server)
@@ -475,11 +475,11 @@ async def test_oversized_request_frame_closes_only_that_connection(address: str,
     try:
         await read_frame(reader)
         writer.write(client_hello())
-        fits = pack_body(b"x" * 900)
+        fits = pack_body(b"x" * 3600)
         writer.write(encode_frame(Kind.REQUEST, 1, fits, provider_id=1, rpc=rpc_id("echo"), deadline_usec=10**7))
         kind, body = await read_frame(reader)
-        assert kind == Kind.RESPONSE and unpack_body(body) == b"x" * 900  # under the limit: served
-        too_big = pack_body(b"x" * 2048)
+        assert kind == Kind.RESPONSE and unpack_body(body) == b"x" * 3600  # under the limit: served
+        too_big = pack_body(b"x" * 8192)
         writer.write(encode_frame(Kind.REQUEST, 2, too_big, provider_id=1, rpc=rpc_id("echo")))
         await assert_closed_by_peer(reader)
     finally:

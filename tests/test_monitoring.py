@@ -187,7 +187,7 @@ def test_trace_export_is_valid(relays: list[str], tmp_path: Path) -> None:
 # -- samples, Prometheus, diagnosis -----------------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_process_samples() -> None:
-    async with Engine("tcp://127.0.0.1:0", sample_interval_seconds=0.02) as engine:
+    async with Engine("tcp://127.0.0.1:0", monitoring={"sample_interval_seconds": 0.02}) as engine:
         done = asyncio.Event()
         engine.register(1, "x", lambda req, arg: None)
         loop = asyncio.get_running_loop()
@@ -317,7 +317,7 @@ async def test_monitor_counts_every_call_not_the_timed_sample() -> None:
     """Issue 15: ``svcframe monitor`` showed about 1/16 of the calls (the timed sample's count)."""
     from svcframe.cli.observe import stats_rows
 
-    async with Engine("tcp://127.0.0.1:0", timing_sample_every=16) as server, Engine(None) as client:
+    async with Engine("tcp://127.0.0.1:0", monitoring={"timing_sample_every": 16}) as server, Engine(None) as client:
         server.register(1, "noop", lambda req, arg: None)
         before = {server.address: server.statistics()}
         for _ in range(1000):

@@ -16,7 +16,7 @@ import pytest
 
 from selftest.nic_dispersion import SCENARIOS, plan_choices, scenario_placements
 from svcframe import Engine
-from svcframe.config import PlumberConfig, parse_config
+from svcframe.config import parse_config
 from svcframe.errors import ConfigError
 from svcframe.plumber import (
     Placement,
@@ -29,6 +29,7 @@ from svcframe.plumber import (
     take_roundrobin,
 )
 from svcframe.server import Server
+from svcframe.settings import PlumberConfig
 from svcframe.topology import Topology, load_topology
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -107,7 +107,7 @@ _CLIENT = """
 import asyncio, json, os, sys
 from selftest.provider import work_arg
 from svcframe import Engine
-from svcframe.config import PlumberConfig
+from svcframe.settings import PlumberConfig
 from svcframe.plumber import choose_local_host
 
 policy, servers, go_fd, bulk = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

@@ -1,4 +1,4 @@
-"""The data-service roofline: ceilings, ridge point, scores and plots.
+"""The data-service roofline: ceilings, ridge point and scores of validation samples.
 
 The model is the one of Carns et al. 2025 (``papers/carns2025-data-service-roofline.txt``, sections 4.2–4.3):
 
@@ -16,7 +16,7 @@ score of Zhu, Neuwirth et al. (``papers/zhu-neuwirth-io-roofline-scoring.txt``, 
 ``score = 1 / (1 + |log10(R(X) / measured)|)``, and scores combine by weighted geometric mean.
 
 This module is pure analysis: it works on plain numbers and JSON documents and never imports the engine,
-so a roofline can be rebuilt and plotted from a results file with no service running.
+so a roofline can be rebuilt from a results file with no service running (``plots.plot`` draws it).
 
 Errors: every invalid input (empty or negative ranges, a zero peak, a non-positive service ratio, a
 malformed document) raises :class:`ValueError` with a message naming the offending field.
@@ -35,17 +35,7 @@ from typing import Any, Literal, overload
 import numpy as np
 import numpy.typing as npt
 
-__all__ = [
-    "METRICS",
-    "REGION_CLIENT_BOUND",
-    "REGION_SERVER_BOUND",
-    "Metric",
-    "Range",
-    "Roofline",
-    "Sample",
-    "combine_scores",
-    "plot",
-]
+from .scores import rate_score, weighted_geometric_mean
 
 Bound = Literal["min", "max"]
 
@@ -232,65 +222,9 @@ class Sample:
         return cls(servers=d["servers"], clients=d["clients"], rate_per_client=d["rate_per_client"])
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Scores
-# ----------------------------------------------------------------------------------------------------------
-
-
 def _check_bound(bound: str) -> None:
     if bound not in ("min", "max"):
         raise ValueError(f"bound must be 'min' or 'max', got {bound!r}")
-
-
-def _score(attainable: float, measured: float) -> float:
-    # Zhu & Neuwirth eqs. 10–11 in one dimension; a zero rate is infinitely far from the roof.
-    if measured == 0:
-        return 0.0
-    return 1.0 / (1.0 + abs(math.log10(attainable / measured)))
-
-
-def _weighted_geometric_mean(values: Sequence[float], weights: Sequence[float]) -> float:
-    # Zhu & Neuwirth eq. 12: (prod v_i ** w_i) ** (1 / sum w_i), computed in log space.
-    if any(v == 0 for v in values):
-        return 0.0
-    total = math.fsum(weights)
-    return math.exp(math.fsum(w * math.log(v) for v, w in zip(values, weights, strict=True)) / total)
-
-
-def combine_scores(scores: Mapping[str, float], weights: Mapping[str, float] | None = None) -> float:
-    """Combine per-metric scores into one by weighted geometric mean.
-
-    ``score = (prod_i score_i ** w_i) ** (1 / sum_i w_i)`` (Zhu, Neuwirth et al., eq. 12).
-
-    Args:
-        scores: score per metric name, each finite and >= 0 (scores of this module lie in [0, 1]).
-        weights: weight per metric name, each finite and > 0; ``None`` weighs every metric 1.
-            Must name exactly the metrics of ``scores``.
-
-    Returns:
-        The combined score; 0.0 if any score is 0.
-
-    Raises:
-        ValueError: ``scores`` is empty, a score or weight is invalid, or the keys of ``weights`` differ
-            from those of ``scores``.
-    """
-    if not scores:
-        raise ValueError("combine_scores needs at least one score")
-    for name, value in scores.items():
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"score {name!r} must be finite and >= 0, got {value!r}")
-    if weights is None:
-        weights = dict.fromkeys(scores, 1.0)
-    if set(weights) != set(scores):
-        raise ValueError(
-            f"weights must name exactly the scored metrics {sorted(scores)}; "
-            f"missing {sorted(set(scores) - set(weights))}, unknown {sorted(set(weights) - set(scores))}"
-        )
-    for name, w in weights.items():
-        if not math.isfinite(w) or w <= 0:
-            raise ValueError(f"weight {name!r} must be finite and > 0, got {w!r}")
-    names = list(scores)
-    return _weighted_geometric_mean([scores[n] for n in names], [weights[n] for n in names])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -425,7 +359,7 @@ class Roofline:
         Raises:
             ValueError: ``bound`` is not ``"min"``/``"max"``.
         """
-        return _score(self.attainable(sample.service_ratio, bound), sample.rate_per_client)
+        return rate_score(self.attainable(sample.service_ratio, bound), sample.rate_per_client)
 
     def region(self, sample: Sample, bound: Bound = "max") -> str:
         """:data:`REGION_SERVER_BOUND` if ``X < ridge(bound)``, else :data:`REGION_CLIENT_BOUND`."""
@@ -465,7 +399,7 @@ class Roofline:
                     "attainable": r,
                     "efficiency": s.rate_per_client / r,
                     "relative_error": s.rate_per_client / r - 1.0,
-                    "score": _score(r, s.rate_per_client),
+                    "score": rate_score(r, s.rate_per_client),
                     "region": self.region(s, bound),
                 }
             )
@@ -543,176 +477,7 @@ def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     scores = [row["score"] for row in rows]
     return {
         "count": len(rows),
-        "score": _weighted_geometric_mean(scores, [1.0] * len(scores)),
+        "score": weighted_geometric_mean(scores, [1.0] * len(scores)),
         "median_relative_error": float(np.median(errors)),
         "worst_relative_error": max(errors),
     }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Plot
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _num(v: float) -> str:
-    # 173000.0 -> "173,000"; 1.75 -> "1.75".
-    return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
-
-
-def _ratio_label(x: float, _pos: object = None) -> str:
-    # 0.25 -> "1/4", 2 -> "2": service ratios read as servers per client.
-    if x <= 0:
-        return ""
-    if x < 1:
-        return f"1/{1 / x:.3g}"
-    return f"{x:.3g}"
-
-
-def _ridge_text(x: float) -> str:
-    # 0.25 -> "0.25 (1/4)"; 1 -> "1".
-    return f"{x:.3g} ({_ratio_label(x)})" if x < 1 else f"{x:.3g}"
-
-
-def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = None) -> Path:
-    """Draw the roofline with its validation samples and write it as an image (PNG by suffix).
-
-    Log x axis (service ratio), linear y axis (rate per client process), as in Carns 2025, section 5.1 and
-    Figures 13–14: the upper ceiling (``pc.max``, ``ps.max``) solid, the lower one (``pc.min``, ``ps.min``)
-    dashed, the band between shaded, the ridge point marked and annotated, and samples as semi-transparent
-    points coloured by server process count. The x range spans the samples and both ridge points with a
-    factor 2 margin each side.
-
-    Args:
-        roofline: the model to draw; it may have no samples.
-        path: output file; its suffix picks the format (``.png`` for PNG). The directory must exist.
-        title: figure title; default ``"<metric name> roofline"``.
-
-    Returns:
-        ``path`` as a :class:`Path`.
-
-    Raises:
-        OSError: the file cannot be written.
-    """
-    from .plotting import require_matplotlib
-
-    require_matplotlib()
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    rl = roofline
-    unit = rl.metric.unit
-    ridges = {b: rl.ridge(b) for b in ("max", "min")}
-    ratios = [s.service_ratio for s in rl.samples]
-    lo = min([*ratios, *ridges.values()]) / 2
-    hi = max([*ratios, *ridges.values()]) * 2
-    # Evaluate on a dense log grid plus the kinks, so the corners are drawn sharp.
-    kinks = [v for v in (*ridges.values(), 1.0) if lo < v < hi]
-    xs = np.union1d(np.geomspace(lo, hi, 400), kinks)
-    y_max = rl.attainable(xs, "max")
-    y_min = rl.attainable(xs, "min")
-
-    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
-    try:
-        ax.fill_between(xs, y_min, y_max, color="tab:blue", alpha=0.15, linewidth=0, label="ceiling range")
-        ax.plot(
-            xs,
-            y_max,
-            color="tab:blue",
-            linestyle="-",
-            linewidth=2,
-            label=f"max ceiling: Pc={_num(rl.pc.max)}, Ps={_num(rl.ps.max)} {unit}",
-        )
-        ax.plot(
-            xs,
-            y_min,
-            color="tab:blue",
-            linestyle="--",
-            linewidth=1.5,
-            label=f"min ceiling: Pc={_num(rl.pc.min)}, Ps={_num(rl.ps.min)} {unit}",
-        )
-
-        x_star = ridges["max"]
-        y_star = rl.attainable(x_star, "max")
-        ax.plot(
-            [x_star],
-            [y_star],
-            marker="D",
-            color="tab:red",
-            markersize=8,
-            linestyle="none",
-            label=f"ridge X* = {_ridge_text(x_star)}",
-        )
-        ax.annotate(
-            f"ridge X* = {_ridge_text(x_star)}\n{_num(y_star)} {unit}",
-            xy=(x_star, y_star),
-            xytext=(-14, 10),
-            textcoords="offset points",
-            ha="right",
-            va="bottom",
-            arrowprops={"arrowstyle": "->", "color": "tab:red"},
-            color="tab:red",
-        )
-        if not math.isclose(ridges["min"], x_star):
-            ax.plot(
-                [ridges["min"]],
-                [rl.attainable(ridges["min"], "min")],
-                marker="D",
-                markersize=6,
-                markerfacecolor="none",
-                color="tab:red",
-                linestyle="none",
-                label=f"ridge (min) = {_ridge_text(ridges['min'])}",
-            )
-
-        top = float(np.max(y_max))
-        if rl.samples:
-            rates = np.array([s.rate_per_client for s in rl.samples])
-            servers = np.array([s.servers for s in rl.samples])
-            top = max(top, float(rates.max()))
-            counts = sorted(set(servers.tolist()))
-            if len(counts) <= 10:
-                cmap = plt.get_cmap("viridis")
-                for i, n in enumerate(counts):
-                    sel = servers == n
-                    color = cmap(i / max(len(counts) - 1, 1))
-                    ax.scatter(
-                        np.asarray(ratios)[sel],
-                        rates[sel],
-                        color=color,
-                        alpha=0.6,
-                        edgecolors="black",
-                        linewidths=0.5,
-                        zorder=3,
-                        label=f"{n} server process{'es' if n != 1 else ''}",
-                    )
-            else:
-                points = ax.scatter(
-                    ratios,
-                    rates,
-                    c=servers,
-                    cmap="viridis",
-                    alpha=0.6,
-                    edgecolors="black",
-                    linewidths=0.5,
-                    zorder=3,
-                    label="validation samples",
-                )
-                fig.colorbar(points, ax=ax, label="server processes")
-
-        ax.set_xscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(0, top * 1.25)
-        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
-        ax.xaxis.set_major_formatter(FuncFormatter(_ratio_label))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("service ratio (server processes / client processes)")
-        label = rl.metric.label if unit in rl.metric.label else f"{rl.metric.label} ({unit})"
-        ax.set_ylabel(label)
-        ax.set_title(title if title is not None else f"{rl.metric.name} roofline")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
-        out = Path(path)
-        fig.savefig(out, dpi=120)
-    finally:
-        plt.close(fig)
-    return out

@@ -1,0 +1,26 @@
+"""The rooflines: three models, their scores, plots and the placement of workloads (DESIGN.md section 6b).
+
+One place for everything roofline, pure analysis on plain numbers and JSON documents: nothing here imports
+the engine, so every model can be rebuilt, scored and drawn from files with no service running.
+
+* ``dataservice``: the data-service roofline of Carns et al. 2025 (rate per client process against the
+  service ratio; ``Pc``, ``Ps``, ``R(X)``, the ridge point), validation samples and their scores;
+* ``scores``: the scores of Zhu & Neuwirth (eqs. 10-12) the three models share;
+* ``plots``: one plot per model (matplotlib, an optional extra).
+"""
+
+from .dataservice import METRICS, REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Metric, Range, Roofline, Sample
+from .plots import plot
+from .scores import combine_scores
+
+__all__ = [
+    "METRICS",
+    "REGION_CLIENT_BOUND",
+    "REGION_SERVER_BOUND",
+    "Metric",
+    "Range",
+    "Roofline",
+    "Sample",
+    "combine_scores",
+    "plot",
+]

@@ -68,6 +68,55 @@ def overhead_rows(overhead: Mapping[str, Any]) -> list[tuple[str, float, float]]
     ]
 
 
+def oversubscription_lines(models: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Any] | None) -> list[str]:
+    """Plain sentences on the validation samples whose processes share cores, for the terminal and the page.
+
+    The model assumes one process per core (Carns et al. 2025, section 4.3 and Figures 11-12); samples with
+    more (``scores["samples"][i]["oversubscribed"]``) are left out of the scores and errors of each region
+    and summarised apart (``scores["excluded"]``). Says which samples the model claims, their median error,
+    and, when no sample of a metric fits the cores, that this machine cannot validate the model and why.
+
+    Args:
+        models: ``Roofline.to_dict()`` per metric name.
+        nodes: the run's ``NodeSet.to_dict()`` (for the cores of the server node and the client nodes).
+
+    Returns:
+        Lines of text, empty when every sample had a core per process.
+    """
+    node_list = list((nodes or {}).get("nodes") or [])
+    server_cores = int(node_list[0]["slots"]) if node_list else None
+    client_cores = sum(int(n["slots"]) for n in node_list[1:]) if len(node_list) > 1 else None
+    lines: list[str] = []
+    for name, m in models.items():
+        scores = m["scores"]
+        excluded = scores.get("excluded") or {"count": 0}
+        if not excluded["count"]:
+            continue
+        rows = [r for r in scores["samples"] if r.get("oversubscribed")]
+        most_s = max((r.get("server_processes_per_core") or 0 for r in rows), default=0)
+        most_c = max((r.get("client_processes_per_core") or 0 for r in rows), default=0)
+        claimed = scores["overall"]
+        total = claimed["count"] + excluded["count"]
+        shared = (f"{excluded['count']} of {total} share cores (up to {most_s:g} server and {most_c:g} client "
+                  f"processes per core; median error {_pct(excluded['median_relative_error'])}, excluded)")  # fmt: skip
+        if claimed["count"]:
+            lines.append(f"{name}: the model claims {claimed['count']} of {total} validation samples (one process "
+                         f"per core or fewer): median error {_pct(claimed['median_relative_error'])}, worst "
+                         f"{_pct(claimed['worst_relative_error'])}; {shared}.")  # fmt: skip
+        else:
+            lines.append(f"{name}: no validation sample fits the cores, so this machine cannot validate the model: "
+                         f"{shared}.")  # fmt: skip
+    if lines:
+        cores = (f"this machine gives the server node {server_cores} core(s) and the client nodes {client_cores}; "
+                 if server_cores is not None and client_cores is not None else "")  # fmt: skip
+        lines.append(f"Why: {cores}the model assumes one process per core (Carns et al. 2025, section 4.3, "
+                     "Figures 11-12: parameters and validation with one process per physical core), so samples "
+                     "whose processes share cores are circled in red in the plots and left out of the scores and errors above. "
+                     "To validate more of the model, keep --grid-servers within the server node's cores and "
+                     "--grid-clients within the client nodes' cores, or use more nodes (--nodes, --hostfile).")  # fmt: skip
+    return lines
+
+
 def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
     """The terminal summary of ``collect``: per-metric parameters, scores and errors per region, the
     combined score, the wall-time split, and where plots, model and store are."""
@@ -75,15 +124,14 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
     from rich.table import Table
 
     table = Table(title="data-service roofline of this machine")
-    for col in ("metric", "Pc (per client)", "Ps (per server proc)", "ridge X*", "score",
-                "median / worst rel. error: server-bound", "client-bound"):  # fmt: skip
-        table.add_column(col)
+    for col in ("metric", "Pc per client", "Ps per server", "ridge X*", "score",
+                "server-bound error median / worst", "client-bound"):  # fmt: skip
+        table.add_column(col, overflow="fold")
     for name, m in doc["metrics"].items():
         unit = m["metric"]["unit"]
         scores = m["scores"]
 
-        def err(region: str, scores: Mapping[str, Any] = scores) -> str:
-            s = scores["regions"][region]
+        def err(s: Mapping[str, Any]) -> str:
             if not s["count"]:
                 return "-"
             return f"{s['median_relative_error']:.0%} / {s['worst_relative_error']:.0%} (n={s['count']})"
@@ -93,12 +141,14 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
             f"{m['pc']['min']:.4g}-{m['pc']['max']:.4g} {unit}",
             f"{m['ps']['min']:.4g}-{m['ps']['max']:.4g} {unit}",
             f"{m['ridge']['max']:.3g}",
-            f"{scores['overall'].get('score') or 0:.3f}",
-            err(REGION_SERVER_BOUND),
-            err(REGION_CLIENT_BOUND),
+            "-" if scores["overall"]["score"] is None else f"{scores['overall']['score']:.3f}",
+            err(scores["regions"][REGION_SERVER_BOUND]),
+            err(scores["regions"][REGION_CLIENT_BOUND]),
         )
     console = Console()
     console.print(table)
+    for line in oversubscription_lines(doc["metrics"], doc.get("nodes")):
+        console.print(line, highlight=False)
     combined = doc.get("combined_score")
     if combined is not None:
         weights = ", ".join(f"{k}={v:g}" for k, v in (doc.get("weights") or {}).items())
@@ -241,6 +291,7 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         parts.append(_table(["metric", "Pc (per client process)", "Ps (per server process)", "ridge X*", "score",
                              "server-bound median |rel. err|", "worst", "client-bound median |rel. err|", "worst"],
                             rows))  # fmt: skip
+        parts += [f"<p>{html.escape(line)}</p>" for line in oversubscription_lines(metrics, run.get("nodes"))]
         if summary.get("combined_score") is not None:
             weights = ", ".join(f"{k}={v:g}" for k, v in (summary.get("weights") or {}).items())
             parts.append(f"<p>Combined score over metrics (weighted geometric mean, Zhu, Neuwirth et al. eq. 12; "
@@ -266,9 +317,12 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         for name, m in metrics.items():
             for s in m["scores"]["samples"]:
                 vrows.append((name, s["servers"], s["clients"], s["service_ratio"], s["rate_per_client"],
-                              s["attainable"], s["efficiency"], s["relative_error"], s["score"], s["region"]))  # fmt: skip
+                              s["attainable"], s["efficiency"], s["relative_error"], s["score"], s["region"],
+                              s.get("server_processes_per_core"), s.get("client_processes_per_core"),
+                              "yes (excluded)" if s.get("oversubscribed") else "no"))  # fmt: skip
         parts.append(_table(["metric", "servers", "clients", "X", "measured per client", "R(X)", "efficiency",
-                             "rel. error", "score", "region"], vrows))  # fmt: skip
+                             "rel. error", "score", "region", "server procs/core", "client procs/core",
+                             ">1 process/core"], vrows))  # fmt: skip
         if history:
             rows_c = compare(run, history)
             png = plot_history(run, history, workdir / "history.png")

@@ -156,3 +156,26 @@ def test_page_renders_in_headless_chromium(page, tmp_path) -> None:
         assert im.size == (1200, 1600)
         colors = im.convert("L").getcolors(maxcolors=1 << 16)
         assert colors is None or len(colors) > 50  # text and plots, not a blank page
+
+
+def test_summary_says_which_samples_the_model_claims_and_why_others_are_excluded(capsys, tmp_path) -> None:
+    from selftest.report import print_collect_summary
+    from selftest.roofline import METRICS, Range, Roofline, Sample
+
+    # a 2-core machine as local:2 splits it: 1 server core, 1 client core (grid 1-2 servers x 1-8 clients)
+    grid = [Sample(s, c, 20.0 * min(1.0, s / c), float(s), float(c)) for s in (1, 2) for c in (1, 2, 4, 8)]
+    nodes = {"nodes": [{"name": "local0", "slots": 1}, {"name": "local1", "slots": 1}]}
+    doc = {
+        "metrics": {
+            "rpc_rate": Roofline(METRICS["rpc_rate"], Range(19.0, 21.0), Range(30.0, 31.0), grid).to_dict(),
+            "bandwidth": Roofline(METRICS["bandwidth"], Range(2.0, 2.0), Range(1.0, 1.0), grid[1:4]).to_dict(),
+        },
+        "nodes": nodes, "wall_seconds": 1.0, "measurement_seconds": 0.5,
+    }  # fmt: skip
+    print_collect_summary(doc, tmp_path)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "rpc_rate: the model claims 1 of 8 validation samples" in text
+    assert "7 of 8 share cores (up to 2 server and 8 client processes per core" in text
+    assert "bandwidth: no validation sample fits the cores, so this machine cannot validate the model" in text
+    assert "server node 1 core(s) and the client nodes 1" in text
+    assert "one process per core (Carns et al. 2025, section 4.3" in text

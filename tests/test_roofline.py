@@ -201,6 +201,41 @@ def test_scores_without_samples() -> None:
     }
 
 
+def test_oversubscribed_samples_are_marked_and_scored_apart() -> None:
+    # Pc = 20, Ps = 80, ridge 1/4. The model assumes one process per core (Carns 2025, section 4.3).
+    samples = [
+        Sample(1, 8, 10.0, 1.0, 1.0),  # claimed, server-bound, on the roof
+        Sample(1, 1, 18.0, 1.0, 1.0),  # claimed, client-bound, error -10%
+        Sample(1, 8, 2.0, 1.0, 8.0),  # 8 clients per core: excluded, error -80%
+        Sample(2, 4, 5.0, 2.0, 0.5),  # 2 servers per core: excluded, error -75%
+        Sample(1, 4, 20.0),  # not recorded (an older document): claimed
+    ]
+    assert [s.oversubscribed for s in samples] == [False, False, True, True, False]
+    result = make(20, 80, samples).scores()
+    assert [row["oversubscribed"] for row in result["samples"]] == [False, False, True, True, False]
+    assert result["overall"]["count"] == 3
+    assert result["overall"]["median_relative_error"] == pytest.approx(0.0)
+    assert result["overall"]["worst_relative_error"] == pytest.approx(0.1)
+    assert result["regions"]["server-bound"]["count"] == 1
+    assert result["regions"]["client-bound"]["count"] == 2
+    excluded = result["excluded"]
+    assert excluded["count"] == 2
+    assert excluded["median_relative_error"] == pytest.approx(0.775)
+    assert excluded["worst_relative_error"] == pytest.approx(0.8)
+    assert excluded["score"] == pytest.approx(math.sqrt(1 / (1 + math.log10(5)) / (1 + math.log10(4))))
+
+
+def test_processes_per_core_round_trip_and_validation() -> None:
+    s = Sample(2, 8, 1.5, server_processes_per_core=2, client_processes_per_core=0.25)
+    assert s.to_dict() == {"servers": 2, "clients": 8, "rate_per_client": 1.5, "server_processes_per_core": 2.0,
+                           "client_processes_per_core": 0.25}  # fmt: skip
+    assert Sample.from_dict(s.to_dict()) == s
+    assert "server_processes_per_core" not in Sample(1, 1, 1.0).to_dict()
+    for bad in (0.0, -1.0, math.inf, "two", True):
+        with pytest.raises(ValueError, match="server_processes_per_core"):
+            Sample(1, 1, 1.0, server_processes_per_core=bad)  # type: ignore[arg-type]
+
+
 # --- JSON --------------------------------------------------------------------------------------------------
 
 

@@ -178,14 +178,20 @@ class Sample:
         servers: server processes in the deployment, >= 1.
         clients: client processes in the deployment, >= 1.
         rate_per_client: measured aggregate rate divided by ``clients``, finite, >= 0, in the metric's unit.
+        server_processes_per_core: active server processes per usable core of the busiest server node
+            (finite, > 0), or ``None`` when not recorded (documents of older versions).
+        client_processes_per_core: the same for the client processes on the client nodes.
 
     Raises:
-        ValueError: a count is not an integer >= 1, or the rate is negative or not finite.
+        ValueError: a count is not an integer >= 1, the rate is negative or not finite, or a
+            processes-per-core value is not a finite number > 0.
     """
 
     servers: int
     clients: int
     rate_per_client: float
+    server_processes_per_core: float | None = None
+    client_processes_per_core: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("servers", "clients"):
@@ -199,15 +205,41 @@ class Sample:
         if not math.isfinite(rate) or rate < 0:
             raise ValueError(f"Sample.rate_per_client must be finite and >= 0, got {rate!r}")
         object.__setattr__(self, "rate_per_client", float(rate))
+        for name in ("server_processes_per_core", "client_processes_per_core"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+                raise ValueError(f"Sample.{name} must be a number or None, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"Sample.{name} must be finite and > 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
 
     @property
     def service_ratio(self) -> float:
         """``X = servers / clients`` (Carns 2025, section 4.2), dimensionless, > 0."""
         return self.servers / self.clients
 
+    @property
+    def oversubscribed(self) -> bool:
+        """More than one process per core on the server or the client side (a side not recorded counts as
+        one per core).
+
+        The model's parameters are measured with a core per process and its validation runs one process per
+        physical core (Carns 2025, section 4.3: "each daemon is bound to a physical CPU core"; section 5,
+        Figures 11-12: "one process per physical core"): processes that share a core split it, so the model
+        does not predict such samples. (Not to be confused with the paper's *servers oversubscribed by
+        clients*, X < 1, which the model does predict.)
+        """
+        return any(v is not None and v > 1.0 for v in (self.server_processes_per_core, self.client_processes_per_core))
+
     def to_dict(self) -> dict[str, Any]:
-        """``{"servers", "clients", "rate_per_client"}``."""
-        return {"servers": self.servers, "clients": self.clients, "rate_per_client": self.rate_per_client}
+        """``{"servers", "clients", "rate_per_client"}``, plus the processes per core that are recorded."""
+        d: dict[str, Any] = {"servers": self.servers, "clients": self.clients, "rate_per_client": self.rate_per_client}
+        for name in ("server_processes_per_core", "client_processes_per_core"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Sample:
@@ -219,7 +251,13 @@ class Sample:
         missing = {"servers", "clients", "rate_per_client"} - set(d)
         if missing:
             raise ValueError(f"a sample needs keys servers, clients, rate_per_client; missing {sorted(missing)}")
-        return cls(servers=d["servers"], clients=d["clients"], rate_per_client=d["rate_per_client"])
+        return cls(
+            servers=d["servers"],
+            clients=d["clients"],
+            rate_per_client=d["rate_per_client"],
+            server_processes_per_core=d.get("server_processes_per_core"),
+            client_processes_per_core=d.get("client_processes_per_core"),
+        )
 
 
 def _check_bound(bound: str) -> None:
@@ -366,13 +404,16 @@ class Roofline:
         return REGION_SERVER_BOUND if sample.service_ratio < self.ridge(bound) else REGION_CLIENT_BOUND
 
     def scores(self, bound: Bound = "max") -> dict[str, Any]:
-        """Score every sample and summarise, overall and per region of the roofline.
+        """Score every sample and summarise the samples the model claims to predict, overall and per region.
 
         Per sample: service ratio, attainable rate, efficiency, relative error ``measured / R(X) - 1``
-        (signed, negative below the roof), score (:meth:`score`) and region (:meth:`region`). A summary
-        holds the sample ``count``, the combined ``score`` (geometric mean of the sample scores with equal
-        weights, Zhu, Neuwirth et al. eq. 12), and the ``median_relative_error`` and
-        ``worst_relative_error`` (of the absolute relative errors). Summaries of no samples hold ``None``.
+        (signed, negative below the roof), score (:meth:`score`), region (:meth:`region`) and
+        ``oversubscribed`` (:attr:`Sample.oversubscribed`: more than one process per core, which the model
+        does not predict). A summary holds the sample ``count``, the combined ``score`` (geometric mean of the
+        sample scores with equal weights, Zhu, Neuwirth et al. eq. 12), and the ``median_relative_error``
+        and ``worst_relative_error`` (of the absolute relative errors). ``overall`` and ``regions`` summarise
+        the samples that are not oversubscribed, ``excluded`` the oversubscribed ones. Summaries of no
+        samples hold ``None``.
 
         Args:
             bound: ceiling to compare against (default the upper one).
@@ -381,10 +422,12 @@ class Roofline:
             A JSON-ready dict::
 
                 {"bound": "max", "ridge": float,
-                 "samples": [{"servers", "clients", "rate_per_client", "service_ratio", "attainable",
-                              "efficiency", "relative_error", "score", "region"}, ...],
+                 "samples": [{"servers", "clients", "rate_per_client", ["server_processes_per_core",
+                              "client_processes_per_core"], "service_ratio", "attainable", "efficiency",
+                              "relative_error", "score", "region", "oversubscribed"}, ...],
                  "overall": summary,
-                 "regions": {"server-bound": summary, "client-bound": summary}}
+                 "regions": {"server-bound": summary, "client-bound": summary},
+                 "excluded": summary}
 
         Raises:
             ValueError: ``bound`` is not ``"min"``/``"max"``.
@@ -401,17 +444,20 @@ class Roofline:
                     "relative_error": s.rate_per_client / r - 1.0,
                     "score": rate_score(r, s.rate_per_client),
                     "region": self.region(s, bound),
+                    "oversubscribed": s.oversubscribed,
                 }
             )
+        claimed = [row for row in rows if not row["oversubscribed"]]
         return {
             "bound": bound,
             "ridge": self.ridge(bound),
             "samples": rows,
-            "overall": _summary(rows),
+            "overall": _summary(claimed),
             "regions": {
-                name: _summary([row for row in rows if row["region"] == name])
+                name: _summary([row for row in claimed if row["region"] == name])
                 for name in (REGION_SERVER_BOUND, REGION_CLIENT_BOUND)
             },
+            "excluded": _summary([row for row in rows if row["oversubscribed"]]),
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -44,7 +44,8 @@ def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = N
     Log x axis (service ratio), linear y axis (rate per client process), as in Carns 2025, section 5.1 and
     Figures 13–14: the upper ceiling (``pc.max``, ``ps.max``) solid, the lower one (``pc.min``, ``ps.min``)
     dashed, the band between shaded, the ridge point marked and annotated, and samples as semi-transparent
-    points coloured by server process count. The x range spans the samples and both ridge points with a
+    points coloured by server process count, those with more than one process per core circled in red
+    (:attr:`~selftest.roofline.Sample.oversubscribed`: outside the model). The x range spans the samples and both ridge points with a
     factor 2 margin each side.
 
     Args:
@@ -162,6 +163,18 @@ def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = N
                 label="validation samples",
             )
             fig.colorbar(points, ax=ax, label="server processes")
+        shared = np.array([s.oversubscribed for s in rl.samples])
+        if shared.any():
+            ax.scatter(
+                np.asarray(ratios)[shared],
+                rates[shared],
+                s=140,
+                facecolors="none",
+                edgecolors="tab:red",
+                linewidths=1.2,
+                zorder=4,
+                label="> 1 process per core: not modelled, excluded",
+            )
 
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)

@@ -363,7 +363,7 @@ def collect(
              "server_cores", "client_cores", "nodes": {NodeSet.to_dict(), "processes"}, "pc_pairs",
              "metrics": {name: Roofline.to_dict()}, "combined_score",
              "sweep": {metric: [points]}, "runs": [rows], "wall_seconds", "measurement_seconds",
-             "overhead": {...}}
+             "overhead": {...}, "load_average": 1-minute load average at the end}
 
     Raises:
         LaunchError / SelftestError: a server or client failed (the message says which and why); the
@@ -482,6 +482,7 @@ def collect(
         "wall_seconds": wall,
         "measurement_seconds": measured,
         "overhead": overhead,
+        "load_average": os.getloadavg()[0],  # other processes on the cores make rates vary between repeats
     }
     (out / "roofline.json").write_text(json.dumps(doc, indent=2))
     if store is not None and run_id is not None:
@@ -489,7 +490,7 @@ def collect(
             store.finish_run(run_id, model={k: doc[k] for k in ("metrics", "sweep", "server_cores", "client_cores",
                                                                 "nodes", "pc_pairs")},
                              summary={k: doc[k] for k in ("combined_score", "weights", "wall_seconds",
-                                                          "measurement_seconds", "overhead")})  # fmt: skip
+                                                          "measurement_seconds", "overhead", "load_average")})  # fmt: skip
         finally:
             store.close()
     return doc

@@ -68,52 +68,75 @@ def overhead_rows(overhead: Mapping[str, Any]) -> list[tuple[str, float, float]]
     ]
 
 
-def oversubscription_lines(models: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Any] | None) -> list[str]:
-    """Plain sentences on the validation samples whose processes share cores, for the terminal and the page.
+def validity_lines(
+    models: Mapping[str, Mapping[str, Any]],
+    nodes: Mapping[str, Any] | None,
+    load_average: float | None = None,
+    usable_cores: int | None = None,
+) -> list[str]:
+    """Plain sentences on what the model can claim on this machine, for the terminal and the page.
 
-    The model assumes one process per core (Carns et al. 2025, section 4.3 and Figures 11-12); samples with
-    more (``scores["samples"][i]["oversubscribed"]``) are left out of the scores and errors of each region
-    and summarised apart (``scores["excluded"]``). Says which samples the model claims, their median error,
-    and, when no sample of a metric fits the cores, that this machine cannot validate the model and why.
+    Per metric: how many validation samples the model claims (one process per core or fewer: Carns et al.
+    2025, section 4.3 and Figures 11-12) and their median error, how far repeated measurements of the same
+    parameter spread (``Pc``, ``Ps``: max / min - 1, the machine's own repeatability), and the samples whose
+    processes share cores (``scores["excluded"]``), left out of the scores and errors. Then why: the cores of
+    the server and client nodes when samples were excluded or none fits them, and the load average when
+    other processes competed for the cores.
 
     Args:
         models: ``Roofline.to_dict()`` per metric name.
-        nodes: the run's ``NodeSet.to_dict()`` (for the cores of the server node and the client nodes).
+        nodes: the run's ``NodeSet.to_dict()`` (the slots of the server node and the client nodes).
+        load_average: the 1-minute load average at the end of the run, if recorded.
+        usable_cores: the machine's usable cores (``environment["usable_cores"]``), if recorded.
 
     Returns:
-        Lines of text, empty when every sample had a core per process.
+        Lines of text.
     """
     node_list = list((nodes or {}).get("nodes") or [])
     server_cores = int(node_list[0]["slots"]) if node_list else None
     client_cores = sum(int(n["slots"]) for n in node_list[1:]) if len(node_list) > 1 else None
     lines: list[str] = []
+    any_excluded = False
+    worst_spread: tuple[float, str] = (0.0, "")
     for name, m in models.items():
         scores = m["scores"]
-        excluded = scores.get("excluded") or {"count": 0}
-        if not excluded["count"]:
-            continue
-        rows = [r for r in scores["samples"] if r.get("oversubscribed")]
-        most_s = max((r.get("server_processes_per_core") or 0 for r in rows), default=0)
-        most_c = max((r.get("client_processes_per_core") or 0 for r in rows), default=0)
         claimed = scores["overall"]
+        excluded = scores.get("excluded") or {"count": 0}
         total = claimed["count"] + excluded["count"]
-        shared = (f"{excluded['count']} of {total} share cores (up to {most_s:g} server and {most_c:g} client "
-                  f"processes per core; median error {_pct(excluded['median_relative_error'])}, excluded)")  # fmt: skip
+        spreads = {p: m[p]["max"] / m[p]["min"] - 1.0 for p in ("pc", "ps")}
+        worst_spread = max(worst_spread, *((v, f"{name} {p.capitalize()}") for p, v in spreads.items()))
+        if not total:
+            continue
+        repeat = f"repeats of Pc and Ps spread {_pct(spreads['pc'])} and {_pct(spreads['ps'])}"
         if claimed["count"]:
-            lines.append(f"{name}: the model claims {claimed['count']} of {total} validation samples (one process "
-                         f"per core or fewer): median error {_pct(claimed['median_relative_error'])}, worst "
-                         f"{_pct(claimed['worst_relative_error'])}; {shared}.")  # fmt: skip
+            text = (f"{name}: the model claims {claimed['count']} of {total} validation samples (one process per "
+                    f"core or fewer): median error {_pct(claimed['median_relative_error'])}; {repeat}")  # fmt: skip
         else:
-            lines.append(f"{name}: no validation sample fits the cores, so this machine cannot validate the model: "
-                         f"{shared}.")  # fmt: skip
-    if lines:
+            text = f"{name}: no validation sample fits the cores, so this machine cannot validate the model; {repeat}"
+        if excluded["count"]:
+            any_excluded = True
+            rows = [r for r in scores["samples"] if r.get("oversubscribed")]
+            most_s = max((r.get("server_processes_per_core") or 0 for r in rows), default=0)
+            most_c = max((r.get("client_processes_per_core") or 0 for r in rows), default=0)
+            text += (f"; {excluded['count']} share cores (up to {most_s:g} server and {most_c:g} client processes "
+                     f"per core; median error {_pct(excluded['median_relative_error'])}, excluded)")  # fmt: skip
+        lines.append(text + ".")
+    if any_excluded:
         cores = (f"this machine gives the server node {server_cores} core(s) and the client nodes {client_cores}; "
                  if server_cores is not None and client_cores is not None else "")  # fmt: skip
-        lines.append(f"Why: {cores}the model assumes one process per core (Carns et al. 2025, section 4.3, "
-                     "Figures 11-12: parameters and validation with one process per physical core), so samples "
-                     "whose processes share cores are circled in red in the plots and left out of the scores and errors above. "
-                     "To validate more of the model, keep --grid-servers within the server node's cores and "
-                     "--grid-clients within the client nodes' cores, or use more nodes (--nodes, --hostfile).")  # fmt: skip
+        lines.append(f"Why excluded: {cores}the model assumes one process per core (Carns et al. 2025, section "
+                     "4.3, Figures 11-12: parameters and validation with one process per physical core), so "
+                     "samples whose processes share cores are circled in red in the plots and left out of the "
+                     "scores and errors above. To validate more of the model, keep --grid-servers within the "
+                     "server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
+                     "(--nodes, --hostfile).")  # fmt: skip
+    if worst_spread[1]:
+        busy = (f" The load average was {load_average:.1f} on {usable_cores} usable cores: other processes "
+                "competed for the cores each measurement assumes to itself; rerun on an idle machine."
+                if load_average is not None and usable_cores and load_average > usable_cores else "")  # fmt: skip
+        lines.append(f"Repeatability: the same parameter measured again varied by up to {_pct(worst_spread[0])} "
+                     f"({worst_spread[1]}); model errors of that size cannot be told from this machine's "
+                     f"noise.{busy}")  # fmt: skip
     return lines
 
 
@@ -147,7 +170,8 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
         )
     console = Console()
     console.print(table)
-    for line in oversubscription_lines(doc["metrics"], doc.get("nodes")):
+    env = doc.get("environment") or {}
+    for line in validity_lines(doc["metrics"], doc.get("nodes"), doc.get("load_average"), env.get("usable_cores")):
         console.print(line, highlight=False)
     combined = doc.get("combined_score")
     if combined is not None:
@@ -291,7 +315,9 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         parts.append(_table(["metric", "Pc (per client process)", "Ps (per server process)", "ridge X*", "score",
                              "server-bound median |rel. err|", "worst", "client-bound median |rel. err|", "worst"],
                             rows))  # fmt: skip
-        parts += [f"<p>{html.escape(line)}</p>" for line in oversubscription_lines(metrics, run.get("nodes"))]
+        lines = validity_lines(metrics, run.get("nodes"), summary.get("load_average"),
+                               (run.get("environment") or {}).get("usable_cores"))  # fmt: skip
+        parts += [f"<p>{html.escape(line)}</p>" for line in lines]
         if summary.get("combined_score") is not None:
             weights = ", ".join(f"{k}={v:g}" for k, v in (summary.get("weights") or {}).items())
             parts.append(f"<p>Combined score over metrics (weighted geometric mean, Zhu, Neuwirth et al. eq. 12; "

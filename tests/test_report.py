@@ -171,11 +171,18 @@ def test_summary_says_which_samples_the_model_claims_and_why_others_are_excluded
             "bandwidth": Roofline(METRICS["bandwidth"], Range(2.0, 2.0), Range(1.0, 1.0), grid[1:4]).to_dict(),
         },
         "nodes": nodes, "wall_seconds": 1.0, "measurement_seconds": 0.5,
+        "environment": {"usable_cores": 2}, "load_average": 7.0,
     }  # fmt: skip
     print_collect_summary(doc, tmp_path)
     text = " ".join(capsys.readouterr().out.split())
-    assert "rpc_rate: the model claims 1 of 8 validation samples" in text
-    assert "7 of 8 share cores (up to 2 server and 8 client processes per core" in text
+    assert (
+        "rpc_rate: the model claims 1 of 8 validation samples (one process per core or fewer): median error 5%" in text
+    )
+    assert (
+        "repeats of Pc and Ps spread 11% and 3%; 7 share cores (up to 2 server and 8 client processes per core" in text
+    )
     assert "bandwidth: no validation sample fits the cores, so this machine cannot validate the model" in text
     assert "server node 1 core(s) and the client nodes 1" in text
     assert "one process per core (Carns et al. 2025, section 4.3" in text
+    assert "varied by up to 11% (rpc_rate Pc)" in text
+    assert "The load average was 7.0 on 2 usable cores" in text

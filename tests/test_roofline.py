@@ -304,3 +304,72 @@ def test_plot_client_ceiling_above_server_ceiling(tmp_path: Path) -> None:
     # The bandwidth case of Carns 2025, section 5.2: Pc >> Ps, ridge at 1:1.
     rl = Roofline(METRICS["bandwidth"], Range(19.0, 21.1), Range(1.4, 1.4), [Sample(1, 2, 0.7)])
     _assert_png(plot(rl, str(tmp_path / "bw.png")))
+
+
+# --- the platform model, from every document that holds one ------------------------------------------------
+
+
+def test_platform_from_a_collect_document_a_store_run_and_a_bare_model(tmp_path: Path) -> None:
+    from roofline_kit import platform_doc
+
+    from selftest.roofline import Platform
+    from selftest.store import ResultsStore
+
+    doc = platform_doc({"rpc_rate": (20.0, 80.0), "bandwidth": (2.0, 1.0)}, {"rpc_rate": [Sample(1, 8, 9.0)]})
+    p = Platform.from_document(doc)
+    assert p.rooflines.keys() == {"rpc_rate", "bandwidth"}
+    assert p.roofline("rpc_rate").samples == [Sample(1, 8, 9.0)]
+    assert (p.server_cores, p.client_cores) == (4, 8)
+    assert p.bytes_per_op == {"bandwidth": 2**20, "storage_iops": 4096, "storage_bandwidth": 2**20}
+    assert p.label == "run 7"
+    with pytest.raises(ValueError, match=r"no 'storage_iops' roofline \(it has \['bandwidth', 'rpc_rate'\]\)"):
+        p.roofline("storage_iops")
+
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        rid = store.create_run(kind="svcframe-roofline", service="kv", platform="vm", host="vm",
+                               options=doc["options"], environment={}, hardware={}, software={}, plan=[],
+                               nodes=doc["nodes"])  # fmt: skip
+        with pytest.raises(ValueError, match=rf"run {rid} has no model \(status running\); complete it"):
+            Platform.from_document(store.run(rid), "store")
+        store.finish_run(rid, model={k: doc[k] for k in ("metrics", "nodes")}, summary={})
+        from_store = Platform.from_document(store.run(rid))
+    assert from_store.rooflines == p.rooflines
+    assert from_store.label == f"run {rid}: kv on vm"
+    assert (from_store.server_cores, from_store.client_cores) == (4, 8)
+
+    bare = Platform.from_document({"metrics": doc["metrics"]})
+    assert bare.rooflines == p.rooflines and bare.server_cores is None and bare.bytes_per_op == {}
+
+    path = tmp_path / "roofline.json"
+    path.write_text(json.dumps(doc))
+    assert Platform.load(path).rooflines == p.rooflines
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ([1, 2], "a platform roofline model is a JSON object, got list"),
+        (
+            {"kind": "svcframe-selftest", "aggregate": {}},
+            "is not a platform roofline model .*; it is a svcframe-selftest",
+        ),
+        ({"metrics": {}}, "the model has no metric"),
+        ({"metrics": {"rpc_rate": {"metric": "rpc_rate", "pc": [0, 1], "ps": [1, 1]}}}, r"metrics\.rpc_rate: .*> 0"),
+    ],
+)
+def test_platform_errors_name_the_document(doc: object, match: str) -> None:
+    from selftest.roofline import Platform
+
+    with pytest.raises(ValueError, match=match):
+        Platform.from_document(doc, "x.json")
+
+
+def test_platform_load_of_a_file_that_is_not_json(tmp_path: Path) -> None:
+    from selftest.roofline import Platform
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"bad\.json: cannot read a platform roofline model"):
+        Platform.load(bad)
+    with pytest.raises(ValueError, match=r"missing\.json: cannot read"):
+        Platform.load(tmp_path / "missing.json")

@@ -4,12 +4,25 @@ One place for everything roofline, pure analysis on plain numbers and JSON docum
 the engine, so every model can be rebuilt, scored and drawn from files with no service running.
 
 * ``dataservice``: the data-service roofline of Carns et al. 2025 (rate per client process against the
-  service ratio; ``Pc``, ``Ps``, ``R(X)``, the ridge point), validation samples and their scores;
+  service ratio; ``Pc``, ``Ps``, ``R(X)``, the ridge point), validation samples and their scores, and
+  :class:`Platform`, the per-metric rooflines of a collected platform model (the input of the others);
+* ``io``: the I/O roofline of Zhu & Neuwirth (attainable IOPS against I/O intensity, eqs. 3-4), its system
+  scores (eqs. 13-14) and application scores (eqs. 10-12), for storage and for the network;
 * ``scores``: the scores of Zhu & Neuwirth (eqs. 10-12) the three models share;
 * ``plots``: one plot per model (matplotlib, an optional extra).
 """
 
-from .dataservice import METRICS, REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Metric, Range, Roofline, Sample
+from .dataservice import (
+    METRICS,
+    REGION_CLIENT_BOUND,
+    REGION_SERVER_BOUND,
+    Metric,
+    Platform,
+    Range,
+    Roofline,
+    Sample,
+)
+from .io import IOPoint, IORoofline, io_rooflines
 from .plots import plot
 from .scores import combine_scores
 
@@ -17,10 +30,14 @@ __all__ = [
     "METRICS",
     "REGION_CLIENT_BOUND",
     "REGION_SERVER_BOUND",
+    "IOPoint",
+    "IORoofline",
     "Metric",
+    "Platform",
     "Range",
     "Roofline",
     "Sample",
     "combine_scores",
+    "io_rooflines",
     "plot",
 ]

@@ -527,3 +527,132 @@ def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "median_relative_error": float(np.median(errors)),
         "worst_relative_error": max(errors),
     }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The measured platform
+# ----------------------------------------------------------------------------------------------------------
+
+BYTE_RATE_UNITS: dict[str, int] = {"B/s": 1, "KiB/s": 2**10, "MiB/s": 2**20, "GiB/s": 2**30}
+"""Bytes per second in one of each bandwidth unit a metric may be measured in (``bandwidth`` is GiB/s)."""
+
+_BYTES_PER_OP_OPTIONS = {
+    "bandwidth": "bulk_size",
+    "storage_iops": "storage_block_size",
+    "storage_bandwidth": "storage_bandwidth_block_size",
+}
+
+
+def bytes_per_second(metric: Metric, value: float) -> float:
+    """``value`` (in ``metric.unit``, a bandwidth unit of :data:`BYTE_RATE_UNITS`) in bytes per second.
+
+    Raises:
+        ValueError: the metric's unit is not a bandwidth unit (e.g. ``ops/s``).
+    """
+    if metric.unit not in BYTE_RATE_UNITS:
+        raise ValueError(f"metric {metric.name!r} is in {metric.unit}, not a bandwidth ({sorted(BYTE_RATE_UNITS)})")
+    return value * BYTE_RATE_UNITS[metric.unit]
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A measured platform: the data-service roofline of each collected metric, and what it was measured on.
+
+    The input of every model of this package: the I/O roofline takes its peaks from it, the workflow roofline
+    its ceilings, placement its ceilings and scores.
+
+    Attributes:
+        rooflines: the data-service roofline per metric name (``rpc_rate``, ``bandwidth``, ...).
+        server_cores: usable cores of the server node (its slots), or ``None`` when not recorded.
+        client_cores: usable cores of the client nodes together, or ``None`` when not recorded.
+        bytes_per_op: bytes each measured operation moved, per metric (``bandwidth``: the bulk size,
+            ``storage_iops`` and ``storage_bandwidth``: their block sizes), when the options were recorded.
+        label: where the model came from, for titles (``"run 3: selftest on host"``).
+    """
+
+    rooflines: Mapping[str, Roofline]
+    server_cores: int | None = None
+    client_cores: int | None = None
+    bytes_per_op: Mapping[str, int] = field(default_factory=dict)
+    label: str = ""
+
+    def roofline(self, metric: str) -> Roofline:
+        """The data-service roofline of ``metric``.
+
+        Raises:
+            ValueError: the platform model has no such metric (the message lists those it has).
+        """
+        if metric not in self.rooflines:
+            raise ValueError(
+                f"the platform model has no {metric!r} roofline (it has {sorted(self.rooflines)}); "
+                f"collect it: svcframe roofline collect --metric {metric}"
+            )
+        return self.rooflines[metric]
+
+    @classmethod
+    def from_document(cls, doc: Any, source: str = "document") -> Platform:
+        """Read a platform model from any of the documents that hold one.
+
+        Accepts the ``roofline.json`` that ``svcframe roofline collect`` writes (``{"kind":
+        "svcframe-roofline", "metrics", "nodes", "options", ...}``), a run of the results store
+        (:meth:`selftest.store.ResultsStore.run`: ``{"id", "model": {"metrics", "nodes", ...}, "options"}``),
+        or a bare ``{"metrics": {name: Roofline.to_dict()}}``.
+
+        Args:
+            doc: the decoded JSON document.
+            source: what to call it in error messages (a file name).
+
+        Raises:
+            ValueError: the document is none of these shapes, holds no model (an incomplete run), or a
+                metric's roofline is invalid; the message names ``source`` and the offending key.
+        """
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{source}: a platform roofline model is a JSON object, got {type(doc).__name__}")
+        options = doc.get("options") if isinstance(doc.get("options"), Mapping) else {}
+        if "model" in doc and "id" in doc:  # a run of the results store
+            model = doc.get("model")
+            if not isinstance(model, Mapping) or not model.get("metrics"):
+                raise ValueError(
+                    f"{source}: run {doc['id']} has no model (status {doc.get('status', '?')}); "
+                    f"complete it with: svcframe roofline collect --resume {doc['id']}"
+                )
+            label = f"run {doc['id']}: {doc.get('service', '?')} on {doc.get('platform', '?')}"
+        elif isinstance(doc.get("metrics"), Mapping):
+            model = doc
+            label = f"run {doc['run_id']}" if doc.get("run_id") is not None else source
+        else:
+            kind = doc.get("kind")
+            raise ValueError(
+                f"{source} is not a platform roofline model (the roofline.json of `svcframe roofline collect`, "
+                f"or a run of the results store)" + (f"; it is a {kind} document" if kind else "")
+            )
+        rooflines: dict[str, Roofline] = {}
+        for name, m in model["metrics"].items():
+            try:
+                rooflines[str(name)] = Roofline.from_dict(m)
+            except ValueError as exc:
+                raise ValueError(f"{source}: metrics.{name}: {exc}") from None
+        if not rooflines:
+            raise ValueError(f"{source}: the model has no metric")
+        nodes = model.get("nodes") if isinstance(model.get("nodes"), Mapping) else {}
+        slots = [int(n["slots"]) for n in nodes.get("nodes") or [] if isinstance(n, Mapping) and "slots" in n]
+        return cls(
+            rooflines=rooflines,
+            server_cores=slots[0] if slots else None,
+            client_cores=sum(slots[1:]) if len(slots) > 1 else None,
+            bytes_per_op={m: int(options[key]) for m, key in _BYTES_PER_OP_OPTIONS.items() if options.get(key)},
+            label=label,
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Platform:
+        """Read a platform model from a JSON file (see :meth:`from_document`).
+
+        Raises:
+            ValueError: the file cannot be read, is not JSON, or is not a platform model; one line naming it.
+        """
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: cannot read a platform roofline model: {exc}") from None
+        return cls.from_document(doc, str(path))

@@ -8,6 +8,8 @@ the engine, so every model can be rebuilt, scored and drawn from files with no s
   :class:`Platform`, the per-metric rooflines of a collected platform model (the input of the others);
 * ``io``: the I/O roofline of Zhu & Neuwirth (attainable IOPS against I/O intensity, eqs. 3-4), its system
   scores (eqs. 13-14) and application scores (eqs. 10-12), for storage and for the network;
+* ``placement``: a measured workload (:class:`Workload`: one RPC at one or more service ratios) placed on
+  the data-service rooflines: attainable rate, limiting metric, score, region, headroom;
 * ``scores``: the scores of Zhu & Neuwirth (eqs. 10-12) the three models share;
 * ``plots``: one plot per model (matplotlib, an optional extra).
 """
@@ -23,6 +25,7 @@ from .dataservice import (
     Sample,
 )
 from .io import IOPoint, IORoofline, io_rooflines
+from .placement import Workload, WorkloadPoint, place
 from .plots import plot
 from .scores import combine_scores
 
@@ -37,7 +40,10 @@ __all__ = [
     "Range",
     "Roofline",
     "Sample",
+    "Workload",
+    "WorkloadPoint",
     "combine_scores",
     "io_rooflines",
+    "place",
     "plot",
 ]

@@ -8,6 +8,8 @@ the engine, so every model can be rebuilt, scored and drawn from files with no s
   :class:`Platform`, the per-metric rooflines of a collected platform model (the input of the others);
 * ``io``: the I/O roofline of Zhu & Neuwirth (attainable IOPS against I/O intensity, eqs. 3-4), its system
   scores (eqs. 13-14) and application scores (eqs. 10-12), for storage and for the network;
+* ``workflow``: the workflow roofline of Ding et al. 2024 (tasks per second against parallel tasks, eq. 1,
+  the four zones of Fig. 2a), with ceilings derived from the data-service parameters;
 * ``placement``: a measured workload (:class:`Workload`: one RPC at one or more service ratios) placed on
   the data-service rooflines: attainable rate, limiting metric, score, region, headroom;
 * ``scores``: the scores of Zhu & Neuwirth (eqs. 10-12) the three models share;
@@ -28,6 +30,7 @@ from .io import IOPoint, IORoofline, io_rooflines
 from .placement import Workload, WorkloadPoint, place
 from .plots import plot
 from .scores import combine_scores
+from .workflow import WorkflowRoofline, WorkflowSpec
 
 __all__ = [
     "METRICS",
@@ -40,6 +43,8 @@ __all__ = [
     "Range",
     "Roofline",
     "Sample",
+    "WorkflowRoofline",
+    "WorkflowSpec",
     "Workload",
     "WorkloadPoint",
     "combine_scores",

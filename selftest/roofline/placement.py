@@ -70,8 +70,13 @@ class WorkloadPoint(BaseModel):
 
     def sample(self) -> Sample:
         """This point as a data-service :class:`~selftest.roofline.dataservice.Sample` (rate in calls/s)."""
-        return Sample(self.servers, self.clients, self.rate_per_client_ops_per_second,
-                      self.server_processes_per_core, self.client_processes_per_core)  # fmt: skip
+        return Sample(
+            self.servers,
+            self.clients,
+            self.rate_per_client_ops_per_second,
+            self.server_processes_per_core,
+            self.client_processes_per_core,
+        )
 
 
 class Workload(BaseModel):
@@ -153,8 +158,12 @@ class Workload(BaseModel):
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a self-test results document (no {exc})") from None
         workload = params.get("workload", "noop")
-        return cls(name=name or f"self-test {workload}", rpc=f"{params.get('provider_id', '?')}:{workload}",
-                   points=[point], source={"selftest": params})  # fmt: skip
+        return cls(
+            name=name or f"self-test {workload}",
+            rpc=f"{params.get('provider_id', '?')}:{workload}",
+            points=[point],
+            source={"selftest": params},
+        )
 
 
 def _ceiling(rl: Roofline, point: WorkloadPoint, bound: Bound) -> float:
@@ -206,23 +215,25 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
         attainable = ceilings[limited_by]
         measured = p.rate_per_client_ops_per_second
         ridge = limiting.ridge(bound)
-        rows.append({
-            "label": p.label,
-            "servers": p.servers,
-            "clients": p.clients,
-            "service_ratio": p.service_ratio,
-            "rate_per_client_ops_per_second": measured,
-            "bytes_per_call": p.bytes_per_call,
-            "attainable_ops_per_second": attainable,
-            "limited_by": limited_by,
-            "region": limiting.region(p.sample(), bound),
-            "ridge": ridge,
-            "servers_at_ridge": math.ceil(round(ridge * p.clients, 9)),
-            "score": rate_score(attainable, measured),
-            "headroom": attainable / measured if measured > 0 else None,
-            "oversubscribed": p.sample().oversubscribed,
-            "ceilings": ceilings,
-        })  # fmt: skip
+        rows.append(
+            {
+                "label": p.label,
+                "servers": p.servers,
+                "clients": p.clients,
+                "service_ratio": p.service_ratio,
+                "rate_per_client_ops_per_second": measured,
+                "bytes_per_call": p.bytes_per_call,
+                "attainable_ops_per_second": attainable,
+                "limited_by": limited_by,
+                "region": limiting.region(p.sample(), bound),
+                "ridge": ridge,
+                "servers_at_ridge": math.ceil(round(ridge * p.clients, 9)),
+                "score": rate_score(attainable, measured),
+                "headroom": attainable / measured if measured > 0 else None,
+                "oversubscribed": p.sample().oversubscribed,
+                "ceilings": ceilings,
+            }
+        )
     claimed = [r for r in rows if not r["oversubscribed"]]
     headrooms = [r["headroom"] for r in claimed if r["headroom"] is not None]
     return {

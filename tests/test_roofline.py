@@ -1,4 +1,5 @@
-"""Tests of the data-service roofline model (selftest/roofline.py): no service, plain numbers only."""
+"""Tests of the data-service roofline model (selftest/roofline/dataservice.py): no service, plain numbers and
+JSON documents only; the platform model read from every document that holds one."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from roofline_kit import assert_png, platform_doc
 
 from selftest.roofline import (
     METRICS,
     Metric,
+    Platform,
     Range,
     Roofline,
     Sample,
     combine_scores,
     plot,
 )
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from selftest.store import ResultsStore
 
 
 def make(pc: float, ps: float, samples: list[Sample] | None = None, metric: str = "rpc_rate") -> Roofline:
@@ -278,43 +280,33 @@ def test_save_and_load(tmp_path: Path) -> None:
 # --- plot --------------------------------------------------------------------------------------------------
 
 
-def _assert_png(path: Path) -> None:
-    data = path.read_bytes()
-    assert len(data) > 1000
-    assert data.startswith(PNG_MAGIC)
-
-
 @pytest.mark.parametrize(
     "samples",
     [
         [],
         [Sample(s, c, 0.9 * min(20.0, 80.0 * min(s / c, 1.0))) for s in (1, 2, 4) for c in (1, 4, 16)],
         [Sample(s, 16, 1.0) for s in range(1, 13)],  # more server counts than legend entries: colorbar
+        [Sample(1, 1, 18.0, 1.0, 1.0), Sample(2, 8, 9.0, 2.0, 8.0)],  # the second shares cores: circled
     ],
-    ids=["no-samples", "legend", "colorbar"],
+    ids=["no-samples", "legend", "colorbar", "oversubscribed"],
 )
 def test_plot_writes_png(tmp_path: Path, samples: list[Sample]) -> None:
     rl = Roofline(METRICS["rpc_rate"], Range(15.0, 20.0), Range(70.0, 80.0), samples)
     out = plot(rl, tmp_path / "roofline.png", title="test")
     assert out.name == "roofline.png"
-    _assert_png(out)
+    assert_png(out)
 
 
 def test_plot_client_ceiling_above_server_ceiling(tmp_path: Path) -> None:
     # The bandwidth case of Carns 2025, section 5.2: Pc >> Ps, ridge at 1:1.
     rl = Roofline(METRICS["bandwidth"], Range(19.0, 21.1), Range(1.4, 1.4), [Sample(1, 2, 0.7)])
-    _assert_png(plot(rl, str(tmp_path / "bw.png")))
+    assert_png(plot(rl, str(tmp_path / "bw.png")))
 
 
 # --- the platform model, from every document that holds one ------------------------------------------------
 
 
 def test_platform_from_a_collect_document_a_store_run_and_a_bare_model(tmp_path: Path) -> None:
-    from roofline_kit import platform_doc
-
-    from selftest.roofline import Platform
-    from selftest.store import ResultsStore
-
     doc = platform_doc({"rpc_rate": (20.0, 80.0), "bandwidth": (2.0, 1.0)}, {"rpc_rate": [Sample(1, 8, 9.0)]})
     p = Platform.from_document(doc)
     assert p.rooflines.keys() == {"rpc_rate", "bandwidth"}
@@ -358,15 +350,11 @@ def test_platform_from_a_collect_document_a_store_run_and_a_bare_model(tmp_path:
     ],
 )
 def test_platform_errors_name_the_document(doc: object, match: str) -> None:
-    from selftest.roofline import Platform
-
     with pytest.raises(ValueError, match=match):
         Platform.from_document(doc, "x.json")
 
 
 def test_platform_load_of_a_file_that_is_not_json(tmp_path: Path) -> None:
-    from selftest.roofline import Platform
-
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match=r"bad\.json: cannot read a platform roofline model"):

@@ -13,7 +13,7 @@ the engine, so every model can be rebuilt, scored and drawn from files with no s
 * ``placement``: a measured workload (:class:`Workload`: one RPC at one or more service ratios) placed on
   the data-service rooflines: attainable rate, limiting metric, score, region, headroom;
 * ``scores``: the scores of Zhu & Neuwirth (eqs. 10-12) the three models share;
-* ``plots``: one plot per model (matplotlib, an optional extra).
+* ``plots``: the plots of each model and of a placement (matplotlib, an optional extra).
 """
 
 from .dataservice import (
@@ -28,7 +28,7 @@ from .dataservice import (
 )
 from .io import IOPoint, IORoofline, io_rooflines
 from .placement import Workload, WorkloadPoint, place
-from .plots import plot
+from .plots import plot, plot_io, plot_placement, plot_workflow
 from .scores import combine_scores
 from .workflow import WorkflowRoofline, WorkflowSpec
 
@@ -51,4 +51,7 @@ __all__ = [
     "io_rooflines",
     "place",
     "plot",
+    "plot_io",
+    "plot_placement",
+    "plot_workflow",
 ]

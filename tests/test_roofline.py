@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -361,3 +363,36 @@ def test_platform_load_of_a_file_that_is_not_json(tmp_path: Path) -> None:
         Platform.load(bad)
     with pytest.raises(ValueError, match=r"missing\.json: cannot read"):
         Platform.load(tmp_path / "missing.json")
+
+
+def test_the_models_work_on_json_files_alone_without_the_engine(tmp_path: Path) -> None:
+    # a fresh interpreter: every model on JSON files, and not one svcframe module imported (no engine)
+    doc = platform_doc({"rpc_rate": (20.0, 80.0), "bandwidth": (2.0, 1.0), "storage_iops": (3.0, 6.0),
+                        "storage_bandwidth": (0.5, 0.25)})  # fmt: skip
+    (tmp_path / "platform.json").write_text(json.dumps(doc))
+    (tmp_path / "workload.json").write_text(
+        json.dumps(
+            {
+                "name": "w",
+                "points": [{"servers": 1, "clients": 4, "rate_per_client_ops_per_second": 5.0, "bytes_per_call": 100}],
+            }
+        )
+    )  # R(1/4) = 20
+    (tmp_path / "workflow.json").write_text(json.dumps({"name": "wf", "servers": 1, "parallel_tasks": 2, "stages": [
+        {"name": "s", "tasks": 4, "rpcs_per_task": 10, "bytes_per_task": 1000}]}))  # fmt: skip
+    code = f"""
+import json, sys
+from pathlib import Path
+from selftest.roofline import Platform, Workload, WorkflowSpec, io_rooflines, place
+from selftest.roofline.workflow import analyse
+d = Path({str(tmp_path)!r})
+platform = Platform.load(d / "platform.json")
+out = {{"place": place(platform, Workload.load(d / "workload.json"))["points"][0]["headroom"],
+        "io": sorted(io_rooflines(platform)),
+        "workflow": analyse(platform, WorkflowSpec.load(d / "workflow.json"))["roofline"]["wall"],
+        "svcframe": sorted(m for m in sys.modules if m.split(".")[0] == "svcframe")}}
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = json.loads(proc.stdout)
+    assert out == {"place": pytest.approx(4.0), "io": ["network", "storage"], "workflow": 8, "svcframe": []}

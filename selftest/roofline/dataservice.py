@@ -543,7 +543,13 @@ _BYTES_PER_OP_OPTIONS = {
 }
 
 
-def bytes_per_second(metric: Metric, value: float) -> float:
+@overload
+def bytes_per_second(metric: Metric, value: float) -> float: ...
+@overload
+def bytes_per_second(metric: Metric, value: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
+
+
+def bytes_per_second(metric: Metric, value: float | npt.NDArray[np.float64]) -> float | npt.NDArray[np.float64]:
     """``value`` (in ``metric.unit``, a bandwidth unit of :data:`BYTE_RATE_UNITS`) in bytes per second.
 
     Raises:
@@ -608,10 +614,12 @@ class Platform:
         """
         if not isinstance(doc, Mapping):
             raise ValueError(f"{source}: a platform roofline model is a JSON object, got {type(doc).__name__}")
-        options = doc.get("options") if isinstance(doc.get("options"), Mapping) else {}
+        options = doc.get("options")
+        if not isinstance(options, Mapping):
+            options = {}
         if "model" in doc and "id" in doc:  # a run of the results store
             model = doc.get("model")
-            if not isinstance(model, Mapping) or not model.get("metrics"):
+            if not isinstance(model, Mapping) or not isinstance(model.get("metrics"), Mapping):
                 raise ValueError(
                     f"{source}: run {doc['id']} has no model (status {doc.get('status', '?')}); "
                     f"complete it with: svcframe roofline collect --resume {doc['id']}"
@@ -634,8 +642,9 @@ class Platform:
                 raise ValueError(f"{source}: metrics.{name}: {exc}") from None
         if not rooflines:
             raise ValueError(f"{source}: the model has no metric")
-        nodes = model.get("nodes") if isinstance(model.get("nodes"), Mapping) else {}
-        slots = [int(n["slots"]) for n in nodes.get("nodes") or [] if isinstance(n, Mapping) and "slots" in n]
+        nodes = model.get("nodes")
+        node_list = nodes.get("nodes") if isinstance(nodes, Mapping) else None
+        slots = [int(n["slots"]) for n in node_list or [] if isinstance(n, Mapping) and "slots" in n]
         return cls(
             rooflines=rooflines,
             server_cores=slots[0] if slots else None,

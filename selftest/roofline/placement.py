@@ -38,7 +38,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .dataservice import BYTE_RATE_UNITS, Bound, Platform, Roofline, Sample, bytes_per_second
 from .scores import rate_score, weighted_geometric_mean
 
-WORKLOAD_KIND = "svcframe-workload"
 PLACEMENT_KIND = "svcframe-placement"
 
 
@@ -53,15 +52,21 @@ class WorkloadPoint(BaseModel):
         ge=0, allow_inf_nan=False, description="calls per second each client process completed (aggregate / clients)"
     )
     bytes_per_call: int = Field(
-        0, ge=0, description="bytes one call moves over the network (request + response + bulk)"
+        default=0, ge=0, description="bytes one call moves over the network (request + response + bulk)"
     )
     server_processes_per_core: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="server processes per core of the busiest server node, if known"
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="server processes per core of the busiest server node, if known",
     )
     client_processes_per_core: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="client processes per core of the busiest client node, if known"
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="client processes per core of the busiest client node, if known",
     )
-    label: str = Field("", description="what tells this point apart (a run id, a time window)")
+    label: str = Field(default="", description="what tells this point apart (a run id, a time window)")
 
     @property
     def service_ratio(self) -> float:
@@ -93,9 +98,9 @@ class Workload(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    kind: Literal["svcframe-workload"] = WORKLOAD_KIND
+    kind: Literal["svcframe-workload"] = "svcframe-workload"
     name: str = Field(min_length=1, description="what the workload is, e.g. 'kv put 1 KiB values'")
-    rpc: str | None = Field(None, description="the RPC measured: 'PROVIDER_ID:NAME' or 'PROVIDER:NAME'")
+    rpc: str | None = Field(default=None, description="the RPC measured: 'PROVIDER_ID:NAME' or 'PROVIDER:NAME'")
     points: list[WorkloadPoint] = Field(min_length=1)
     source: dict[str, Any] = Field(default_factory=dict, description="provenance: results file, service, window")
 
@@ -204,7 +209,7 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
     notes = []
     if bandwidth is None and any(p.bytes_per_call for p in workload.points):
         notes.append("the platform model has no bandwidth roofline: points are placed on the RPC rate alone")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for p in workload.points:
         applicable = {"rpc_rate": rpc}
         if bandwidth is not None and p.bytes_per_call > 0:

@@ -49,8 +49,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .dataservice import Bound, Platform, bytes_per_second
 from .scores import rate_score
 
-WORKFLOW_KIND = "svcframe-workflow"
-
 ZONE_GOOD_GOOD = "good makespan, good throughput"
 ZONE_GOOD_POOR = "good makespan, poor throughput"
 ZONE_POOR_GOOD = "poor makespan, good throughput"
@@ -310,7 +308,7 @@ class WorkflowRunSpec(BaseModel):
     label: str = ""
     parallel_tasks: int = Field(ge=1, description="tasks that ran at once")
     makespan_seconds: float = Field(gt=0, allow_inf_nan=False, description="first task's start to last task's end")
-    tasks: int | None = Field(None, ge=1, description="tasks completed (default: every task of every stage)")
+    tasks: int | None = Field(default=None, ge=1, description="tasks completed (default: every task of every stage)")
 
 
 class WorkflowSpec(BaseModel):
@@ -326,20 +324,20 @@ class WorkflowSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    kind: Literal["svcframe-workflow"] = WORKFLOW_KIND
+    kind: Literal["svcframe-workflow"] = "svcframe-workflow"
     name: str = Field(min_length=1)
     servers: int = Field(ge=1, description="server processes of the service")
     parallel_tasks: int = Field(ge=1, description="tasks the workflow runs at once (Ding's x)")
     client_processes_per_task: int = Field(
-        1, ge=1, description="client processes one task runs (its intra-task parallelism)"
+        default=1, ge=1, description="client processes one task runs (its intra-task parallelism)"
     )
     available_client_processes: int | None = Field(
-        None, ge=1, description="client processes that can run at once (default: the platform's client cores)"
+        default=None, ge=1, description="client processes that can run at once (default: the platform's client cores)"
     )
     target_makespan_seconds: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="the time a task may take"
+        default=None, gt=0, allow_inf_nan=False, description="the time a task may take"
     )
-    target_throughput_tasks_per_second: float | None = Field(None, gt=0, allow_inf_nan=False)
+    target_throughput_tasks_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     stages: list[StageSpec] = Field(min_length=1, description="run one after the other")
     runs: list[WorkflowRunSpec] = Field(default_factory=list)
 
@@ -461,7 +459,7 @@ def analyse(platform: Platform, spec: WorkflowSpec, bound: Bound = "max") -> dic
     """
     roofline = from_platform(platform, spec, bound)
     n = float(spec.parallel_tasks)
-    stages = []
+    stages: list[dict[str, Any]] = []
     for s in spec.stages:
         stage = WorkflowRoofline(
             s.name,

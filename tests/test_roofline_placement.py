@@ -150,3 +150,20 @@ def test_placement_end_to_end_real_collection_and_real_selftest_run(tmp_path: Pa
         assert p["headroom"] == pytest.approx(p["attainable_ops_per_second"] / p["rate_per_client_ops_per_second"])
         assert 0 < p["score"] <= 1
     assert result["platform"] == f"run {run['id']}: selftest on {run['platform']}"
+
+
+def test_workload_points_on_the_network_io_roofline() -> None:
+    from selftest.roofline.io import io_rooflines
+    from selftest.roofline.placement import io_points
+
+    w = Workload(name="kv put", points=[
+        WorkloadPoint(servers=2, clients=8, rate_per_client_ops_per_second=1000.0, bytes_per_call=1024),
+        WorkloadPoint(servers=1, clients=1, rate_per_client_ops_per_second=50.0),  # no bytes: no intensity
+    ])  # fmt: skip
+    (p,) = io_points(w)
+    assert p.label == "kv put 2x8" and p.intensity_ops_per_byte == 1 / 1024
+    assert p.ops_per_second == 4000.0  # 8 clients x 1000 calls/s over 2 server processes
+    assert io_points(w, side="client")[0].ops_per_second == 1000.0
+    network = io_rooflines(PLATFORM)["network"]  # psi 80k ops/s, kappa 1 GiB/s: 1 KiB calls are IOPS-bound
+    placed = network.place(p)
+    assert placed["region"] == "IOPS-bound" and placed["headroom"] == pytest.approx(20.0)

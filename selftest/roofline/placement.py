@@ -22,6 +22,8 @@ measured)|)`` (Zhu & Neuwirth eqs. 10-11, one dimension, as DESIGN.md section 6 
 its ``headroom`` ``attainable / measured`` (how much faster the machine allows). Points whose processes
 share cores (more than one per core) are marked: the model does not predict them
 (:attr:`~selftest.roofline.dataservice.Sample.oversubscribed`).
+
+:func:`io_points` gives the same points on the network I/O roofline, at their operations per byte.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .dataservice import BYTE_RATE_UNITS, Bound, Platform, Roofline, Sample, bytes_per_second
+from .io import IOPoint, Side
 from .scores import rate_score, weighted_geometric_mean
 
 PLACEMENT_KIND = "svcframe-placement"
@@ -256,3 +259,22 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
         },
         "notes": notes,
     }
+
+
+def io_points(workload: Workload, side: Side = "server") -> list[IOPoint]:
+    """The workload's points on the network I/O roofline (:func:`selftest.roofline.io.io_rooflines`).
+
+    A call moving ``bytes_per_call`` bytes has I/O intensity ``λ = 1 / bytes_per_call`` (Zhu eq. 4, one
+    operation); its operations per second are the calls of one server process (``rate per client x clients /
+    servers``) for ``side="server"``, of one client process for ``side="client"``. Points that move no bytes
+    have no finite intensity and are left out.
+    """
+    return [
+        IOPoint(
+            p.label or f"{workload.name} {p.servers}x{p.clients}",
+            1.0 / p.bytes_per_call,
+            p.rate_per_client_ops_per_second * (p.clients / p.servers if side == "server" else 1.0),
+        )
+        for p in workload.points
+        if p.bytes_per_call > 0
+    ]

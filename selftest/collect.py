@@ -490,7 +490,8 @@ def collect(
             store.finish_run(run_id, model={k: doc[k] for k in ("metrics", "sweep", "server_cores", "client_cores",
                                                                 "nodes", "pc_pairs")},
                              summary={k: doc[k] for k in ("combined_score", "weights", "wall_seconds",
-                                                          "measurement_seconds", "overhead", "load_average")})  # fmt: skip
+                                                          "measurement_seconds", "overhead",
+                                                          "load_average")})  # fmt: skip
         finally:
             store.close()
     return doc

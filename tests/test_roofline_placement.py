@@ -75,7 +75,8 @@ def test_without_a_bandwidth_roofline_points_are_placed_on_the_rpc_rate_and_the_
     ("doc", "expected"),
     [
         ({"name": "w", "points": []}, "w.json: points: List should have at least 1 item"),
-        ({"points": [{"servers": 1, "clients": 1, "rate_per_client_ops_per_second": 1}]}, "w.json: name: Field required"),
+        ({"points": [{"servers": 1, "clients": 1, "rate_per_client_ops_per_second": 1}]},
+         "w.json: name: Field required"),
         ({"name": "w", "points": [{"servers": 0, "clients": 1, "rate_per_client_ops_per_second": 1}]},
          "w.json: points[0].servers: Input should be greater than or equal to 1 (got 0)"),
         ({"name": "w", "points": [{"servers": 1, "clients": 1, "rate_per_client_ops_per_second": -5}]},

@@ -58,8 +58,8 @@ def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = N
     Figures 13–14: the upper ceiling (``pc.max``, ``ps.max``) solid, the lower one (``pc.min``, ``ps.min``)
     dashed, the band between shaded, the ridge point marked and annotated, and samples as semi-transparent
     points coloured by server process count, those with more than one process per core circled in red
-    (:attr:`~selftest.roofline.Sample.oversubscribed`: outside the model). The x range spans the samples and both ridge points with a
-    factor 2 margin each side.
+    (:attr:`~selftest.roofline.Sample.oversubscribed`: outside the model). The x range spans the samples
+    and both ridge points with a factor 2 margin each side.
 
     Args:
         roofline: the model to draw; it may have no samples.

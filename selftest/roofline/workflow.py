@@ -451,7 +451,8 @@ def analyse(platform: Platform, spec: WorkflowSpec, bound: Bound = "max") -> dic
     Returns:
         ``{"kind": "svcframe-workflow-roofline", "workflow", "platform", "bound", "roofline":
         WorkflowRoofline.to_dict(), "parallel_tasks", "beyond_wall", "attainable_tasks_per_second" (at the
-        spec's parallel tasks), "stages": [{"name", "tasks", "attainable_tasks_per_second", "bound", "makespan_lower_bound_seconds"}],
+        spec's parallel tasks), "stages": [{"name", "tasks", "attainable_tasks_per_second", "bound",
+        "makespan_lower_bound_seconds"}],
         "makespan_lower_bound_seconds" (the stages' sum: they run one after the other), "runs": [place()]}``.
 
     Raises:

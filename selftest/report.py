@@ -80,8 +80,9 @@ def validity_lines(
     2025, section 4.3 and Figures 11-12) and their median error, how far repeated measurements of the same
     parameter spread (``Pc``, ``Ps``: max / min - 1, the machine's own repeatability), and the samples whose
     processes share cores (``scores["excluded"]``), left out of the scores and errors. Then why: the cores of
-    the server and client nodes when samples were excluded or none fits them, and the load average when
-    other processes competed for the cores.
+    the server and client nodes when samples were excluded or none fits them. Last, a verdict: the largest
+    median error of the claimed samples, or that this machine cannot validate the model and why (no more
+    than one claimed sample per metric; other processes loading the cores beyond their number).
 
     Args:
         models: ``Roofline.to_dict()`` per metric name.
@@ -131,12 +132,25 @@ def validity_lines(
                      "server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
                      "(--nodes, --hostfile).")  # fmt: skip
     if worst_spread[1]:
-        busy = (f" The load average was {load_average:.1f} on {usable_cores} usable cores: other processes "
-                "competed for the cores each measurement assumes to itself; rerun on an idle machine."
-                if load_average is not None and usable_cores and load_average > usable_cores else "")  # fmt: skip
         lines.append(f"Repeatability: the same parameter measured again varied by up to {_pct(worst_spread[0])} "
                      f"({worst_spread[1]}); model errors of that size cannot be told from this machine's "
-                     f"noise.{busy}")  # fmt: skip
+                     "noise.")  # fmt: skip
+    claimed = {name: m["scores"]["overall"] for name, m in models.items()}
+    reasons = []
+    if claimed and max(c["count"] for c in claimed.values()) <= 1:
+        reasons.append(f"at most one validation sample per metric fits its cores ({server_cores} server, "
+                       f"{client_cores} client), and one sample cannot test the model's shape")  # fmt: skip
+    if load_average is not None and usable_cores and load_average > usable_cores:
+        reasons.append(f"other processes kept the load average at {load_average:.1f} on {usable_cores} usable "
+                       "cores, so its rates are not repeatable; rerun on an idle machine")  # fmt: skip
+    if reasons:
+        lines.append("Verdict: this machine cannot validate the model: " + "; ".join(reasons) + ".")
+    elif any(c["count"] for c in claimed.values()):
+        errors = {n: c["median_relative_error"] for n, c in claimed.items() if c["count"]}
+        worst = max(errors, key=lambda n: errors[n])
+        each = ", ".join(f"{n} {_pct(e)}" for n, e in errors.items())
+        lines.append(f"Verdict: the model predicts the samples it claims with a median error of at most "
+                     f"{_pct(errors[worst])} ({each}).")  # fmt: skip
     return lines
 
 

@@ -185,4 +185,23 @@ def test_summary_says_which_samples_the_model_claims_and_why_others_are_excluded
     assert "server node 1 core(s) and the client nodes 1" in text
     assert "one process per core (Carns et al. 2025, section 4.3" in text
     assert "varied by up to 11% (rpc_rate Pc)" in text
-    assert "The load average was 7.0 on 2 usable cores" in text
+    assert ("Verdict: this machine cannot validate the model: at most one validation sample per metric fits its "
+            "cores (1 server, 1 client), and one sample cannot test the model's shape; other processes kept the "
+            "load average at 7.0 on 2 usable cores") in text  # fmt: skip
+
+
+def test_verdict_gives_the_claimed_error_when_the_machine_can_validate_the_model() -> None:
+    from selftest.report import validity_lines
+    from selftest.roofline import METRICS, Range, Roofline, Sample
+
+    # 4 server cores, 8 client cores: the 1-2 x 1-8 grid fits; measured 10% and 30% below the roof
+    grid = [Sample(1, 4, 4.5, 0.25, 0.5), Sample(2, 2, 14.0, 0.5, 0.25)]
+    model = Roofline(METRICS["rpc_rate"], Range(20.0, 20.0), Range(20.0, 20.0), grid).to_dict()
+    lines = validity_lines({"rpc_rate": model}, {"nodes": [{"slots": 4}, {"slots": 8}]}, 1.0, 12)
+    assert lines[0] == ("rpc_rate: the model claims 2 of 2 validation samples (one process per core or fewer): "
+                        "median error 20%; repeats of Pc and Ps spread 0% and 0%.")  # fmt: skip
+    assert (
+        lines[-1]
+        == "Verdict: the model predicts the samples it claims with a median error of at most 20% (rpc_rate 20%)."
+    )
+    assert not any(line.startswith("Why excluded") for line in lines)

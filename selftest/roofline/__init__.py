@@ -1,7 +1,8 @@
 """The rooflines: three models, their scores, plots and the placement of workloads (DESIGN.md section 6b).
 
-One place for everything roofline, pure analysis on plain numbers and JSON documents: nothing here imports
-the engine, so every model can be rebuilt, scored and drawn from files with no service running.
+One place for everything roofline, pure analysis on plain numbers and JSON documents, with no service
+running: the models import nothing of svcframe (no engine). Drawing needs matplotlib, an optional extra,
+through ``selftest.plotting`` (one clear error when it is missing).
 
 * ``dataservice``: the data-service roofline of Carns et al. 2025 (rate per client process against the
   service ratio; ``Pc``, ``Ps``, ``R(X)``, the ridge point), validation samples and their scores, and

@@ -16,7 +16,9 @@ nodes 1..N-1 the client nodes (:func:`plan`):
   server processes on node 0 saturated by the same clients; aggregate rate against server processes. Its
   point at the ``Ps`` server count is the ``Ps`` measurement itself.
 * ``grid``: validation samples, every (servers, clients) pair of the grid in processes, or every
-  (server nodes, client nodes) pair of fully populated nodes; rate per client process.
+  (server nodes, client nodes) pair of fully populated nodes; rate per client process. Each records its
+  server and client processes per core: samples above one share cores, which the model (one core per
+  process, section 4.3) does not predict; they are marked and scored apart (``scores["excluded"]``).
 
 Processes: with the ``local`` launcher, servers are forked per local node and pinned to its cores, clients
 are a :class:`~selftest.pool.ClientPool`; with ``mpiexec`` or ``srun``, one launcher command per node group
@@ -321,7 +323,8 @@ def _service_config(opts: CollectOptions) -> ServiceConfig:
 def _model(metric: str, rows: dict[str, list[dict[str, Any]]]) -> Roofline:
     pc = Range.of(r["per_client"] for r in rows["Pc"])
     ps = Range.of(r["aggregate"] / r["servers"] for r in rows["Ps"])
-    samples = [Sample(r["servers"], r["clients"], r["per_client"]) for r in rows["grid"]]
+    samples = [Sample(r["servers"], r["clients"], r["per_client"], r.get("server_processes_per_core"),
+                      r.get("client_processes_per_core")) for r in rows["grid"]]  # fmt: skip
     return Roofline(METRICS[metric], pc, ps, samples)
 
 
@@ -360,7 +363,7 @@ def collect(
              "server_cores", "client_cores", "nodes": {NodeSet.to_dict(), "processes"}, "pc_pairs",
              "metrics": {name: Roofline.to_dict()}, "combined_score",
              "sweep": {metric: [points]}, "runs": [rows], "wall_seconds", "measurement_seconds",
-             "overhead": {...}}
+             "overhead": {...}, "load_average": 1-minute load average at the end}
 
     Raises:
         LaunchError / SelftestError: a server or client failed (the message says which and why); the
@@ -479,6 +482,7 @@ def collect(
         "wall_seconds": wall,
         "measurement_seconds": measured,
         "overhead": overhead,
+        "load_average": os.getloadavg()[0],  # other processes on the cores make rates vary between repeats
     }
     (out / "roofline.json").write_text(json.dumps(doc, indent=2))
     if store is not None and run_id is not None:
@@ -486,13 +490,26 @@ def collect(
             store.finish_run(run_id, model={k: doc[k] for k in ("metrics", "sweep", "server_cores", "client_cores",
                                                                 "nodes", "pc_pairs")},
                              summary={k: doc[k] for k in ("combined_score", "weights", "wall_seconds",
-                                                          "measurement_seconds", "overhead")})  # fmt: skip
+                                                          "measurement_seconds", "overhead",
+                                                          "load_average")})  # fmt: skip
         finally:
             store.close()
     return doc
 
 
-def _row(opts: CollectOptions, step: Step, index: int, result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def processes_per_core(placement: tuple[int, ...], slots: list[int]) -> float:
+    """Processes per usable core on the busiest node of ``placement`` (the node index of each process),
+    ``slots[j]`` being node j's usable cores: above 1, processes share cores, which the roofline model does
+    not predict (:attr:`selftest.roofline.Sample.oversubscribed`)."""
+    counts: dict[int, int] = {}
+    for j in placement:
+        counts[j] = counts.get(j, 0) + 1
+    return max(n / slots[j] for j, n in counts.items())
+
+
+def _row(
+    opts: CollectOptions, step: Step, index: int, result: dict[str, Any], slots: list[int]
+) -> tuple[str, dict[str, Any]]:
     stage, metric, servers, clients = step.stage, step.metric, step.servers, step.clients
     name = f"{index + 1:03d}-{stage}-{metric}-s{servers}-c{clients}" + (f"-{step.tag}" if step.tag else "") + ".json"
     row = {
@@ -503,6 +520,8 @@ def _row(opts: CollectOptions, step: Step, index: int, result: dict[str, Any]) -
         "tag": step.tag,
         "server_nodes": sorted(set(step.server_nodes)),
         "client_nodes": sorted(set(step.client_nodes)),
+        "server_processes_per_core": processes_per_core(step.server_nodes, slots),
+        "client_processes_per_core": processes_per_core(step.client_nodes, slots),
         "value": _aggregate(metric, result) if stage in ("Ps", "sweep") else _per_client(metric, result),
         "per_client": _per_client(metric, result),
         "aggregate": _aggregate(metric, result),
@@ -560,7 +579,7 @@ def _run_steps(
         timers["measurement"] += elapsed
         timers["coordination"] += time.monotonic() - t_run - elapsed
         t_store = time.monotonic()
-        name, row = _row(opts, step, index, result)
+        name, row = _row(opts, step, index, result, [node.slots for node in node_set.nodes])
         save_results(result, out / "runs" / name)
         rows_by_key[key] = row
         if store is not None and run_id is not None:

@@ -68,6 +68,92 @@ def overhead_rows(overhead: Mapping[str, Any]) -> list[tuple[str, float, float]]
     ]
 
 
+def validity_lines(
+    models: Mapping[str, Mapping[str, Any]],
+    nodes: Mapping[str, Any] | None,
+    load_average: float | None = None,
+    usable_cores: int | None = None,
+) -> list[str]:
+    """Plain sentences on what the model can claim on this machine, for the terminal and the page.
+
+    Per metric: how many validation samples the model claims (one process per core or fewer: Carns et al.
+    2025, section 4.3 and Figures 11-12) and their median error, how far repeated measurements of the same
+    parameter spread (``Pc``, ``Ps``: max / min - 1, the machine's own repeatability), and the samples whose
+    processes share cores (``scores["excluded"]``), left out of the scores and errors. Then why: the cores of
+    the server and client nodes when samples were excluded or none fits them. Last, a verdict: the largest
+    median error of the claimed samples, or that this machine cannot validate the model and why (no more
+    than one claimed sample per metric; other processes loading the cores beyond their number).
+
+    Args:
+        models: ``Roofline.to_dict()`` per metric name.
+        nodes: the run's ``NodeSet.to_dict()`` (the slots of the server node and the client nodes).
+        load_average: the 1-minute load average at the end of the run, if recorded.
+        usable_cores: the machine's usable cores (``environment["usable_cores"]``), if recorded.
+
+    Returns:
+        Lines of text.
+    """
+    node_list = list((nodes or {}).get("nodes") or [])
+    server_cores = int(node_list[0]["slots"]) if node_list else None
+    client_cores = sum(int(n["slots"]) for n in node_list[1:]) if len(node_list) > 1 else None
+    lines: list[str] = []
+    any_excluded = False
+    worst_spread: tuple[float, str] = (0.0, "")
+    for name, m in models.items():
+        scores = m["scores"]
+        claimed = scores["overall"]
+        excluded = scores.get("excluded") or {"count": 0}
+        total = claimed["count"] + excluded["count"]
+        spreads = {p: m[p]["max"] / m[p]["min"] - 1.0 for p in ("pc", "ps")}
+        worst_spread = max(worst_spread, *((v, f"{name} {p.capitalize()}") for p, v in spreads.items()))
+        if not total:
+            continue
+        repeat = f"repeats of Pc and Ps spread {_pct(spreads['pc'])} and {_pct(spreads['ps'])}"
+        if claimed["count"]:
+            text = (f"{name}: the model claims {claimed['count']} of {total} validation samples (one process per "
+                    f"core or fewer): median error {_pct(claimed['median_relative_error'])}; {repeat}")  # fmt: skip
+        else:
+            text = f"{name}: no validation sample fits the cores, so this machine cannot validate the model; {repeat}"
+        if excluded["count"]:
+            any_excluded = True
+            rows = [r for r in scores["samples"] if r.get("oversubscribed")]
+            most_s = max((r.get("server_processes_per_core") or 0 for r in rows), default=0)
+            most_c = max((r.get("client_processes_per_core") or 0 for r in rows), default=0)
+            text += (f"; {excluded['count']} share cores (up to {most_s:g} server and {most_c:g} client processes "
+                     f"per core; median error {_pct(excluded['median_relative_error'])}, excluded)")  # fmt: skip
+        lines.append(text + ".")
+    if any_excluded:
+        cores = (f"this machine gives the server node {server_cores} core(s) and the client nodes {client_cores}; "
+                 if server_cores is not None and client_cores is not None else "")  # fmt: skip
+        lines.append(f"Why excluded: {cores}the model assumes one process per core (Carns et al. 2025, section "
+                     "4.3, Figures 11-12: parameters and validation with one process per physical core), so "
+                     "samples whose processes share cores are circled in red in the plots and left out of the "
+                     "scores and errors above. To validate more of the model, keep --grid-servers within the "
+                     "server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
+                     "(--nodes, --hostfile).")  # fmt: skip
+    if worst_spread[1]:
+        lines.append(f"Repeatability: the same parameter measured again varied by up to {_pct(worst_spread[0])} "
+                     f"({worst_spread[1]}); model errors of that size cannot be told from this machine's "
+                     "noise.")  # fmt: skip
+    claimed = {name: m["scores"]["overall"] for name, m in models.items()}
+    reasons = []
+    if claimed and max(c["count"] for c in claimed.values()) <= 1:
+        reasons.append(f"at most one validation sample per metric fits its cores ({server_cores} server, "
+                       f"{client_cores} client), and one sample cannot test the model's shape")  # fmt: skip
+    if load_average is not None and usable_cores and load_average > usable_cores:
+        reasons.append(f"other processes kept the load average at {load_average:.1f} on {usable_cores} usable "
+                       "cores, so its rates are not repeatable; rerun on an idle machine")  # fmt: skip
+    if reasons:
+        lines.append("Verdict: this machine cannot validate the model: " + "; ".join(reasons) + ".")
+    elif any(c["count"] for c in claimed.values()):
+        errors = {n: c["median_relative_error"] for n, c in claimed.items() if c["count"]}
+        worst = max(errors, key=lambda n: errors[n])
+        each = ", ".join(f"{n} {_pct(e)}" for n, e in errors.items())
+        lines.append(f"Verdict: the model predicts the samples it claims with a median error of at most "
+                     f"{_pct(errors[worst])} ({each}).")  # fmt: skip
+    return lines
+
+
 def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
     """The terminal summary of ``collect``: per-metric parameters, scores and errors per region, the
     combined score, the wall-time split, and where plots, model and store are."""
@@ -75,15 +161,14 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
     from rich.table import Table
 
     table = Table(title="data-service roofline of this machine")
-    for col in ("metric", "Pc (per client)", "Ps (per server proc)", "ridge X*", "score",
-                "median / worst rel. error: server-bound", "client-bound"):  # fmt: skip
-        table.add_column(col)
+    for col in ("metric", "Pc per client", "Ps per server", "ridge X*", "score",
+                "server-bound error median / worst", "client-bound"):  # fmt: skip
+        table.add_column(col, overflow="fold")
     for name, m in doc["metrics"].items():
         unit = m["metric"]["unit"]
         scores = m["scores"]
 
-        def err(region: str, scores: Mapping[str, Any] = scores) -> str:
-            s = scores["regions"][region]
+        def err(s: Mapping[str, Any]) -> str:
             if not s["count"]:
                 return "-"
             return f"{s['median_relative_error']:.0%} / {s['worst_relative_error']:.0%} (n={s['count']})"
@@ -93,12 +178,15 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
             f"{m['pc']['min']:.4g}-{m['pc']['max']:.4g} {unit}",
             f"{m['ps']['min']:.4g}-{m['ps']['max']:.4g} {unit}",
             f"{m['ridge']['max']:.3g}",
-            f"{scores['overall'].get('score') or 0:.3f}",
-            err(REGION_SERVER_BOUND),
-            err(REGION_CLIENT_BOUND),
+            "-" if scores["overall"]["score"] is None else f"{scores['overall']['score']:.3f}",
+            err(scores["regions"][REGION_SERVER_BOUND]),
+            err(scores["regions"][REGION_CLIENT_BOUND]),
         )
     console = Console()
     console.print(table)
+    env = doc.get("environment") or {}
+    for line in validity_lines(doc["metrics"], doc.get("nodes"), doc.get("load_average"), env.get("usable_cores")):
+        console.print(line, highlight=False)
     combined = doc.get("combined_score")
     if combined is not None:
         weights = ", ".join(f"{k}={v:g}" for k, v in (doc.get("weights") or {}).items())
@@ -241,6 +329,9 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         parts.append(_table(["metric", "Pc (per client process)", "Ps (per server process)", "ridge X*", "score",
                              "server-bound median |rel. err|", "worst", "client-bound median |rel. err|", "worst"],
                             rows))  # fmt: skip
+        lines = validity_lines(metrics, run.get("nodes"), summary.get("load_average"),
+                               (run.get("environment") or {}).get("usable_cores"))  # fmt: skip
+        parts += [f"<p>{html.escape(line)}</p>" for line in lines]
         if summary.get("combined_score") is not None:
             weights = ", ".join(f"{k}={v:g}" for k, v in (summary.get("weights") or {}).items())
             parts.append(f"<p>Combined score over metrics (weighted geometric mean, Zhu, Neuwirth et al. eq. 12; "
@@ -266,9 +357,12 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         for name, m in metrics.items():
             for s in m["scores"]["samples"]:
                 vrows.append((name, s["servers"], s["clients"], s["service_ratio"], s["rate_per_client"],
-                              s["attainable"], s["efficiency"], s["relative_error"], s["score"], s["region"]))  # fmt: skip
+                              s["attainable"], s["efficiency"], s["relative_error"], s["score"], s["region"],
+                              s.get("server_processes_per_core"), s.get("client_processes_per_core"),
+                              "yes (excluded)" if s.get("oversubscribed") else "no"))  # fmt: skip
         parts.append(_table(["metric", "servers", "clients", "X", "measured per client", "R(X)", "efficiency",
-                             "rel. error", "score", "region"], vrows))  # fmt: skip
+                             "rel. error", "score", "region", "server procs/core", "client procs/core",
+                             ">1 process/core"], vrows))  # fmt: skip
         if history:
             rows_c = compare(run, history)
             png = plot_history(run, history, workdir / "history.png")

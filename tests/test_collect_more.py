@@ -59,9 +59,20 @@ def test_sweep_storage_scores_and_overhead(tmp_path) -> None:
     expected = combine_scores(per_metric, {"rpc_rate": 2.0, "storage_iops": 1.0})
     assert doc["combined_score"] == pytest.approx(expected)
     assert 0 < doc["combined_score"] <= 1
+    # each sample records its processes per core; those above one are excluded from the regions' errors
+    slots = [n["slots"] for n in doc["nodes"]["nodes"]]
+    assert len(slots) == 2  # local:2, the default: a server node and a client node
     for d in doc["metrics"].values():
         regions = d["scores"]["regions"]
-        assert sum(r["count"] for r in regions.values()) == len(d["samples"])
+        rows = d["scores"]["samples"]
+        for row in rows:
+            assert row["server_processes_per_core"] == row["servers"] / slots[0]
+            assert row["client_processes_per_core"] == row["clients"] / slots[1]
+            assert row["oversubscribed"] == (
+                row["server_processes_per_core"] > 1 or row["client_processes_per_core"] > 1
+            )
+        assert sum(r["count"] for r in regions.values()) == sum(not r["oversubscribed"] for r in rows)
+        assert d["scores"]["excluded"]["count"] == sum(r["oversubscribed"] for r in rows)
 
     # the wall-time split adds up, and measurement is the sum of the measurement intervals
     o = doc["overhead"]

@@ -156,3 +156,52 @@ def test_page_renders_in_headless_chromium(page, tmp_path) -> None:
         assert im.size == (1200, 1600)
         colors = im.convert("L").getcolors(maxcolors=1 << 16)
         assert colors is None or len(colors) > 50  # text and plots, not a blank page
+
+
+def test_summary_says_which_samples_the_model_claims_and_why_others_are_excluded(capsys, tmp_path) -> None:
+    from selftest.report import print_collect_summary
+    from selftest.roofline import METRICS, Range, Roofline, Sample
+
+    # a 2-core machine as local:2 splits it: 1 server core, 1 client core (grid 1-2 servers x 1-8 clients)
+    grid = [Sample(s, c, 20.0 * min(1.0, s / c), float(s), float(c)) for s in (1, 2) for c in (1, 2, 4, 8)]
+    nodes = {"nodes": [{"name": "local0", "slots": 1}, {"name": "local1", "slots": 1}]}
+    doc = {
+        "metrics": {
+            "rpc_rate": Roofline(METRICS["rpc_rate"], Range(19.0, 21.0), Range(30.0, 31.0), grid).to_dict(),
+            "bandwidth": Roofline(METRICS["bandwidth"], Range(2.0, 2.0), Range(1.0, 1.0), grid[1:4]).to_dict(),
+        },
+        "nodes": nodes, "wall_seconds": 1.0, "measurement_seconds": 0.5,
+        "environment": {"usable_cores": 2}, "load_average": 7.0,
+    }  # fmt: skip
+    print_collect_summary(doc, tmp_path)
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "rpc_rate: the model claims 1 of 8 validation samples (one process per core or fewer): median error 5%" in text
+    )
+    assert (
+        "repeats of Pc and Ps spread 11% and 3%; 7 share cores (up to 2 server and 8 client processes per core" in text
+    )
+    assert "bandwidth: no validation sample fits the cores, so this machine cannot validate the model" in text
+    assert "server node 1 core(s) and the client nodes 1" in text
+    assert "one process per core (Carns et al. 2025, section 4.3" in text
+    assert "varied by up to 11% (rpc_rate Pc)" in text
+    assert ("Verdict: this machine cannot validate the model: at most one validation sample per metric fits its "
+            "cores (1 server, 1 client), and one sample cannot test the model's shape; other processes kept the "
+            "load average at 7.0 on 2 usable cores") in text  # fmt: skip
+
+
+def test_verdict_gives_the_claimed_error_when_the_machine_can_validate_the_model() -> None:
+    from selftest.report import validity_lines
+    from selftest.roofline import METRICS, Range, Roofline, Sample
+
+    # 4 server cores, 8 client cores: the 1-2 x 1-8 grid fits; measured 10% and 30% below the roof
+    grid = [Sample(1, 4, 4.5, 0.25, 0.5), Sample(2, 2, 14.0, 0.5, 0.25)]
+    model = Roofline(METRICS["rpc_rate"], Range(20.0, 20.0), Range(20.0, 20.0), grid).to_dict()
+    lines = validity_lines({"rpc_rate": model}, {"nodes": [{"slots": 4}, {"slots": 8}]}, 1.0, 12)
+    assert lines[0] == ("rpc_rate: the model claims 2 of 2 validation samples (one process per core or fewer): "
+                        "median error 20%; repeats of Pc and Ps spread 0% and 0%.")  # fmt: skip
+    assert (
+        lines[-1]
+        == "Verdict: the model predicts the samples it claims with a median error of at most 20% (rpc_rate 20%)."
+    )
+    assert not any(line.startswith("Why excluded") for line in lines)

@@ -1,25 +1,29 @@
-"""Tests of the data-service roofline model (selftest/roofline.py): no service, plain numbers only."""
+"""Tests of the data-service roofline model (selftest/roofline/dataservice.py): no service, plain numbers and
+JSON documents only; the platform model read from every document that holds one."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from roofline_kit import assert_png, platform_doc
 
 from selftest.roofline import (
     METRICS,
     Metric,
+    Platform,
     Range,
     Roofline,
     Sample,
     combine_scores,
     plot,
 )
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from selftest.store import ResultsStore
 
 
 def make(pc: float, ps: float, samples: list[Sample] | None = None, metric: str = "rpc_rate") -> Roofline:
@@ -201,6 +205,41 @@ def test_scores_without_samples() -> None:
     }
 
 
+def test_oversubscribed_samples_are_marked_and_scored_apart() -> None:
+    # Pc = 20, Ps = 80, ridge 1/4. The model assumes one process per core (Carns 2025, section 4.3).
+    samples = [
+        Sample(1, 8, 10.0, 1.0, 1.0),  # claimed, server-bound, on the roof
+        Sample(1, 1, 18.0, 1.0, 1.0),  # claimed, client-bound, error -10%
+        Sample(1, 8, 2.0, 1.0, 8.0),  # 8 clients per core: excluded, error -80%
+        Sample(2, 4, 5.0, 2.0, 0.5),  # 2 servers per core: excluded, error -75%
+        Sample(1, 4, 20.0),  # not recorded (an older document): claimed
+    ]
+    assert [s.oversubscribed for s in samples] == [False, False, True, True, False]
+    result = make(20, 80, samples).scores()
+    assert [row["oversubscribed"] for row in result["samples"]] == [False, False, True, True, False]
+    assert result["overall"]["count"] == 3
+    assert result["overall"]["median_relative_error"] == pytest.approx(0.0)
+    assert result["overall"]["worst_relative_error"] == pytest.approx(0.1)
+    assert result["regions"]["server-bound"]["count"] == 1
+    assert result["regions"]["client-bound"]["count"] == 2
+    excluded = result["excluded"]
+    assert excluded["count"] == 2
+    assert excluded["median_relative_error"] == pytest.approx(0.775)
+    assert excluded["worst_relative_error"] == pytest.approx(0.8)
+    assert excluded["score"] == pytest.approx(math.sqrt(1 / (1 + math.log10(5)) / (1 + math.log10(4))))
+
+
+def test_processes_per_core_round_trip_and_validation() -> None:
+    s = Sample(2, 8, 1.5, server_processes_per_core=2, client_processes_per_core=0.25)
+    assert s.to_dict() == {"servers": 2, "clients": 8, "rate_per_client": 1.5, "server_processes_per_core": 2.0,
+                           "client_processes_per_core": 0.25}  # fmt: skip
+    assert Sample.from_dict(s.to_dict()) == s
+    assert "server_processes_per_core" not in Sample(1, 1, 1.0).to_dict()
+    for bad in (0.0, -1.0, math.inf, "two", True):
+        with pytest.raises(ValueError, match="server_processes_per_core"):
+            Sample(1, 1, 1.0, server_processes_per_core=bad)  # type: ignore[arg-type]
+
+
 # --- JSON --------------------------------------------------------------------------------------------------
 
 
@@ -243,29 +282,117 @@ def test_save_and_load(tmp_path: Path) -> None:
 # --- plot --------------------------------------------------------------------------------------------------
 
 
-def _assert_png(path: Path) -> None:
-    data = path.read_bytes()
-    assert len(data) > 1000
-    assert data.startswith(PNG_MAGIC)
-
-
 @pytest.mark.parametrize(
     "samples",
     [
         [],
         [Sample(s, c, 0.9 * min(20.0, 80.0 * min(s / c, 1.0))) for s in (1, 2, 4) for c in (1, 4, 16)],
         [Sample(s, 16, 1.0) for s in range(1, 13)],  # more server counts than legend entries: colorbar
+        [Sample(1, 1, 18.0, 1.0, 1.0), Sample(2, 8, 9.0, 2.0, 8.0)],  # the second shares cores: circled
     ],
-    ids=["no-samples", "legend", "colorbar"],
+    ids=["no-samples", "legend", "colorbar", "oversubscribed"],
 )
 def test_plot_writes_png(tmp_path: Path, samples: list[Sample]) -> None:
     rl = Roofline(METRICS["rpc_rate"], Range(15.0, 20.0), Range(70.0, 80.0), samples)
     out = plot(rl, tmp_path / "roofline.png", title="test")
     assert out.name == "roofline.png"
-    _assert_png(out)
+    assert_png(out)
 
 
 def test_plot_client_ceiling_above_server_ceiling(tmp_path: Path) -> None:
     # The bandwidth case of Carns 2025, section 5.2: Pc >> Ps, ridge at 1:1.
     rl = Roofline(METRICS["bandwidth"], Range(19.0, 21.1), Range(1.4, 1.4), [Sample(1, 2, 0.7)])
-    _assert_png(plot(rl, str(tmp_path / "bw.png")))
+    assert_png(plot(rl, str(tmp_path / "bw.png")))
+
+
+# --- the platform model, from every document that holds one ------------------------------------------------
+
+
+def test_platform_from_a_collect_document_a_store_run_and_a_bare_model(tmp_path: Path) -> None:
+    doc = platform_doc({"rpc_rate": (20.0, 80.0), "bandwidth": (2.0, 1.0)}, {"rpc_rate": [Sample(1, 8, 9.0)]})
+    p = Platform.from_document(doc)
+    assert p.rooflines.keys() == {"rpc_rate", "bandwidth"}
+    assert p.roofline("rpc_rate").samples == [Sample(1, 8, 9.0)]
+    assert (p.server_cores, p.client_cores) == (4, 8)
+    assert p.bytes_per_op == {"bandwidth": 2**20, "storage_iops": 4096, "storage_bandwidth": 2**20}
+    assert p.label == "run 7"
+    with pytest.raises(ValueError, match=r"no 'storage_iops' roofline \(it has \['bandwidth', 'rpc_rate'\]\)"):
+        p.roofline("storage_iops")
+
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        rid = store.create_run(kind="svcframe-roofline", service="kv", platform="vm", host="vm",
+                               options=doc["options"], environment={}, hardware={}, software={}, plan=[],
+                               nodes=doc["nodes"])  # fmt: skip
+        with pytest.raises(ValueError, match=rf"run {rid} has no model \(status running\); complete it"):
+            Platform.from_document(store.run(rid), "store")
+        store.finish_run(rid, model={k: doc[k] for k in ("metrics", "nodes")}, summary={})
+        from_store = Platform.from_document(store.run(rid))
+    assert from_store.rooflines == p.rooflines
+    assert from_store.label == f"run {rid}: kv on vm"
+    assert (from_store.server_cores, from_store.client_cores) == (4, 8)
+
+    bare = Platform.from_document({"metrics": doc["metrics"]})
+    assert bare.rooflines == p.rooflines and bare.server_cores is None and bare.bytes_per_op == {}
+
+    path = tmp_path / "roofline.json"
+    path.write_text(json.dumps(doc))
+    assert Platform.load(path).rooflines == p.rooflines
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ([1, 2], "a platform roofline model is a JSON object, got list"),
+        (
+            {"kind": "svcframe-selftest", "aggregate": {}},
+            "is not a platform roofline model .*; it is a svcframe-selftest",
+        ),
+        ({"metrics": {}}, "the model has no metric"),
+        ({"metrics": {"rpc_rate": {"metric": "rpc_rate", "pc": [0, 1], "ps": [1, 1]}}}, r"metrics\.rpc_rate: .*> 0"),
+    ],
+)
+def test_platform_errors_name_the_document(doc: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Platform.from_document(doc, "x.json")
+
+
+def test_platform_load_of_a_file_that_is_not_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"bad\.json: cannot read a platform roofline model"):
+        Platform.load(bad)
+    with pytest.raises(ValueError, match=r"missing\.json: cannot read"):
+        Platform.load(tmp_path / "missing.json")
+
+
+def test_the_models_work_on_json_files_alone_without_the_engine(tmp_path: Path) -> None:
+    # a fresh interpreter: every model on JSON files, and not one svcframe module imported (no engine)
+    doc = platform_doc({"rpc_rate": (20.0, 80.0), "bandwidth": (2.0, 1.0), "storage_iops": (3.0, 6.0),
+                        "storage_bandwidth": (0.5, 0.25)})  # fmt: skip
+    (tmp_path / "platform.json").write_text(json.dumps(doc))
+    (tmp_path / "workload.json").write_text(
+        json.dumps(
+            {
+                "name": "w",
+                "points": [{"servers": 1, "clients": 4, "rate_per_client_ops_per_second": 5.0, "bytes_per_call": 100}],
+            }
+        )
+    )  # R(1/4) = 20
+    (tmp_path / "workflow.json").write_text(json.dumps({"name": "wf", "servers": 1, "parallel_tasks": 2, "stages": [
+        {"name": "s", "tasks": 4, "rpcs_per_task": 10, "bytes_per_task": 1000}]}))  # fmt: skip
+    code = f"""
+import json, sys
+from pathlib import Path
+from selftest.roofline import Platform, Workload, WorkflowSpec, io_rooflines, place
+from selftest.roofline.workflow import analyse
+d = Path({str(tmp_path)!r})
+platform = Platform.load(d / "platform.json")
+out = {{"place": place(platform, Workload.load(d / "workload.json"))["points"][0]["headroom"],
+        "io": sorted(io_rooflines(platform)),
+        "workflow": analyse(platform, WorkflowSpec.load(d / "workflow.json"))["roofline"]["wall"],
+        "svcframe": sorted(m for m in sys.modules if m.split(".")[0] == "svcframe")}}
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = json.loads(proc.stdout)
+    assert out == {"place": pytest.approx(4.0), "io": ["network", "storage"], "workflow": 8, "svcframe": []}

@@ -1,4 +1,4 @@
-"""The data-service roofline: ceilings, ridge point, scores and plots.
+"""The data-service roofline: ceilings, ridge point and scores of validation samples.
 
 The model is the one of Carns et al. 2025 (``papers/carns2025-data-service-roofline.txt``, sections 4.2–4.3):
 
@@ -16,7 +16,7 @@ score of Zhu, Neuwirth et al. (``papers/zhu-neuwirth-io-roofline-scoring.txt``, 
 ``score = 1 / (1 + |log10(R(X) / measured)|)``, and scores combine by weighted geometric mean.
 
 This module is pure analysis: it works on plain numbers and JSON documents and never imports the engine,
-so a roofline can be rebuilt and plotted from a results file with no service running.
+so a roofline can be rebuilt from a results file with no service running (``plots.plot`` draws it).
 
 Errors: every invalid input (empty or negative ranges, a zero peak, a non-positive service ratio, a
 malformed document) raises :class:`ValueError` with a message naming the offending field.
@@ -35,17 +35,7 @@ from typing import Any, Literal, overload
 import numpy as np
 import numpy.typing as npt
 
-__all__ = [
-    "METRICS",
-    "REGION_CLIENT_BOUND",
-    "REGION_SERVER_BOUND",
-    "Metric",
-    "Range",
-    "Roofline",
-    "Sample",
-    "combine_scores",
-    "plot",
-]
+from .scores import rate_score, weighted_geometric_mean
 
 Bound = Literal["min", "max"]
 
@@ -188,14 +178,20 @@ class Sample:
         servers: server processes in the deployment, >= 1.
         clients: client processes in the deployment, >= 1.
         rate_per_client: measured aggregate rate divided by ``clients``, finite, >= 0, in the metric's unit.
+        server_processes_per_core: active server processes per usable core of the busiest server node
+            (finite, > 0), or ``None`` when not recorded (documents of older versions).
+        client_processes_per_core: the same for the client processes on the client nodes.
 
     Raises:
-        ValueError: a count is not an integer >= 1, or the rate is negative or not finite.
+        ValueError: a count is not an integer >= 1, the rate is negative or not finite, or a
+            processes-per-core value is not a finite number > 0.
     """
 
     servers: int
     clients: int
     rate_per_client: float
+    server_processes_per_core: float | None = None
+    client_processes_per_core: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("servers", "clients"):
@@ -209,15 +205,41 @@ class Sample:
         if not math.isfinite(rate) or rate < 0:
             raise ValueError(f"Sample.rate_per_client must be finite and >= 0, got {rate!r}")
         object.__setattr__(self, "rate_per_client", float(rate))
+        for name in ("server_processes_per_core", "client_processes_per_core"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+                raise ValueError(f"Sample.{name} must be a number or None, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"Sample.{name} must be finite and > 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
 
     @property
     def service_ratio(self) -> float:
         """``X = servers / clients`` (Carns 2025, section 4.2), dimensionless, > 0."""
         return self.servers / self.clients
 
+    @property
+    def oversubscribed(self) -> bool:
+        """More than one process per core on the server or the client side (a side not recorded counts as
+        one per core).
+
+        The model's parameters are measured with a core per process and its validation runs one process per
+        physical core (Carns 2025, section 4.3: "each daemon is bound to a physical CPU core"; section 5,
+        Figures 11-12: "one process per physical core"): processes that share a core split it, so the model
+        does not predict such samples. (Not to be confused with the paper's *servers oversubscribed by
+        clients*, X < 1, which the model does predict.)
+        """
+        return any(v is not None and v > 1.0 for v in (self.server_processes_per_core, self.client_processes_per_core))
+
     def to_dict(self) -> dict[str, Any]:
-        """``{"servers", "clients", "rate_per_client"}``."""
-        return {"servers": self.servers, "clients": self.clients, "rate_per_client": self.rate_per_client}
+        """``{"servers", "clients", "rate_per_client"}``, plus the processes per core that are recorded."""
+        d: dict[str, Any] = {"servers": self.servers, "clients": self.clients, "rate_per_client": self.rate_per_client}
+        for name in ("server_processes_per_core", "client_processes_per_core"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Sample:
@@ -229,68 +251,18 @@ class Sample:
         missing = {"servers", "clients", "rate_per_client"} - set(d)
         if missing:
             raise ValueError(f"a sample needs keys servers, clients, rate_per_client; missing {sorted(missing)}")
-        return cls(servers=d["servers"], clients=d["clients"], rate_per_client=d["rate_per_client"])
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Scores
-# ----------------------------------------------------------------------------------------------------------
+        return cls(
+            servers=d["servers"],
+            clients=d["clients"],
+            rate_per_client=d["rate_per_client"],
+            server_processes_per_core=d.get("server_processes_per_core"),
+            client_processes_per_core=d.get("client_processes_per_core"),
+        )
 
 
 def _check_bound(bound: str) -> None:
     if bound not in ("min", "max"):
         raise ValueError(f"bound must be 'min' or 'max', got {bound!r}")
-
-
-def _score(attainable: float, measured: float) -> float:
-    # Zhu & Neuwirth eqs. 10–11 in one dimension; a zero rate is infinitely far from the roof.
-    if measured == 0:
-        return 0.0
-    return 1.0 / (1.0 + abs(math.log10(attainable / measured)))
-
-
-def _weighted_geometric_mean(values: Sequence[float], weights: Sequence[float]) -> float:
-    # Zhu & Neuwirth eq. 12: (prod v_i ** w_i) ** (1 / sum w_i), computed in log space.
-    if any(v == 0 for v in values):
-        return 0.0
-    total = math.fsum(weights)
-    return math.exp(math.fsum(w * math.log(v) for v, w in zip(values, weights, strict=True)) / total)
-
-
-def combine_scores(scores: Mapping[str, float], weights: Mapping[str, float] | None = None) -> float:
-    """Combine per-metric scores into one by weighted geometric mean.
-
-    ``score = (prod_i score_i ** w_i) ** (1 / sum_i w_i)`` (Zhu, Neuwirth et al., eq. 12).
-
-    Args:
-        scores: score per metric name, each finite and >= 0 (scores of this module lie in [0, 1]).
-        weights: weight per metric name, each finite and > 0; ``None`` weighs every metric 1.
-            Must name exactly the metrics of ``scores``.
-
-    Returns:
-        The combined score; 0.0 if any score is 0.
-
-    Raises:
-        ValueError: ``scores`` is empty, a score or weight is invalid, or the keys of ``weights`` differ
-            from those of ``scores``.
-    """
-    if not scores:
-        raise ValueError("combine_scores needs at least one score")
-    for name, value in scores.items():
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"score {name!r} must be finite and >= 0, got {value!r}")
-    if weights is None:
-        weights = dict.fromkeys(scores, 1.0)
-    if set(weights) != set(scores):
-        raise ValueError(
-            f"weights must name exactly the scored metrics {sorted(scores)}; "
-            f"missing {sorted(set(scores) - set(weights))}, unknown {sorted(set(weights) - set(scores))}"
-        )
-    for name, w in weights.items():
-        if not math.isfinite(w) or w <= 0:
-            raise ValueError(f"weight {name!r} must be finite and > 0, got {w!r}")
-    names = list(scores)
-    return _weighted_geometric_mean([scores[n] for n in names], [weights[n] for n in names])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -425,20 +397,23 @@ class Roofline:
         Raises:
             ValueError: ``bound`` is not ``"min"``/``"max"``.
         """
-        return _score(self.attainable(sample.service_ratio, bound), sample.rate_per_client)
+        return rate_score(self.attainable(sample.service_ratio, bound), sample.rate_per_client)
 
     def region(self, sample: Sample, bound: Bound = "max") -> str:
         """:data:`REGION_SERVER_BOUND` if ``X < ridge(bound)``, else :data:`REGION_CLIENT_BOUND`."""
         return REGION_SERVER_BOUND if sample.service_ratio < self.ridge(bound) else REGION_CLIENT_BOUND
 
     def scores(self, bound: Bound = "max") -> dict[str, Any]:
-        """Score every sample and summarise, overall and per region of the roofline.
+        """Score every sample and summarise the samples the model claims to predict, overall and per region.
 
         Per sample: service ratio, attainable rate, efficiency, relative error ``measured / R(X) - 1``
-        (signed, negative below the roof), score (:meth:`score`) and region (:meth:`region`). A summary
-        holds the sample ``count``, the combined ``score`` (geometric mean of the sample scores with equal
-        weights, Zhu, Neuwirth et al. eq. 12), and the ``median_relative_error`` and
-        ``worst_relative_error`` (of the absolute relative errors). Summaries of no samples hold ``None``.
+        (signed, negative below the roof), score (:meth:`score`), region (:meth:`region`) and
+        ``oversubscribed`` (:attr:`Sample.oversubscribed`: more than one process per core, which the model
+        does not predict). A summary holds the sample ``count``, the combined ``score`` (geometric mean of the
+        sample scores with equal weights, Zhu, Neuwirth et al. eq. 12), and the ``median_relative_error``
+        and ``worst_relative_error`` (of the absolute relative errors). ``overall`` and ``regions`` summarise
+        the samples that are not oversubscribed, ``excluded`` the oversubscribed ones. Summaries of no
+        samples hold ``None``.
 
         Args:
             bound: ceiling to compare against (default the upper one).
@@ -447,10 +422,12 @@ class Roofline:
             A JSON-ready dict::
 
                 {"bound": "max", "ridge": float,
-                 "samples": [{"servers", "clients", "rate_per_client", "service_ratio", "attainable",
-                              "efficiency", "relative_error", "score", "region"}, ...],
+                 "samples": [{"servers", "clients", "rate_per_client", ["server_processes_per_core",
+                              "client_processes_per_core"], "service_ratio", "attainable", "efficiency",
+                              "relative_error", "score", "region", "oversubscribed"}, ...],
                  "overall": summary,
-                 "regions": {"server-bound": summary, "client-bound": summary}}
+                 "regions": {"server-bound": summary, "client-bound": summary},
+                 "excluded": summary}
 
         Raises:
             ValueError: ``bound`` is not ``"min"``/``"max"``.
@@ -465,19 +442,22 @@ class Roofline:
                     "attainable": r,
                     "efficiency": s.rate_per_client / r,
                     "relative_error": s.rate_per_client / r - 1.0,
-                    "score": _score(r, s.rate_per_client),
+                    "score": rate_score(r, s.rate_per_client),
                     "region": self.region(s, bound),
+                    "oversubscribed": s.oversubscribed,
                 }
             )
+        claimed = [row for row in rows if not row["oversubscribed"]]
         return {
             "bound": bound,
             "ridge": self.ridge(bound),
             "samples": rows,
-            "overall": _summary(rows),
+            "overall": _summary(claimed),
             "regions": {
-                name: _summary([row for row in rows if row["region"] == name])
+                name: _summary([row for row in claimed if row["region"] == name])
                 for name in (REGION_SERVER_BOUND, REGION_CLIENT_BOUND)
             },
+            "excluded": _summary([row for row in rows if row["oversubscribed"]]),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -543,176 +523,145 @@ def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     scores = [row["score"] for row in rows]
     return {
         "count": len(rows),
-        "score": _weighted_geometric_mean(scores, [1.0] * len(scores)),
+        "score": weighted_geometric_mean(scores, [1.0] * len(scores)),
         "median_relative_error": float(np.median(errors)),
         "worst_relative_error": max(errors),
     }
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Plot
+# The measured platform
 # ----------------------------------------------------------------------------------------------------------
 
+BYTE_RATE_UNITS: dict[str, int] = {"B/s": 1, "KiB/s": 2**10, "MiB/s": 2**20, "GiB/s": 2**30}
+"""Bytes per second in one of each bandwidth unit a metric may be measured in (``bandwidth`` is GiB/s)."""
 
-def _num(v: float) -> str:
-    # 173000.0 -> "173,000"; 1.75 -> "1.75".
-    return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
-
-
-def _ratio_label(x: float, _pos: object = None) -> str:
-    # 0.25 -> "1/4", 2 -> "2": service ratios read as servers per client.
-    if x <= 0:
-        return ""
-    if x < 1:
-        return f"1/{1 / x:.3g}"
-    return f"{x:.3g}"
+_BYTES_PER_OP_OPTIONS = {
+    "bandwidth": "bulk_size",
+    "storage_iops": "storage_block_size",
+    "storage_bandwidth": "storage_bandwidth_block_size",
+}
 
 
-def _ridge_text(x: float) -> str:
-    # 0.25 -> "0.25 (1/4)"; 1 -> "1".
-    return f"{x:.3g} ({_ratio_label(x)})" if x < 1 else f"{x:.3g}"
+@overload
+def bytes_per_second(metric: Metric, value: float) -> float: ...
+@overload
+def bytes_per_second(metric: Metric, value: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
 
 
-def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = None) -> Path:
-    """Draw the roofline with its validation samples and write it as an image (PNG by suffix).
-
-    Log x axis (service ratio), linear y axis (rate per client process), as in Carns 2025, section 5.1 and
-    Figures 13–14: the upper ceiling (``pc.max``, ``ps.max``) solid, the lower one (``pc.min``, ``ps.min``)
-    dashed, the band between shaded, the ridge point marked and annotated, and samples as semi-transparent
-    points coloured by server process count. The x range spans the samples and both ridge points with a
-    factor 2 margin each side.
-
-    Args:
-        roofline: the model to draw; it may have no samples.
-        path: output file; its suffix picks the format (``.png`` for PNG). The directory must exist.
-        title: figure title; default ``"<metric name> roofline"``.
-
-    Returns:
-        ``path`` as a :class:`Path`.
+def bytes_per_second(metric: Metric, value: float | npt.NDArray[np.float64]) -> float | npt.NDArray[np.float64]:
+    """``value`` (in ``metric.unit``, a bandwidth unit of :data:`BYTE_RATE_UNITS`) in bytes per second.
 
     Raises:
-        OSError: the file cannot be written.
+        ValueError: the metric's unit is not a bandwidth unit (e.g. ``ops/s``).
     """
-    from .plotting import require_matplotlib
+    if metric.unit not in BYTE_RATE_UNITS:
+        raise ValueError(f"metric {metric.name!r} is in {metric.unit}, not a bandwidth ({sorted(BYTE_RATE_UNITS)})")
+    return value * BYTE_RATE_UNITS[metric.unit]
 
-    require_matplotlib()
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    rl = roofline
-    unit = rl.metric.unit
-    ridges = {b: rl.ridge(b) for b in ("max", "min")}
-    ratios = [s.service_ratio for s in rl.samples]
-    lo = min([*ratios, *ridges.values()]) / 2
-    hi = max([*ratios, *ridges.values()]) * 2
-    # Evaluate on a dense log grid plus the kinks, so the corners are drawn sharp.
-    kinks = [v for v in (*ridges.values(), 1.0) if lo < v < hi]
-    xs = np.union1d(np.geomspace(lo, hi, 400), kinks)
-    y_max = rl.attainable(xs, "max")
-    y_min = rl.attainable(xs, "min")
+@dataclass(frozen=True)
+class Platform:
+    """A measured platform: the data-service roofline of each collected metric, and what it was measured on.
 
-    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
-    try:
-        ax.fill_between(xs, y_min, y_max, color="tab:blue", alpha=0.15, linewidth=0, label="ceiling range")
-        ax.plot(
-            xs,
-            y_max,
-            color="tab:blue",
-            linestyle="-",
-            linewidth=2,
-            label=f"max ceiling: Pc={_num(rl.pc.max)}, Ps={_num(rl.ps.max)} {unit}",
-        )
-        ax.plot(
-            xs,
-            y_min,
-            color="tab:blue",
-            linestyle="--",
-            linewidth=1.5,
-            label=f"min ceiling: Pc={_num(rl.pc.min)}, Ps={_num(rl.ps.min)} {unit}",
-        )
+    The input of every model of this package: the I/O roofline takes its peaks from it, the workflow roofline
+    its ceilings, placement its ceilings and scores.
 
-        x_star = ridges["max"]
-        y_star = rl.attainable(x_star, "max")
-        ax.plot(
-            [x_star],
-            [y_star],
-            marker="D",
-            color="tab:red",
-            markersize=8,
-            linestyle="none",
-            label=f"ridge X* = {_ridge_text(x_star)}",
-        )
-        ax.annotate(
-            f"ridge X* = {_ridge_text(x_star)}\n{_num(y_star)} {unit}",
-            xy=(x_star, y_star),
-            xytext=(-14, 10),
-            textcoords="offset points",
-            ha="right",
-            va="bottom",
-            arrowprops={"arrowstyle": "->", "color": "tab:red"},
-            color="tab:red",
-        )
-        if not math.isclose(ridges["min"], x_star):
-            ax.plot(
-                [ridges["min"]],
-                [rl.attainable(ridges["min"], "min")],
-                marker="D",
-                markersize=6,
-                markerfacecolor="none",
-                color="tab:red",
-                linestyle="none",
-                label=f"ridge (min) = {_ridge_text(ridges['min'])}",
+    Attributes:
+        rooflines: the data-service roofline per metric name (``rpc_rate``, ``bandwidth``, ...).
+        server_cores: usable cores of the server node (its slots), or ``None`` when not recorded.
+        client_cores: usable cores of the client nodes together, or ``None`` when not recorded.
+        bytes_per_op: bytes each measured operation moved, per metric (``bandwidth``: the bulk size,
+            ``storage_iops`` and ``storage_bandwidth``: their block sizes), when the options were recorded.
+        label: where the model came from, for titles (``"run 3: selftest on host"``).
+    """
+
+    rooflines: Mapping[str, Roofline]
+    server_cores: int | None = None
+    client_cores: int | None = None
+    bytes_per_op: Mapping[str, int] = field(default_factory=dict)
+    label: str = ""
+
+    def roofline(self, metric: str) -> Roofline:
+        """The data-service roofline of ``metric``.
+
+        Raises:
+            ValueError: the platform model has no such metric (the message lists those it has).
+        """
+        if metric not in self.rooflines:
+            raise ValueError(
+                f"the platform model has no {metric!r} roofline (it has {sorted(self.rooflines)}); "
+                f"collect it: svcframe roofline collect --metric {metric}"
             )
+        return self.rooflines[metric]
 
-        top = float(np.max(y_max))
-        if rl.samples:
-            rates = np.array([s.rate_per_client for s in rl.samples])
-            servers = np.array([s.servers for s in rl.samples])
-            top = max(top, float(rates.max()))
-            counts = sorted(set(servers.tolist()))
-            if len(counts) <= 10:
-                cmap = plt.get_cmap("viridis")
-                for i, n in enumerate(counts):
-                    sel = servers == n
-                    color = cmap(i / max(len(counts) - 1, 1))
-                    ax.scatter(
-                        np.asarray(ratios)[sel],
-                        rates[sel],
-                        color=color,
-                        alpha=0.6,
-                        edgecolors="black",
-                        linewidths=0.5,
-                        zorder=3,
-                        label=f"{n} server process{'es' if n != 1 else ''}",
-                    )
-            else:
-                points = ax.scatter(
-                    ratios,
-                    rates,
-                    c=servers,
-                    cmap="viridis",
-                    alpha=0.6,
-                    edgecolors="black",
-                    linewidths=0.5,
-                    zorder=3,
-                    label="validation samples",
+    @classmethod
+    def from_document(cls, doc: Any, source: str = "document") -> Platform:
+        """Read a platform model from any of the documents that hold one.
+
+        Accepts the ``roofline.json`` that ``svcframe roofline collect`` writes (``{"kind":
+        "svcframe-roofline", "metrics", "nodes", "options", ...}``), a run of the results store
+        (:meth:`selftest.store.ResultsStore.run`: ``{"id", "model": {"metrics", "nodes", ...}, "options"}``),
+        or a bare ``{"metrics": {name: Roofline.to_dict()}}``.
+
+        Args:
+            doc: the decoded JSON document.
+            source: what to call it in error messages (a file name).
+
+        Raises:
+            ValueError: the document is none of these shapes, holds no model (an incomplete run), or a
+                metric's roofline is invalid; the message names ``source`` and the offending key.
+        """
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{source}: a platform roofline model is a JSON object, got {type(doc).__name__}")
+        options = doc.get("options")
+        if not isinstance(options, Mapping):
+            options = {}
+        if "model" in doc and "id" in doc:  # a run of the results store
+            model = doc.get("model")
+            if not isinstance(model, Mapping) or not isinstance(model.get("metrics"), Mapping):
+                raise ValueError(
+                    f"{source}: run {doc['id']} has no model (status {doc.get('status', '?')}); "
+                    f"complete it with: svcframe roofline collect --resume {doc['id']}"
                 )
-                fig.colorbar(points, ax=ax, label="server processes")
+            label = f"run {doc['id']}: {doc.get('service', '?')} on {doc.get('platform', '?')}"
+        elif isinstance(doc.get("metrics"), Mapping):
+            model = doc
+            label = f"run {doc['run_id']}" if doc.get("run_id") is not None else source
+        else:
+            kind = doc.get("kind")
+            raise ValueError(
+                f"{source} is not a platform roofline model (the roofline.json of `svcframe roofline collect`, "
+                f"or a run of the results store)" + (f"; it is a {kind} document" if kind else "")
+            )
+        rooflines: dict[str, Roofline] = {}
+        for name, m in model["metrics"].items():
+            try:
+                rooflines[str(name)] = Roofline.from_dict(m)
+            except ValueError as exc:
+                raise ValueError(f"{source}: metrics.{name}: {exc}") from None
+        if not rooflines:
+            raise ValueError(f"{source}: the model has no metric")
+        nodes = model.get("nodes")
+        node_list = nodes.get("nodes") if isinstance(nodes, Mapping) else None
+        slots = [int(n["slots"]) for n in node_list or [] if isinstance(n, Mapping) and "slots" in n]
+        return cls(
+            rooflines=rooflines,
+            server_cores=slots[0] if slots else None,
+            client_cores=sum(slots[1:]) if len(slots) > 1 else None,
+            bytes_per_op={m: int(options[key]) for m, key in _BYTES_PER_OP_OPTIONS.items() if options.get(key)},
+            label=label,
+        )
 
-        ax.set_xscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(0, top * 1.25)
-        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
-        ax.xaxis.set_major_formatter(FuncFormatter(_ratio_label))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("service ratio (server processes / client processes)")
-        label = rl.metric.label if unit in rl.metric.label else f"{rl.metric.label} ({unit})"
-        ax.set_ylabel(label)
-        ax.set_title(title if title is not None else f"{rl.metric.name} roofline")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
-        out = Path(path)
-        fig.savefig(out, dpi=120)
-    finally:
-        plt.close(fig)
-    return out
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Platform:
+        """Read a platform model from a JSON file (see :meth:`from_document`).
+
+        Raises:
+            ValueError: the file cannot be read, is not JSON, or is not a platform model; one line naming it.
+        """
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: cannot read a platform roofline model: {exc}") from None
+        return cls.from_document(doc, str(path))

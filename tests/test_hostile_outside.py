@@ -366,7 +366,9 @@ async def test_idle_connections_and_announced_bodies_cost_what_was_received(
         for peer in idle + announcers:
             await peer.close()
         returned = await settled_rss(server) - before
-    figures.record("outside: 1,000 idle + 100 announced 4 MiB bodies, server growth", held / MIB, "MiB")
+    figures.record(
+        f"outside: {n_idle} idle + {2 * n_announce} announced 4 MiB bodies, server growth", held / MIB, "MiB"
+    )
     figures.record("outside: ... after they closed", returned / MIB, "MiB")
     figures.record("outside: ... good client's worst call", good.result["max_ms"], "ms")
     assert held <= 64 * MIB
@@ -1003,9 +1005,10 @@ async def test_query_expressions_of_the_limit_keep_nothing(farm: dict[str, Serve
     """Row 9: 300 distinct expressions of 4,096 characters leave at most 16 MiB in the server (the parse cache);
     one character more is refused."""
     server = farm["query"]
+    n = scaled(300, 1000)
     before = await settled_rss(server)
     async with await raw(server) as peer:
-        for i in range(scaled(300, 1000)):
+        for i in range(n):
             expression = f"engine.address || '{i:06d}{'x' * 4000}'"
             expression += " " * (4096 - len(expression))
             peer.request(i + 1, 0, "query_config", expression)
@@ -1014,7 +1017,7 @@ async def test_query_expressions_of_the_limit_keep_nothing(farm: dict[str, Serve
         peer.request(99999, 0, "query_config", "@" + " " * 4096)
         frame, _ = await peer.read_response()
     growth = await settled_rss(server) - before
-    figures.record("outside: 300 distinct 4,096-character queries, server growth", growth / MIB, "MiB")
+    figures.record(f"outside: {n} distinct 4,096-character queries, server growth", growth / MIB, "MiB")
     assert frame.status != Status.OK
     assert growth <= 16 * MIB
 

@@ -533,10 +533,7 @@ class BulkTransfers:
                 conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
             self._reply(conn, frame, Status.OK, b"")
             return
-        task = asyncio.get_running_loop().create_task(self._serve_pull(conn, frame, view))
-        self._tasks.add(task)
-        conn.serving[frame.request_id] = task
-        task.add_done_callback(self._tasks.discard)
+        self._track_serving(conn, frame, asyncio.get_running_loop().create_task(self._serve_pull(conn, frame, view)))
 
     async def _serve_pull(self, conn: Connection, frame: Frame, view: memoryview) -> None:
         try:
@@ -590,9 +587,16 @@ class BulkTransfers:
             self.monitor.record_bulk("served_cma_push", conn.peer_label, len(view), 0)
             self._reply(conn, frame, Status.OK, b"")
 
-        task = loop.create_task(serve())
+        self._track_serving(conn, frame, loop.create_task(serve()))
+
+    def _track_serving(self, conn: Connection, frame: Frame, task: asyncio.Task[Any]) -> None:
+        """A transfer served by a task: in the connection's table of served requests (a CANCEL finds it)."""
+        try:
+            conn.protocol.serve(frame.request_id, task)
+        except RemoteProtocolError:  # a request id reused while in flight: the connection is dropped
+            task.cancel()
+            raise
         self._tasks.add(task)
-        conn.serving[frame.request_id] = task
         task.add_done_callback(self._tasks.discard)
 
     def _on_push_data(self, conn: Connection, frame: Frame) -> None:

@@ -146,7 +146,8 @@ class Engine(Calls, Handlers, BulkTransfers):
         self.send_tracebacks = cfg.send_tracebacks
         self.frame_timeout_seconds = cfg.frame_timeout_seconds
         self.max_connections = default_max_connections() if cfg.max_connections is None else cfg.max_connections
-        self.max_connections_per_host = cfg.max_connections_per_host
+        per_host = cfg.max_connections_per_host
+        self.max_connections_per_host = max(1, self.max_connections // 2) if per_host is None else per_host
         self.allow_third_party_bulk = cfg.allow_third_party_bulk
         self._accepted = 0  # accepted connections counted against the caps
         self._per_host: dict[str, int] = {}
@@ -407,10 +408,13 @@ class Engine(Calls, Handlers, BulkTransfers):
     # -- ConnectionOwner: what connections report ----------------------------------------------------------
     def admit(self, conn: Connection) -> str | None:
         """An accepted connection counts against ``max_connections`` and, over tcp, ``max_connections_per_host``.
-        Over a cap, the oldest connection of that scope still in its handshake is dropped to make room (it
-        has proved nothing; a flood of them never locks a new client out for more than one handshake
-        timeout), else the longest-idle unauthenticated one with no call in flight (its engine redials when
-        it needs to); when none is left, the new connection is refused.
+
+        Over a cap, room is made, in this order: the oldest connection of that scope still in its handshake
+        (it has proved nothing; a flood of them never locks a new client out for more than one handshake
+        timeout); else the longest-idle unauthenticated one with no call in flight (its engine redials when it
+        needs to); else, over the total cap, an unauthenticated connection of the host that holds the most,
+        when the newcomer's host holds fewer (calls in flight or not: a flood from one address costs that
+        address, not everyone). When none is left, the new connection is refused.
         Returns None when admitted, else the refusal sent to the peer."""
         host = conn.peer_host
         over_total = self._accepted >= self.max_connections
@@ -423,6 +427,13 @@ class Engine(Calls, Handlers, BulkTransfers):
                     and (over_total or c.peer_host == host)
                 ]  # fmt: skip
                 victim = min(idle, key=lambda c: c.last_activity, default=None)
+            if victim is None and over_total and self._per_host:  # then the largest host gives way to a smaller one
+                largest, held = max(self._per_host.items(), key=lambda item: item[1])
+                if largest != host and held > self._per_host.get(host or "", 0) + 1:
+                    theirs = [
+                        c for c in self._all_conns if c.admitted and not c.authenticated and c.peer_host == largest
+                    ]
+                    victim = min(theirs, key=lambda c: c.last_activity, default=None)
             if victim is None:
                 now = time.monotonic()
                 if now - self._last_refusal_log >= 1.0:
@@ -432,7 +443,7 @@ class Engine(Calls, Handlers, BulkTransfers):
                 return (f"too many connections ({self._accepted}; caps: {self.max_connections} in all, "
                         f"{self.max_connections_per_host} per host): try again later")  # fmt: skip
             self._release(victim)
-            victim.abort(ConnectionLost("evicted: a connection cap was reached during its handshake"), expected=True)
+            victim.abort(ConnectionLost("evicted: a connection cap was reached"), expected=True)
         self._accepted += 1
         if host is not None:
             self._per_host[host] = self._per_host.get(host, 0) + 1
@@ -504,7 +515,9 @@ class Engine(Calls, Handlers, BulkTransfers):
             kind = frame[0]
             if kind == K_RESPONSE:
                 waiter = conn.pending.get(frame[4])
-                if waiter is not None and not waiter.done():
+                if waiter is None:
+                    conn.protocol.check_late_answer(frame[4])
+                elif not waiter.done():
                     waiter.set_result((frame[6], frame[13]))
             elif kind == K_REQUEST:
                 self._on_request(conn, frame, arrival_ns, arrival)

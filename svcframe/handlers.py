@@ -311,8 +311,14 @@ class Handlers:
         assert loop is not None
         task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
         task.svcframe_frame = frame  # type: ignore[attr-defined]
+        try:
+            conn.protocol.serve(frame.request_id, task)
+        except RemoteProtocolError:  # a request id reused while in flight: nothing of this request runs
+            task.cancel()
+            if inspect.iscoroutine(result):
+                result.close()
+            raise
         self._tasks.add(task)
-        conn.serving[frame.request_id] = task
         if len(conn.serving) >= self.max_inflight_per_connection:
             conn.pause_reading()  # backpressure: this peer's further requests wait in its socket buffer
         self.progress.inflight += 1

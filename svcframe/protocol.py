@@ -345,7 +345,7 @@ class Protocol:
                 return [Closed(self.goodbye_received(frame))]
             if kind != K_HELLO:
                 raise RemoteProtocolError(f"a {Kind(kind).name} frame before the handshake completed (HELLO first)")
-            hello = unpack_body(frame.body or b"")
+            hello = _decode_small(frame, "HELLO")
             if not isinstance(hello, dict):
                 raise RemoteProtocolError("malformed HELLO: its body is not a map")
             if self.phase is Phase.AWAIT_PROOF:
@@ -462,6 +462,27 @@ class Protocol:
         self._next_id += 1
         return self._next_id
 
+    def check_late_answer(self, request_id: int) -> None:
+        """An answer (RESPONSE or pull data) for ``request_id`` found nobody waiting: fine for a request we made
+        and gave up on (its late answer is dropped), a protocol error for an id we never sent.
+
+        Raises:
+            RemoteProtocolError: ``request_id`` was never one of our requests on this connection.
+        """
+        if not 0 < request_id <= self._next_id:
+            raise RemoteProtocolError(f"an answer to request {request_id}, which was never sent on this connection")
+
+    def serve(self, request_id: int, handle: Any) -> None:
+        """Record a request being served (``handle``: the engine's task) until the engine removes it.
+
+        Raises:
+            RemoteProtocolError: a request of that id is already being served (ids must be unique among a
+                peer's requests in flight; reusing one would also slip past the in-flight cap).
+        """
+        if request_id in self.serving:
+            raise RemoteProtocolError(f"request id {request_id} reused while that request is still being served")
+        self.serving[request_id] = handle
+
     def expect_push(self, frame: Frame, dest: memoryview | None, size: int, error: str | None) -> IncomingPush | None:
         """The peer announced a bulk push (``frame``, a BULK_PUSH): its data frames go into ``dest``, or are
         discarded when it was refused (``error``; answered at once by the caller). Returns the push while data
@@ -480,6 +501,8 @@ class Protocol:
             return None
         if not size:
             return None
+        if request_id in self.pushes:
+            raise RemoteProtocolError(f"bulk push {request_id} announced while a push of that id is under way")
         if len(self.pushes) >= self.max_pushes:
             raise RemoteProtocolError(
                 f"more than {self.max_pushes} bulk pushes announced and not sent on one connection"
@@ -502,6 +525,7 @@ class Protocol:
         if kind == K_BULK_DATA_REPLY:
             p = self.pulls.get(request_id)
             if p is None:
+                self.check_late_answer(request_id)
                 return _discard(length)  # a transfer we gave up on: drop its late data
             end = p.cursor + length
             if end > len(p.dest):
@@ -557,12 +581,27 @@ class Protocol:
         return ConnectionLost("peer closed the connection in the middle of a frame") if cut else None
 
 
+#: The largest HELLO body accepted (bytes; a real one is about 200) and the largest GOODBYE reason decoded:
+#: they are decoded before the peer proved anything, and msgpack turns a byte into a ~70-byte object at
+#: worst (an empty array), so the decoder's 4 MiB frame limit would let 80 bytes of header cost ~300 MB.
+MAX_HANDSHAKE_BODY_BYTES = 4096
+
+
+def _decode_small(frame: Frame, what: str) -> object:
+    body = frame.body or b""
+    if len(body) > MAX_HANDSHAKE_BODY_BYTES:
+        raise RemoteProtocolError(f"a {len(body)}-byte {what} body (at most {MAX_HANDSHAKE_BODY_BYTES})")
+    return unpack_body(body)
+
+
 def _safe_text(body: bytes | bytearray | memoryview | None) -> str:
+    if body is not None and len(body) > MAX_HANDSHAKE_BODY_BYTES:
+        return f"(a {len(body)}-byte reason, not shown)"
     try:
         value = unpack_body(body or b"")
     except ProtocolError:
         return "(unreadable reason)"
-    return str(value)[:500]
+    return value[:500] if isinstance(value, str) else "(a reason that is not text)"
 
 
 class _Discard:

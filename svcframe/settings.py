@@ -158,7 +158,11 @@ class EngineConfig(StrictModel):
     max_connections: int | None = Field(
         None, ge=1, description="accepted connections at once (default: 4096, or the descriptor limit less 64)"
     )
-    max_connections_per_host: int = Field(1024, ge=1, description="accepted tcp connections at once from one IP")
+    max_connections_per_host: int | None = Field(
+        None,
+        ge=1,
+        description="accepted tcp connections at once from one IP address (default: half of max_connections)",
+    )
     allow_third_party_bulk: bool = Field(
         False, description="let handlers move bulk data for handles that are not their caller's (passed on by others)"
     )

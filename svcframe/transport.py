@@ -216,8 +216,9 @@ class Connection(asyncio.BufferedProtocol):
                 if not self.frame_started:  # a frame is under way: the owner's sweep bounds how long it takes
                     self.frame_started = time.monotonic()
                 return
-            self.last_activity = time.monotonic()  # activity = a frame completed, not a byte received
-            self.frame_started = 0.0
+            # activity = a frame completed, not a byte received; a frame begun behind it is timed from now
+            self.last_activity = now = time.monotonic()
+            self.frame_started = 0.0 if proto.idle else now
             self._batch = batch = []
             self._batch_bytes = 0
             try:

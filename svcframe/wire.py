@@ -272,6 +272,9 @@ def pack_body(obj: object) -> bytes:
     return body
 
 
+#: Receive-buffer bytes an idle connection keeps committed; pages above are given back (FrameDecoder).
+KEEP_RECEIVE_BYTES = 32 * 1024
+
 #: Bodies up to this size are scanned for msgpack type bytes before being checked by decoding; larger ones
 #: are always checked by decoding (a regex scan costs about 5 ns per byte, a decode 0.02 ns per bin byte).
 _SCAN_LIMIT = 512
@@ -414,8 +417,21 @@ class FrameDecoder:
     bits), FrameTooLarge. After an error the decoder is unusable: drop the connection.
     """
 
-    __slots__ = ("_buf", "_direct", "_direct_frame", "_direct_pos", "_end", "_header_only", "_start", "_view",
-                 "bulk_sink", "held", "legal_kinds", "max_body_bytes")  # fmt: skip
+    __slots__ = (
+        "_buf",
+        "_direct",
+        "_direct_frame",
+        "_direct_pos",
+        "_end",
+        "_header_only",
+        "_high",
+        "_start",
+        "_view",
+        "bulk_sink",
+        "held",
+        "legal_kinds",
+        "max_body_bytes",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -435,6 +451,7 @@ class FrameDecoder:
         self._direct_frame: tuple | None = None  # header fields of the frame being received
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
         self._header_only = False  # after bulk data: receive the next header alone (more data may follow)
+        self._high = 0  # the highest offset of the receive buffer written since its pages were last released
         #: Bit k set: frames of kind k are accepted (the connection's phase sets it: svcframe.protocol);
         #: any other kind raises RemoteProtocolError before its body is buffered.
         self.legal_kinds = ALL_KINDS_MASK
@@ -465,7 +482,9 @@ class FrameDecoder:
                 return []
             frames = [self._finish_direct()]
         else:
-            self._end += nbytes
+            self._end = end = self._end + nbytes
+            if end > self._high:
+                self._high = end
             frames = []
         self._parse(frames)
         return frames
@@ -511,6 +530,15 @@ class FrameDecoder:
         return self._direct is None and self._start == self._end
 
     # -- internals -----------------------------------------------------------------------------------
+    def _release_pages(self) -> None:
+        """Give the kernel back the receive buffer's pages above KEEP_RECEIVE_BYTES (the buffer is empty): an
+        idle connection that once received a large batch costs what a small one does (issue 13). One
+        ``madvise`` per batch that went past the mark; the pages fault back in, zeroed, if used again."""
+        size = min(len(self._buf), -(-self._high // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self._high = 0
+        if isinstance(self._buf, mmap.mmap) and size > KEEP_RECEIVE_BYTES:
+            self._buf.madvise(mmap.MADV_DONTNEED, KEEP_RECEIVE_BYTES, size - KEEP_RECEIVE_BYTES)
+
     def _compact(self) -> None:
         start, end = self._start, self._end
         if start:
@@ -532,6 +560,8 @@ class FrameDecoder:
                     raise RemoteProtocolError(self._describe_bad_header(view[start : start + avail]))
                 if avail == 0:
                     self._start = self._end = 0
+                    if self._high > KEEP_RECEIVE_BYTES:
+                        self._release_pages()
                 elif start + HEADER_SIZE > len(buf):
                     self._compact()
                 return

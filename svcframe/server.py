@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,10 @@ class Server:
         self._adding: dict[str, int] = {}  # name -> provider id of providers being added
         self._removing: set[str] = set()  # names of providers being removed
         self._shutdown = asyncio.Event()
+        #: Called (from another thread) with the reason when a provider's start-up blocks the event loop past
+        #: admin.provider_start_timeout_seconds; a server process that has not reported ready sets it to fail
+        #: its start-up (svcframe serve reports the reason and exits). None: the blocked start is logged.
+        self.on_blocked_start: Callable[[str], None] | None = None
 
     async def start(self) -> Server:
         """Start everything; on any failure close what was started and raise (ConfigError or the cause)."""
@@ -206,10 +211,11 @@ class Server:
         self._adding[spec.name] = provider_id  # reserved while dependencies resolve and the provider starts
         try:
             deps = await self.resolve_dependencies(spec, cls, timeout_seconds=timeout_seconds)
-            provider = cls(self.engine, provider_id, name=spec.name, config=spec.config, dependencies=deps)
-            provider.register()
             limit = self.config.admin.provider_start_timeout_seconds
+            watchdog = _StartWatchdog(f"provider {spec.name!r} (type {spec.type!r})", limit, self.on_blocked_start)
             try:
+                provider = cls(self.engine, provider_id, name=spec.name, config=spec.config, dependencies=deps)
+                provider.register()
                 await asyncio.wait_for(provider.start(), limit)
             except TimeoutError:
                 self.engine.deregister_provider(provider_id)
@@ -220,6 +226,8 @@ class Server:
             except BaseException:
                 self.engine.deregister_provider(provider_id)
                 raise
+            finally:
+                watchdog.cancel()
         finally:
             del self._adding[spec.name]
         self.providers[spec.name] = provider
@@ -470,11 +478,23 @@ async def _main(
 ) -> bool:
     server = Server(config, secret=secret)
     loop = asyncio.get_running_loop()
+
+    def blocked(reason: str) -> None:  # from the watchdog's thread: the loop is stuck in a provider's start-up
+        log.critical("server failed to start: %s", reason)
+        address = server.engine.address if server.engine is not None else None
+        if address and address.startswith("unix://"):  # the loop cannot close the listener: free the path here
+            with contextlib.suppress(OSError):
+                os.unlink(address[len("unix://") :])
+        _report(ready_fd, {"ok": False, "error": reason})
+        os._exit(1)
+
+    server.on_blocked_start = blocked
     try:
         await server.start()
     except (SvcframeError, OSError) as exc:
         _report(ready_fd, {"ok": False, "error": str(exc)})
         raise
+    server.on_blocked_start = None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_shutdown)
     if lifeline_fd is not None:
@@ -547,3 +567,32 @@ def run_server(
         log.error("server failed to start: %s", exc)
         return 1
     return 0 if ok else 1
+
+
+class _StartWatchdog:
+    """Watches a provider's construction and ``start()`` from a thread. ``asyncio.wait_for`` bounds a start
+    that awaits, but not one that blocks the event loop (a ``time.sleep``, a lock, a slow filesystem): past
+    ``limit_seconds`` the loop is still inside it, so the thread reports it, through ``on_blocked`` (a server
+    that has not reported ready fails its start-up) or else as an error logged once per ``limit_seconds``."""
+
+    def __init__(self, what: str, limit_seconds: float, on_blocked: Callable[[str], None] | None) -> None:
+        self.what, self.limit_seconds, self.on_blocked = what, limit_seconds, on_blocked
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="svcframe-start-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        # past the limit, a start that awaits is ended by asyncio.wait_for on the loop, which then cancels us:
+        # the grace keeps the two from racing when the loop is not blocked
+        waited, grace = 0.0, max(0.5, 0.25 * self.limit_seconds)
+        while not self._done.wait(self.limit_seconds + grace if not waited else self.limit_seconds):
+            waited += self.limit_seconds + (grace if not waited else 0.0)
+            reason = (f"{self.what} did not start within {self.limit_seconds:g} s "
+                      f"(admin.provider_start_timeout_seconds): it has blocked the event loop for {waited:g} s")  # fmt: skip
+            if self.on_blocked is not None:
+                self.on_blocked(reason)
+                return
+            log.error("%s: the server does not answer meanwhile", reason)
+
+    def cancel(self) -> None:
+        self._done.set()

@@ -1204,18 +1204,7 @@ def test_unix_addresses_that_are_not_stale_sockets_are_refused_and_kept(tmp_path
 
 @pytest.mark.parametrize(
     "provider_type",
-    [
-        "outside_hang_start",
-        pytest.param(
-            "outside_block_start",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="admin.provider_start_timeout_seconds is enforced by asyncio.wait_for on the event loop "
-                "(server.Server.add_provider): a start() that blocks the loop (a blocking call where an await was "
-                "meant) is never timed out, so the server neither reports ready nor fails, with its port bound",
-            ),
-        ),
-    ],
+    ["outside_hang_start", "outside_block_start"],
 )
 def test_a_provider_start_that_hangs_fails_the_start_up_in_bounded_time(
     tmp_path: Path, figures: Any, provider_type: str

@@ -79,6 +79,7 @@ from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
 from svcframe.errors import AppError, ConfigError
 from svcframe.provider import Dependency, Provider, ProviderHandle, register_provider_type, rpc
+from svcframe.wire import lazy_buffer
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_BLOB_BYTES = 1 << 30
@@ -242,11 +243,18 @@ class BlobProvider(Provider):
         file_name = uuid.uuid4().hex
         path = self.path / file_name
         digest = hashlib.sha256()
+        # Nothing is allocated or created for the caller before its first bytes arrived (issue 13): the chunk
+        # buffers are lazily committed mappings, and the file is created once the first chunk is in.
+        chunk = min(self.chunk_bytes, max(size, 1))
+        buffers = (lazy_buffer(chunk), lazy_buffer(chunk))
+        first = min(chunk, size)
+        if first:
+            await req.engine.pull(handle, buffers[0], size=first, timeout_seconds=req.remaining_seconds())
         f: BinaryIO = await self._io(open, path, "wb")
         published = False
         try:
             try:
-                await self._transfer_in(req, handle, size, f, digest)
+                await self._transfer_in(req, handle, size, f, digest, buffers, first)
                 if self.config["fsync"]:
                     await self._io(_flush_and_sync, f)
             finally:
@@ -263,16 +271,25 @@ class BlobProvider(Provider):
                 await self._io(_unlink, path)
         return {"name": name, "size": size, "sha256": entry["sha256"]}
 
-    async def _transfer_in(self, req: Request, handle: BulkHandle, size: int, f: BinaryIO, digest: Any) -> None:
-        """Pull chunk i+1 while chunk i is written (two buffers)."""
-        chunk = min(self.chunk_bytes, max(size, 1))
-        buffers = (bytearray(chunk), bytearray(chunk))
+    async def _transfer_in(
+        self,
+        req: Request,
+        handle: BulkHandle,
+        size: int,
+        f: BinaryIO,
+        digest: Any,
+        buffers: tuple[Any, Any],
+        first: int,
+    ) -> None:
+        """Pull chunk i+1 while chunk i is written (two buffers); chunk 0 (``first`` bytes) is in ``buffers[0]``."""
+        chunk = len(buffers[0])
         writing: asyncio.Future[Any] | None = None
         try:
             for i, offset in enumerate(range(0, size, chunk)):
                 n = min(chunk, size - offset)
                 buf = buffers[i % 2]
-                await req.engine.pull(handle, buf, offset=offset, size=n, timeout_seconds=req.remaining_seconds())
+                if offset or not first:
+                    await req.engine.pull(handle, buf, offset=offset, size=n, timeout_seconds=req.remaining_seconds())
                 if writing is not None:
                     await writing
                 writing = asyncio.ensure_future(self._io(_write_chunk, f, digest, memoryview(buf)[:n]))

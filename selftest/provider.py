@@ -48,7 +48,11 @@ PUSH = "push"
 DIRECTIONS = (PULL, PUSH)
 #: What the ``storage`` RPC does: write or read a block of the provider's file.
 STORAGE_OPS = ("write", "read")
-_KEEP_BUFFERS = 4  # bulk/storage buffer sizes kept for reuse (a run uses one or two)
+#: Bulk and storage buffers kept for reuse between calls, in bytes in all (a run uses one or two sizes; the
+#: default suite's largest is 4 MiB): beyond it, buffers are mapped anew per call (their pages fault in again).
+_KEEP_BUFFER_BYTES = 64 * 1024 * 1024
+#: Response sizes kept ready (a run asks for one).
+_KEEP_RESPONSES = 8
 
 
 def work_arg(
@@ -82,22 +86,31 @@ class SelftestProvider(Provider):
         self._storage_path: str | None = None
 
     def _buffer(self, size: int) -> Any:
-        """A buffer of ``size`` bytes, reused from the last call of that size. Its pages are committed only as
-        data lands in it, and at most ``_KEEP_BUFFERS`` sizes are kept: a caller that names many sizes, or a
-        transfer that never comes, leaves nothing behind (issue 13)."""
+        """A buffer of ``size`` bytes, reused from the last call of that size (give it back with ``_keep``). Its
+        pages are committed only as data lands in it."""
         buf = self._buffers.pop(size, None)
         if buf is None:
             buf = memoryview(lazy_buffer(size)) if size else bytearray(0)
-            while len(self._buffers) >= _KEEP_BUFFERS:
-                del self._buffers[next(iter(self._buffers))]  # the least recently used size
         return buf
+
+    def _keep(self, size: int, buf: Any) -> None:
+        """Keep ``buf`` for the next call of its size, within ``_KEEP_BUFFER_BYTES`` in all (the least recently
+        used go first): a caller that names many or large sizes, or a transfer that never comes, leaves at most
+        that behind (issue 13)."""
+        buffers = self._buffers
+        buffers[size] = buf
+        while buffers and sum(buffers) > _KEEP_BUFFER_BYTES:
+            del buffers[next(iter(buffers))]
 
     def _response(self, size: int) -> bytes:
         resp = self._responses.get(size)
         if resp is None:
             if not 0 <= size <= self.config["max_response_bytes"]:
                 raise ValueError(f"resp_buffer_size {size} is outside 0..{self.config['max_response_bytes']}")
-            resp = self._responses[size] = bytes(size)
+            responses = self._responses
+            while len(responses) >= _KEEP_RESPONSES:  # at most a few sizes (issue 13: one per size grew without end)
+                del responses[next(iter(responses))]
+            resp = responses[size] = bytes(size)
         return resp
 
     @rpc
@@ -121,7 +134,7 @@ class SelftestProvider(Provider):
             else:
                 await req.engine.push(handle, buf)
         finally:
-            self._buffers[size] = buf
+            self._keep(size, buf)
         return self._response(resp_size)
 
     def _storage_file(self) -> int:
@@ -153,7 +166,7 @@ class SelftestProvider(Provider):
             else:
                 done = await loop.run_in_executor(None, os.preadv, fd, [buf], offset)
         finally:
-            self._buffers[block_size] = buf
+            self._keep(block_size, buf)
         return int(done)
 
     async def close(self) -> None:

@@ -703,12 +703,6 @@ async def test_forged_bulk_sizes_allocate_nothing_before_the_owner_answers(
     assert growth <= 16 * MIB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="blob.put allocates its two zero-filled chunk buffers (2 x chunk_bytes = 8 MiB, bytearray in "
-    "BlobProvider._transfer_in) and opens and creates its data file before the owner has sent a byte: 50 puts of "
-    "~150 bytes whose pulls are never answered hold ~400 MiB, 50 descriptors and 50 files until their deadline",
-)
 @uvloop_test
 async def test_blob_put_allocates_nothing_before_the_owner_answers(
     farm: dict[str, ServerProcess], figures: Any
@@ -732,12 +726,6 @@ async def test_blob_put_allocates_nothing_before_the_owner_answers(
     assert more_fds <= 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the self-test keeps one zero-filled response per distinct resp_buffer_size it was asked for, without "
-    "bound (selftest/provider.py SelftestProvider._response, self._responses): 1,000 noop calls naming sizes near "
-    "120 KB keep ~66 MiB for the server's life (larger sizes keep address space: 2,000 sizes of ~1-3 MB, 3.8 GiB)",
-)
 @uvloop_test
 async def test_selftest_responses_are_not_kept_per_size(farm: dict[str, ServerProcess], figures: Any) -> None:
     """Row 8 for the self-test's response sizes: 1,000 ``work`` calls, each naming another response size, leave
@@ -755,12 +743,6 @@ async def test_selftest_responses_are_not_kept_per_size(farm: dict[str, ServerPr
     assert growth <= 16 * MIB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="self-test storage reads keep their buffers (selftest/provider.py _buffer, up to 4 sizes of up to "
-    "storage_file_bytes = 256 MiB each) fully committed after the calls: bounded by configuration only at "
-    "1 GiB by default, reached by four 30-byte calls from an unauthenticated peer",
-)
 @uvloop_test
 async def test_selftest_storage_reads_keep_no_buffers(farm: dict[str, ServerProcess], figures: Any) -> None:
     """Four self-test ``storage`` reads of four block sizes leave the server at most 64 MiB larger."""

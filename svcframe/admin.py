@@ -50,6 +50,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jmespath
+from jmespath.exceptions import JMESPathError
+from jmespath.visitor import TreeInterpreter
+
 from .control import ServerControl
 from .engine import Engine, Request
 from .errors import (
@@ -77,6 +81,51 @@ _REPLY_MARGIN_SECONDS = 0.5
 #: process-wide cache, so this also bounds what callers can make the server keep (issue 13: 4 x 800 KB
 #: expressions kept the loop busy 7-10 s and 424 MiB in that cache).
 MAX_QUERY_CHARS = 4096
+
+
+#: The work a query may do (JMESPath AST nodes visited, plus elements of the lists and maps it builds) and the
+#: size of its answer (values, counting each time a shared one recurs): a short expression can still do
+#: exponential work (``[@,@][][@,@][]...`` doubles a list per step) or return a graph whose serialisation
+#: explodes (``[@,@]|[@,@]|...``: 40 steps, 2^40 copies), so both are counted and bounded (issue 13).
+MAX_QUERY_STEPS = 20_000
+
+
+def _too_costly() -> ConfigError:
+    return ConfigError(
+        f"the JMESPath expression does more than {MAX_QUERY_STEPS:,} steps of work or gives an answer of more than "
+        f"{MAX_QUERY_STEPS:,} values: narrow it (the live config itself is small; svcframe config get gives all of it)"
+    )
+
+
+class _BoundedInterpreter(TreeInterpreter):  # type: ignore[misc]
+    """jmespath's tree interpreter with a budget: every node visited and every element of a list or map it
+    produces counts one step; past MAX_QUERY_STEPS the query is refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def visit(self, node: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super().visit(node, *args, **kwargs)
+        self.steps += 1 + (len(result) if isinstance(result, list | dict) else 0)
+        if self.steps > MAX_QUERY_STEPS:
+            raise _too_costly()
+        return result
+
+
+def _check_answer_size(value: Any) -> None:
+    """ConfigError when ``value`` holds more than MAX_QUERY_STEPS values once shared ones are counted as often as
+    they appear (what serialising it would write); stops as soon as it is over."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_QUERY_STEPS:
+            raise _too_costly()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 class AdminProvider(Provider):
@@ -110,15 +159,15 @@ class AdminProvider(Provider):
 
     @rpc
     def query_config(self, req: Request, expression: Any) -> Any:
-        import jmespath
-        from jmespath.exceptions import JMESPathError
-
         if not isinstance(expression, str):
             raise ConfigError("query_config takes a JMESPath expression (a string)")
         if len(expression) > MAX_QUERY_CHARS:  # bounds parse and evaluation time and the parser's cache
             raise ConfigError(f"a JMESPath expression of {len(expression)} characters: the limit is {MAX_QUERY_CHARS}")
         try:
-            return jmespath.search(expression, self.server.live_config())
+            parsed = jmespath.compile(expression)
+            result = _BoundedInterpreter().visit(parsed.parsed, self.server.live_config())
+            _check_answer_size(result)
+            return result
         except JMESPathError as exc:
             raise ConfigError(f"invalid JMESPath expression {expression[:200]!r}: {exc}") from None
         except RecursionError:

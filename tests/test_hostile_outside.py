@@ -977,14 +977,6 @@ async def test_query_expressions_of_the_limit_keep_nothing(farm: dict[str, Serve
     assert growth <= 16 * MIB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="query_config bounds an expression's length, not its evaluation cost nor the size of its answer: "
-    "'[@,@]|[@,@]|...' (15 stages, 89 characters) makes 2^15 references to the live config, and msgpack then "
-    "serialises 2^15 copies (~37 MB) on the event loop before the frame limit refuses it (admin.query_config, "
-    "handlers._finish -> pack_body); 16 stages, 95 characters: 5.5 s of loop and ~125 MiB kept in the "
-    "module-wide packer's buffer",
-)
 @uvloop_test
 async def test_short_query_expressions_cannot_stall_the_server(farm: dict[str, ServerProcess], figures: Any) -> None:
     """A query of under 100 characters is answered (or refused) within 0.5 s and a good client's calls keep

@@ -304,9 +304,10 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
         runner.run(engine.close())
         runner.close()
     results = summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
-    from svcframe.diagnosis import diagnose
+    from svcframe.diagnosis import diagnose, rpc_names
 
-    results["diagnosis"] = {a: diagnose(st) for a, st in statistics.items() if st is not None}
+    names = rpc_names(*(st for st in statistics.values() if st is not None))
+    results["diagnosis"] = {a: diagnose(st, names=names) for a, st in statistics.items() if st is not None}
     return results
 
 

@@ -215,6 +215,10 @@ def _finding(
     }  # fmt: skip
 
 
+def _calls(n: int) -> str:
+    return f"{n:,} call{'' if n == 1 else 's'}"
+
+
 def format_diagnosis(diagnosis: dict[str, Any]) -> str:
     """Human-readable lines: one per finding, then the method and what was left out."""
     lines = []
@@ -234,6 +238,6 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
         lines.append("no calls recorded")
     lines.append(f"({diagnosis['method']})")
     if diagnosis["excluded"]:
-        left = ", ".join(f"{e['callpath']} {e['calls']:,} calls" for e in diagnosis["excluded"])
+        left = ", ".join(f"{e['callpath']} {_calls(e['calls'])}" for e in diagnosis["excluded"])
         lines.append(f"(not counted: admin provider calls, such as this tool's own: {left})")
     return "\n".join(lines)

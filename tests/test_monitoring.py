@@ -246,11 +246,11 @@ async def test_diagnosis_names_the_dominant_step() -> None:
         server.register(1, "slow", slow)
         server.register(1, "busy", busy)
         await asyncio.gather(*(client.call(server.address, "slow", None, provider_id=1) for _ in range(3)))
-        found = {f["callpath"]: f for f in diagnose(server.statistics())}
+        found = {f["callpath"]: f for f in diagnose(server.statistics())["findings"]}
         assert found["slow[1]"]["dominant_step"] == "handler"
         server.monitor.reset()
         await asyncio.gather(*(client.call(server.address, "busy", None, provider_id=1) for _ in range(20)))
-        found = {f["callpath"]: f for f in diagnose(server.statistics())}
+        found = {f["callpath"]: f for f in diagnose(server.statistics())["findings"]}
         assert found["busy[1]"]["dominant_step"] == "queue"
         assert "add server processes" in found["busy[1]"]["advice"]
 

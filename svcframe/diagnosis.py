@@ -134,7 +134,7 @@ def diagnose(stats: dict[str, Any], top: int = 3, *, names: dict[str, str] | Non
     _attribute_bulk(rpcs.get("bulk", []), groups)
     nested = _nested_time(rpcs.get("origin", []))
     all_time = sum(sum(g["steps"].values()) for g in groups.values()) or 1.0
-    findings = []
+    findings: list[dict[str, Any]] = []
     for g in sorted(groups.values(), key=lambda g: -sum(g["steps"].values())):
         total = sum(g["steps"].values())
         if len(findings) >= top or total / all_time < MIN_SHARE:

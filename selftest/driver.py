@@ -20,15 +20,24 @@ is sampled on every server (Quintain only sampled the first).
 Results document (``to_json``)::
 
     {"parameters": {...every parameter, defaults filled...},
-     "servers": [{"address", "cpu_seconds", "utilization", "rate_ops_per_second"}...],
+     "servers": [{"address", "pid", "progress_mode", "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds",
+                  "utilization", "rate_ops_per_second", "max_rss_bytes"}...],
      "server_config": {...live config of server 0...},
      "environment": {"host", "cores", "python", "svcframe", "uvloop", "msgpack", "platform", "cpu_model"},
      "clients": [{"rank", "server", "ops", "elapsed_seconds", "rate_ops_per_second", "latency_usec": {...},
-                  "cpu_seconds", "timeline": [...]}...],
+                  "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds", "progress_mode", "timeline": [...],
+                  "sample_trace": [[start_seconds, latency_seconds], ...] (trace_samples) or null}...],
+     "progress_modes": {"client": MODE, "servers": {ADDRESS: MODE}},
      "aggregate": {"ops", "rate_ops_per_second", "rate_per_client_ops_per_second",
                    "rate_per_server_ops_per_second", "bandwidth_bytes_per_second",
-                   "bandwidth_gib_per_second", "latency_usec": {min, p50, p90, p99, max, mean},
-                   "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds"}}
+                   "bandwidth_gib_per_second", "latency_usec": {min, q1, p50, q3, p90, p99, max, mean},
+                   "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds",
+                   "server_cpu_user_seconds", "server_cpu_system_seconds", "client_cpu_user_seconds",
+                   "client_cpu_system_seconds"},
+     "diagnosis": {ADDRESS: svcframe.diagnosis.diagnose(...)}}
+
+``sample_trace`` (``trace_samples``: Quintain's ``trace``, bounded) holds each client's first N timed calls,
+their start relative to the client's timed loop and their latency, in seconds.
 """
 
 from __future__ import annotations
@@ -87,22 +96,68 @@ class SelftestParams(BaseModel):
     timeline_interval_seconds: float | None = Field(None, gt=0)
     timeout_seconds: float = Field(30.0, gt=0, description="deadline of each call")
     event_loop: EventLoop = "auto"
+    trace_samples: int | None = Field(
+        None, ge=1, description="per-sample trace: start and latency of each client's first N timed calls"
+    )
 
 
-LAT_KEYS = ("min", "p50", "p90", "p99", "max", "mean")
+#: Quintain's benchmark parameters that svcframe's self-test does not have, and the defaults quintain-benchmark
+#: fills in (``parse_json`` in src/quintain-benchmark.c, mochi-quintain 96a74b1): a parameters file with one of the
+#: first is Quintain's, and runs what quintain-benchmark would run on it.
+QUINTAIN_ONLY = ("nranks", "trace", "use_server_poolset", "margo")
+QUINTAIN_DEFAULTS = {"provider_id": 1, "duration_seconds": 2, "req_buffer_size": 128, "resp_buffer_size": 128,
+                     "bulk_size": 16384, "bulk_direction": "pull", "warmup_iterations": 10, "trace": True}  # fmt: skip
+#: Quintain settings with no meaning here: the server's bulk buffer pool (svcframe exposes the client's buffer
+#: and the server pulls into its own) and the client's Margo configuration.
+QUINTAIN_IGNORED = ("use_server_poolset", "margo")
+#: Calls per client a Quintain ``trace: true`` records (Quintain records every one, up to 32 Mi per rank).
+QUINTAIN_TRACE_SAMPLES = 10_000
+
+
+def quintain_params(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Self-test parameters from a Quintain benchmark parameters file (``quintain-benchmark -j FILE``).
+
+    A file with none of ``QUINTAIN_ONLY`` is returned as it is. Otherwise Quintain's defaults fill what it
+    lacks, then: ``nranks`` -> ``clients``; ``bulk_size`` > 0 -> the ``bulk`` workload (0: ``noop``), unless the
+    file names a ``workload``; ``trace`` -> ``trace_samples`` (``QUINTAIN_TRACE_SAMPLES`` per client);
+    ``bulk_direction`` keeps its documented meaning (``pull``: the server reads from the client; Quintain's code
+    inverts it). ``QUINTAIN_IGNORED`` keys are dropped.
+
+    Returns:
+        ``(parameters, ignored keys present in the file)``; the parameters are validated by ``SelftestParams``.
+    """
+    if not any(key in values for key in QUINTAIN_ONLY):
+        return values, []
+    out = {**QUINTAIN_DEFAULTS, **values}
+    ignored = [key for key in QUINTAIN_IGNORED if key in values]
+    for key in QUINTAIN_IGNORED:
+        out.pop(key, None)
+    if "nranks" in out:
+        out["clients"] = out.pop("nranks")
+    if out.pop("trace"):
+        out.setdefault("trace_samples", QUINTAIN_TRACE_SAMPLES)
+    if "workload" not in out and isinstance(out["bulk_size"], int):
+        out["workload"] = "bulk" if out["bulk_size"] > 0 else "noop"
+    return out, ignored
+
+
+LAT_KEYS = ("min", "q1", "p50", "q3", "p90", "p99", "max", "mean")
 
 
 def latency_summary(samples_usec: Any) -> dict[str, float]:
-    """min / p50 / p90 / p99 / max / mean of latency samples (µs); zeros for no samples."""
+    """min / q1 / p50 / q3 / p90 / p99 / max / mean of latency samples (µs; q1 and q3 the 25th and 75th
+    percentiles, Quintain's ``sample_stats`` quartiles); zeros for no samples."""
     import numpy as np
 
     a = np.asarray(samples_usec, dtype=float)
     if a.size == 0:
         return dict.fromkeys(LAT_KEYS, 0.0)
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    q1, p50, q3, p90, p99 = np.percentile(a, [25, 50, 75, 90, 99])
     return {
         "min": float(a.min()),
+        "q1": float(q1),
         "p50": float(p50),
+        "q3": float(q3),
         "p90": float(p90),
         "p99": float(p99),
         "max": float(a.max()),
@@ -156,6 +211,8 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         await loop.run_in_executor(None, barrier.wait, 120.0)  # go
         cpu0 = os.times()
         latencies = array("d")
+        trace = array("d")  # start, latency of the first trace_samples calls (Quintain's sample_trace)
+        trace_limit = 2 * (params.trace_samples or 0)
         interval = params.timeline_interval_seconds
         timeline: list[int] = []
         perf = time.perf_counter
@@ -171,6 +228,8 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
                 await call(server, rpc_name, arg, provider_id=pid)
                 t1 = perf()
                 append(t1 - t0)
+                if len(trace) < trace_limit:
+                    trace.extend((t0 - start, t1 - t0))
                 if interval is not None:
                     slot = int((t1 - start) / interval)
                     while len(timeline) <= slot:
@@ -193,6 +252,10 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         "elapsed_seconds": elapsed,
         "rate_ops_per_second": ops / elapsed,
         "cpu_seconds": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+        "cpu_user_seconds": cpu1.user - cpu0.user,
+        "cpu_system_seconds": cpu1.system - cpu0.system,
+        "progress_mode": engine.progress.mode,
+        "sample_trace": [trace[i : i + 2].tolist() for i in range(0, len(trace), 2)] if trace_limit else None,
         "latencies": latencies.tobytes(),
         "timeline": timeline if interval is not None else None,
     }
@@ -304,9 +367,10 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
         runner.run(engine.close())
         runner.close()
     results = summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
-    from svcframe.diagnosis import diagnose
+    from svcframe.diagnosis import diagnose, rpc_names
 
-    results["diagnosis"] = {a: diagnose(st) for a, st in statistics.items() if st is not None}
+    names = rpc_names(*(st for st in statistics.values() if st is not None))
+    results["diagnosis"] = {a: diagnose(st, names=names) for a, st in statistics.items() if st is not None}
     return results
 
 
@@ -360,7 +424,10 @@ def summarize(
             {
                 "address": s,
                 "pid": a["pid"],
+                "progress_mode": a.get("progress_mode"),
                 "cpu_seconds": cpu,
+                "cpu_user_seconds": a["user_seconds"] - b["user_seconds"],
+                "cpu_system_seconds": a["system_seconds"] - b["system_seconds"],
                 "utilization": cpu / wall if wall > 0 else 0.0,
                 "rate_ops_per_second": per_server_ops[s],
                 "max_rss_bytes": a["max_rss_bytes"],
@@ -389,7 +456,29 @@ def summarize(
             "server_cpu_usec_per_op": server_cpu / server_ops * 1e6 if server_ops else 0.0,
             "server_utilization": sum(r["utilization"] for r in server_rows) / len(server_rows),
             "client_cpu_seconds": sum(o["cpu_seconds"] for o in outs),
+            **cpu_split(server_rows, clients),
         },
+        "progress_modes": progress_modes(server_rows, clients),
+    }
+
+
+def cpu_split(server_rows: list[dict[str, Any]], clients: list[dict[str, Any]]) -> dict[str, float]:
+    """User and system CPU seconds of the servers and of the clients, summed over the processes (Quintain's
+    ``server_stats`` / ``client_stats`` utime and stime)."""
+    return {
+        f"{side}_cpu_{part}_seconds": sum(r.get(f"cpu_{part}_seconds", 0.0) for r in rows)
+        for side, rows in (("server", server_rows), ("client", clients))
+        for part in ("user", "system")
+    }
+
+
+def progress_modes(server_rows: list[dict[str, Any]], clients: list[dict[str, Any]]) -> dict[str, Any]:
+    """The progress mode each side ran: every client's engine (one mode when they agree) and every server's
+    live engine, by address."""
+    modes = sorted({c.get("progress_mode") or "?" for c in clients})
+    return {
+        "client": modes[0] if len(modes) == 1 else modes,
+        "servers": {r["address"]: r["progress_mode"] for r in server_rows},
     }
 
 

@@ -189,6 +189,7 @@ class SelftestProvider(Provider):
             "wall_seconds": time.monotonic(),
             "max_rss_bytes": usage.ru_maxrss * 1024,
             "pid": os.getpid(),
+            "progress_mode": self.engine.progress.mode,  # the live engine's (engine.progress_mode, patchable)
         }
 
 

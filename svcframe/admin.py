@@ -11,7 +11,8 @@ get_config          -                           the live bootstrap document (re-
 query_config        expression (JMESPath)       the expression evaluated on the live document
 status              -                           bound address, pid, providers, closing, plumber
 list_rpcs           -                           the registration table: [{provider_id, name, provider}]
-statistics          {"reset": bool}             engine statistics (progress loop, per-callpath steps, samples)
+statistics          {"reset": bool}             engine statistics (progress loop, per-callpath steps, samples),
+                                                the admin provider id and whether each handler is async
 trace_events        {"clear": bool}             recorded Chrome Trace events (engine.monitoring.tracing)
 lookup_provider     ``NAME`` or ``TYPE:ID``     {name, type, provider_id}, or None when absent
 patch_config        JSON Patch (RFC 6902)       the new live document; live settings only  (mutation)
@@ -190,6 +191,11 @@ class AdminProvider(Provider):
         if reset:  # forgetting what was measured changes the server: an admin mutation (issue 13)
             self._mutation("statistics reset", req)
         stats = self.engine.statistics()
+        # for svcframe.diagnosis: which calls are the tools' own, and which handlers are async
+        stats["admin_provider_id"] = self.provider_id
+        stats["handlers"] = [
+            {"provider_id": r.provider_id, "rpc": r.name, "async": r.is_coroutine} for r in self.engine.registrations()
+        ]
         if reset:
             self.engine.monitor.reset()
         return stats

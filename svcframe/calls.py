@@ -226,7 +226,7 @@ class Calls:
             if flags & F_TRACED and tracer is not None:
                 parent_span = parent.frame.span_id if parent is not None else 0
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
-                              parent_span, lamport, address, status)  # fmt: skip
+                              parent_span, lamport, address, status, provider_id)  # fmt: skip
         if status == S_OK:
             return unpack_body(payload)
         raise error_from_status(status, decode_status_body(payload), name, provider_id, address)

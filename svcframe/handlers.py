@@ -52,7 +52,7 @@ from .wire import (
 if TYPE_CHECKING:
     from .bulk import BulkHandle
     from .progress import Progress
-    from .transport import Connection
+    from .transport import Address, Connection
 
 log = logging.getLogger("svcframe.engine")
 
@@ -218,6 +218,7 @@ class Handlers:
     monitor: Monitor
     progress: Progress
     tracer: Tracer | None
+    _bound: Address | None
     max_inflight_per_connection: int
     send_tracebacks: bool
 
@@ -461,7 +462,7 @@ class Handlers:
             traced = frame[1] & F_TRACED
             tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
                           frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
-                          tracer.lamport, conn.peer_label)  # fmt: skip
+                          tracer.lamport, conn.peer_label, reg, self._bound)  # fmt: skip
 
     def _target_record(self, frame: Frame, reg: Registration, conn: Connection) -> Any:
         key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)

@@ -14,7 +14,7 @@ Steps recorded (nanoseconds), per key ``(side, parent_rpc_id, parent_provider_id
   framed and queued for sending);
 * both: ``request_bytes``, ``response_bytes`` (body sizes).
 
-Bulk transfers are recorded per direction and peer (bytes and nanoseconds).
+Bulk transfers are recorded per direction and peer, every one (bytes and nanoseconds; ``calls`` counts transfers).
 
 Cost: the hot path appends the raw values of one call to one list with a single ``extend`` (a list, not
 an ``array('q')``: the array converts each value through argument parsing, about 5x the cost).
@@ -189,6 +189,7 @@ class Monitor:
         rec = self.bulk.get(key)
         if rec is None:
             rec = self.bulk[key] = Record(BULK_STEPS)
+        rec.calls += 1  # transfers, exact (and every one is recorded: a record with calls is never empty)
         rec.buffer.extend((nbytes, duration_ns))
 
     def reset(self) -> None:
@@ -202,11 +203,14 @@ class Monitor:
         return self.names.get(rpc, f"#{rpc:08x}") if rpc else ""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready statistics: ``{"enabled", "since", "origin": [...], "target": [...], "bulk": [...]}``.
+        """JSON-ready statistics: ``{"enabled", "since", "always_timed", "timing_sample_every", "names",
+        "origin": [...], "target": [...], "bulk": [...]}``.
 
-        Each origin/target row names its callpath (``parent_rpc``, ``parent_provider_id``, ``rpc``,
-        ``provider_id``; the parent is empty for a call made outside any handler), its ``peer``, and
-        every step as count/sum/min/max/mean/p50/p90/p99 (times in µs, sizes in bytes).
+        ``calls`` and ``errors`` are exact; each step's ``count`` is the number of timed calls (the first
+        ``always_timed`` of a callpath, then one in ``timing_sample_every``). Each origin/target row names its
+        callpath (``parent_rpc``, ``parent_provider_id``, ``rpc``, ``provider_id``; the parent is empty for a
+        call made outside any handler), its ``peer``, and every step as count/sum/min/max/mean/p50/p90/p99
+        (times in µs, sizes in bytes).
         """
 
         def rows(table: dict[tuple[Any, ...], Record]) -> list[dict[str, Any]]:
@@ -229,6 +233,8 @@ class Monitor:
         return {
             "enabled": self.enabled,
             "since": self.started,
+            "always_timed": ALWAYS_TIMED,
+            "timing_sample_every": self.sample_every,
             "names": {f"{k:08x}": v for k, v in self.names.items()},
             "origin": rows(self.origin),
             "target": rows(self.target),

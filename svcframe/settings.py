@@ -103,13 +103,27 @@ class MonitoringConfig(StrictModel):
 
     enabled: bool = True
     tracing: bool = False
-    otel: bool = Field(False, description="also emit traced spans through the OpenTelemetry API (the otel extra)")
+    otel: bool = Field(
+        False,
+        description="export traced spans through OpenTelemetry (the otel extra; turns tracing on); the exporter "
+        "comes from OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT, the console without them (svcframe.tracing)",
+    )
     sample_interval_seconds: float | None = Field(
         1.0, gt=0, description="how often to sample loop lag, tasks, in-flight calls, CPU and RSS (null: never)"
     )
     timing_sample_every: int = Field(
         16, ge=1, description="after a callpath's first 64 calls, time one call in this many (1 = every call)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _otel_needs_tracing(cls, value: Any) -> Any:
+        """``otel: true`` records spans: tracing is on unless given, and cannot be off beside it."""
+        if not isinstance(value, dict) or not value.get("otel"):
+            return value
+        if value.get("tracing") is False:
+            raise ValueError("otel true exports traced spans: it needs tracing true (switch otel off to stop tracing)")
+        return {**value, "tracing": True}
 
 
 class AuthConfig(StrictModel):

@@ -246,11 +246,11 @@ async def test_diagnosis_names_the_dominant_step() -> None:
         server.register(1, "slow", slow)
         server.register(1, "busy", busy)
         await asyncio.gather(*(client.call(server.address, "slow", None, provider_id=1) for _ in range(3)))
-        found = {f["callpath"]: f for f in diagnose(server.statistics())}
+        found = {f["callpath"]: f for f in diagnose(server.statistics())["findings"]}
         assert found["slow[1]"]["dominant_step"] == "handler"
         server.monitor.reset()
         await asyncio.gather(*(client.call(server.address, "busy", None, provider_id=1) for _ in range(20)))
-        found = {f["callpath"]: f for f in diagnose(server.statistics())}
+        found = {f["callpath"]: f for f in diagnose(server.statistics())["findings"]}
         assert found["busy[1]"]["dominant_step"] == "queue"
         assert "add server processes" in found["busy[1]"]["advice"]
 
@@ -276,40 +276,6 @@ def test_cli_stats_trace_and_monitor(relays: list[str], tmp_path: Path) -> None:
     assert "svcframe_rpc_handler_seconds_count" in prom
     assert "dominates" in svc("stats", "diagnose", a).stdout
     assert "callpath" in svc("monitor", a, "--count", "1", "--interval-seconds", "0.2").stdout
-
-
-_OTEL_EXPORTER: Any = None
-
-
-@pytest.mark.asyncio
-async def test_spans_through_the_opentelemetry_api() -> None:
-    pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
-    from opentelemetry import trace as otel_trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    global _OTEL_EXPORTER
-    if _OTEL_EXPORTER is None:  # a tracer provider is set once per process, as an application would
-        _OTEL_EXPORTER = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_OTEL_EXPORTER))
-        otel_trace.set_tracer_provider(provider)
-    exporter = _OTEL_EXPORTER
-    exporter.clear()
-    async with Engine("tcp://127.0.0.1:0") as server, Engine(None) as client:
-        server.register(1, "echo", lambda req, arg: arg)
-        server.set_tracing(True, otel=True)
-        client.set_tracing(True, otel=True)
-        await client.call(server.address, "echo", 1, provider_id=1)
-    spans = [s for s in exporter.get_finished_spans() if s.name == "echo"]
-    assert sorted(s.attributes["svcframe.side"] for s in spans) == ["origin", "target"]
-    origin, target = sorted(spans, key=lambda s: s.attributes["svcframe.side"])
-    assert origin.context.trace_id == target.context.trace_id  # one request, one trace
-    assert origin.parent.span_id == target.parent.span_id == int(origin.attributes["svcframe.span_id"], 16)
-    assert origin.kind.name == "CLIENT" and target.kind.name == "SERVER"
-    assert origin.start_time <= target.start_time <= target.end_time <= origin.end_time
-    assert origin.attributes["rpc.system"] == "svcframe" and origin.attributes["rpc.method"] == "echo"
 
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])

@@ -39,7 +39,7 @@ def selftest() -> None:
 @ranks_option
 @click.option("--target", "-t", multiple=True, help="Server address (repeatable).")
 @click.option("--params", "params_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON file of parameters (flags override it).")  # fmt: skip
+              help="JSON file of parameters, svcframe's or Quintain's (flags override it).")  # fmt: skip
 @click.option("--clients", "-c", type=int, default=None)
 @click.option("--depth", type=int, default=None)
 @click.option("--workload", type=click.Choice(WORKLOADS), default=None)
@@ -56,6 +56,8 @@ def selftest() -> None:
 @click.option("--progress-mode", type=click.Choice(PROGRESS_MODES), default=None)
 @click.option("--client-cores", default=None, help="Comma-separated cores to pin clients to.")
 @click.option("--event-loop", type=click.Choice(EVENT_LOOPS), default=None)
+@click.option("--trace-samples", type=int, default=None,
+              help="Record start and latency of each client's first N calls (results: sample_trace).")  # fmt: skip
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
 @click.option("--keep-provider", is_flag=True,
               help="Keep a self-test provider this command added (default: remove it after the run).")  # fmt: skip
@@ -73,11 +75,14 @@ def selftest_run(
     from svcframe.config import format_validation_error
     from svcframe.diagnosis import format_diagnosis
 
-    from ..driver import SelftestParams, run_selftest, save_results
+    from ..driver import SelftestParams, quintain_params, run_selftest, save_results
 
     values: dict[str, Any] = json_argument(f"@{params_file}", "the parameters file") if params_file else {}
     if not isinstance(values, dict):
         fail(f"{params_file}: the parameters file must hold a JSON object")
+    values, ignored = quintain_params(values)
+    if ignored:
+        click.echo(f"svcframe: warning: {params_file}: ignoring Quintain settings {', '.join(ignored)}", err=True)
     for key, value in flags.items():
         if value is not None:
             values[key] = [int(c) for c in value.split(",")] if key == "client_cores" else value
@@ -107,6 +112,9 @@ def selftest_run(
             f"({agg['bandwidth_gib_per_second']:.3f} GiB/s), p50 {lat['p50']:.1f} us, p99 {lat['p99']:.1f} us, "
             f"server CPU {agg['server_cpu_usec_per_op']:.1f} us/op; results in {output}"
         )
+        modes = results["progress_modes"]
+        servers_modes = ", ".join(sorted(set(map(str, modes["servers"].values()))))
+        click.echo(f"progress: clients {modes['client']}, servers {servers_modes}")
         for address, findings in results.get("diagnosis", {}).items():
             click.echo(f"diagnosis of {address}:\n{format_diagnosis(findings)}")
     else:

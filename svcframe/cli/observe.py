@@ -11,24 +11,31 @@ from typing import Any
 
 import click
 
-from .common import read_secret, resolve_targets, run_admin, target_options
+from .common import echo_json, read_secret, resolve_targets, run_admin, target_options
+
+MONITOR_COLUMNS = ("server", "side", "callpath", "peer", "calls_per_second", "calls", "p50_usec", "p99_usec",
+                   "queue_p50_usec", "errors")  # fmt: skip
 
 
 def stats_rows(previous: dict[str, Any] | None, current: dict[str, Any], seconds: float) -> list[tuple[Any, ...]]:
-    """Per address and callpath: calls/s since the previous snapshot, and latency percentiles (µs)."""
+    """Per address and callpath: calls/s since the previous snapshot (without one: since the statistics were
+    reset, their ``since``), exact call and error counts, and sampled latency percentiles (µs); the columns are
+    ``MONITOR_COLUMNS``."""
     rows = []
+    now = time.time()
     for address, stats in current.items():
         before = {}
         if previous and address in previous:
             for side in ("origin", "target"):
                 for r in previous[address]["rpcs"][side]:
                     before[(side, r["parent_rpc"], r["rpc"], r["provider_id"], r["peer"])] = r
+        window = seconds if previous else now - stats["rpcs"].get("since", now)
         for side, step in (("target", "handler_usec"), ("origin", "total_usec")):
             for r in stats["rpcs"][side]:
                 key = (side, r["parent_rpc"], r["rpc"], r["provider_id"], r["peer"])
                 count = r["calls"]  # exact: every call is counted; only latencies are sampled (timing_sample_every)
-                old = before.get(key, {}).get("calls", 0) if previous else 0
-                rate = (count - old) / seconds if previous and seconds > 0 else 0.0
+                old = before.get(key, {}).get("calls", 0)
+                rate = (count - old) / window if window > 0 else 0.0
                 parent = f"{r['parent_rpc']}[{r['parent_provider_id']}] -> " if r["parent_rpc"] else ""
                 rows.append((address, side, f"{parent}{r['rpc']}[{r['provider_id']}]", r["peer"], rate, count,
                              r[step]["p50"], r[step]["p99"], r.get("queue_usec", {}).get("p50"), r["errors"]))  # fmt: skip
@@ -50,11 +57,16 @@ def _stats_table(rows: list[tuple[Any, ...]]) -> Any:
 @click.command()
 @target_options
 @click.option("--interval-seconds", type=float, default=1.0, show_default=True)
-@click.option("--count", type=int, default=0, help="Stop after this many refreshes (0 = until Ctrl-C).")
+@click.option("--count", type=int, default=0, help="Stop after this many snapshots (0 = until Ctrl-C).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per snapshot and line (JSON lines).")
 def monitor(
-    address: tuple[str, ...], group: str | None, ranks: list[int] | None, interval_seconds: float, count: int
-) -> None:
-    """Live per-callpath rates and latency percentiles of servers, refreshed every interval."""
+    address: tuple[str, ...], group: str | None, ranks: list[int] | None, interval_seconds: float, count: int,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Per-callpath rates and latency percentiles of servers, refreshed every interval.
+
+    Calls and errors are exact; latencies are sampled. The first snapshot's rate is since the statistics were
+    last reset; each later one's since the snapshot before. In a pipe each snapshot is printed in turn."""
     from rich.console import Console
     from rich.live import Live
 
@@ -62,6 +74,7 @@ def monitor(
     from ..loops import run
 
     targets = resolve_targets(address, group, ranks)
+    console = Console(width=max(Console().width, 140))
 
     async def go() -> None:
         import asyncio
@@ -71,17 +84,25 @@ def monitor(
         async with Engine(None, secret=read_secret(), default_timeout_seconds=10.0) as engine:
             handle = ServiceGroupHandle(engine, targets)
             previous, t_prev = None, time.monotonic()
-            with Live(console=Console(width=max(Console().width, 140)), auto_refresh=False) as live:
+            live = Live(console=console, auto_refresh=False) if console.is_terminal and not as_json else None
+            with live or contextlib.nullcontext():
                 n = 0
-                while count == 0 or n <= count:
+                while count == 0 or n < count:
                     current = {
                         a: r for a, r in (await handle.call("statistics")).items() if not isinstance(r, Exception)
                     }
                     now = time.monotonic()
-                    live.update(_stats_table(stats_rows(previous, current, now - t_prev)), refresh=True)
+                    rows = stats_rows(previous, current, now - t_prev)
+                    if as_json:
+                        click.echo(json.dumps({"time": time.time(), "rows": [dict(zip(MONITOR_COLUMNS, r, strict=True))
+                                                                             for r in rows]}))  # fmt: skip
+                    elif live is not None:
+                        live.update(_stats_table(rows), refresh=True)
+                    else:
+                        console.print(_stats_table(rows))
                     previous, t_prev = current, now
                     n += 1
-                    if count == 0 or n <= count:
+                    if count == 0 or n < count:
                         await asyncio.sleep(interval_seconds)  # the refresh period
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -118,13 +139,54 @@ def stats_dump(
 
 @stats.command("diagnose")
 @target_options
-def stats_diagnose(address: tuple[str, ...], group: str | None, ranks: list[int] | None) -> None:
-    """Name the dominant callpaths of each server and the step where their time goes."""
-    from ..diagnosis import diagnose, format_diagnosis
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON keyed by address.")
+def stats_diagnose(address: tuple[str, ...], group: str | None, ranks: list[int] | None, as_json: bool) -> None:
+    """Name the dominant callpaths of each server and the step where their time goes.
 
-    for a, st in run_admin(resolve_targets(address, group, ranks), "statistics").items():
+    Times are exact call counts x sampled step means; the admin provider's calls (this tool's own) are left
+    out and listed apart. A parent RPC that ran in another process is named by asking that process."""
+    from ..diagnosis import diagnose, format_diagnosis, rpc_names
+
+    targets = resolve_targets(address, group, ranks)
+    results = run_admin(targets, "statistics")
+    names = rpc_names(*results.values())
+    names.update(_peer_rpc_names(results, names, targets[0][1]))
+    found = {a: diagnose(st, names=names) for a, st in results.items()}
+    if as_json:
+        echo_json(found)
+        return
+    for a, diagnosis in found.items():
         click.echo(f"{a}:")
-        click.echo(format_diagnosis(diagnose(st)))
+        click.echo(format_diagnosis(diagnosis))
+
+
+def _peer_rpc_names(results: dict[str, Any], names: dict[str, str], admin_provider_id: int) -> dict[str, str]:
+    """Names of parent RPCs none of ``results`` knows, from the peers that made those calls (their admin
+    ``list_rpcs``; peers that are not servers, or do not answer, leave the parent as its ``#id``)."""
+    from ..diagnosis import unnamed_parents
+    from ..engine import Engine
+    from ..loops import run
+    from ..wire import rpc_id
+
+    peers: set[str] = set()
+    for st in results.values():
+        peers.update(p for p in unnamed_parents(st, names) if "://" in p)
+    if not peers:
+        return {}
+
+    async def go() -> dict[str, str]:
+        import asyncio
+
+        from ..admin import ServiceHandle
+
+        async with Engine(None, secret=read_secret(), default_timeout_seconds=5.0) as engine:
+            tables = await asyncio.gather(
+                *(ServiceHandle(engine, p, admin_provider_id).list_rpcs() for p in sorted(peers)),
+                return_exceptions=True,
+            )
+        return {f"{rpc_id(r['name']):08x}": r["name"] for t in tables if isinstance(t, list) for r in t}
+
+    return run(go())
 
 
 @click.group()

@@ -19,6 +19,7 @@ the wire's status codes and those errors.
     │   ├── NoSuchRPC               the provider has no RPC of that name: check the name
     │   ├── AppError                the handler failed on purpose (code, message, details): see .code
     │   ├── RemoteError             the remote handler raised unexpectedly: see .remote_type, .remote_traceback
+    │   ├── ResultTooLarge          the result is over the caller's max_body_bytes: raise it, or use bulk
     │   ├── Refused                 the server will not take the call
     │   │   ├── ShuttingDown        the server is draining: retry elsewhere or later (idempotent calls are)
     │   │   ├── ProviderUnavailable the provider is being removed: look it up again
@@ -69,6 +70,7 @@ class Status(enum.IntEnum):
     NOT_PERMITTED = 13
     OVERLOADED = 14
     MUTATIONS_DISABLED = 15
+    RESULT_TOO_LARGE = 16  # the result is over the caller's frame limit (announced in its HELLO)
 
 
 class SvcframeError(Exception):
@@ -177,6 +179,12 @@ class RemoteError(RPCError):
         return f"{self.args[0]}\n--- remote traceback ---\n{self.remote_traceback}"
 
 
+class ResultTooLarge(RPCError):
+    """The handler's result is larger than the caller accepts (its ``max_body_bytes``, announced when it
+    connected): raise the caller's limit, or have the handler push the data into a bulk buffer the caller
+    exposes. The handler ran."""
+
+
 class Refused(RPCError):
     """The server refused the call; the subclass says why."""
 
@@ -245,9 +253,14 @@ _REFUSAL_STATUS: tuple[tuple[type[Refused], Status], ...] = (
 
 def status_for(exc: BaseException) -> Status:
     """The wire status that carries ``exc`` raised by a handler: a ``Refused`` subclass as its refusal, an
-    ``AppError`` as APP_ERROR, anything else as HANDLER_ERROR."""
+    ``AppError`` as APP_ERROR, a ``ResultTooLarge`` and a ``BulkError`` as theirs, anything else as
+    HANDLER_ERROR."""
     if isinstance(exc, AppError):
         return Status.APP_ERROR
+    if isinstance(exc, ResultTooLarge):
+        return Status.RESULT_TOO_LARGE
+    if isinstance(exc, BulkError):  # the caller's bulk handle failed: the caller gets BulkError
+        return Status.BULK_ERROR
     if isinstance(exc, Refused):
         for cls, status in _REFUSAL_STATUS:
             if isinstance(exc, cls):
@@ -294,4 +307,6 @@ def error_from_status(status: int, info: Any, name: str, provider_id: int, addre
         return Overloaded(f"{where} refused: {info}")
     if status == Status.BAD_REQUEST:
         return RemoteError("BadRequest", str(info), "")
+    if status == Status.RESULT_TOO_LARGE:
+        return ResultTooLarge(f"{where}: {info}")
     return RPCError(f"{where} failed with status {status}: {info}")

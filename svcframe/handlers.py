@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
-from .errors import AppError, LocalProtocolError, ProtocolError, RemoteProtocolError, Status, status_for
+from .errors import AppError, ProtocolError, RemoteProtocolError, ResultTooLarge, Status, status_for
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
 from .registration import Registration, RegistrationTable
 from .tracing import Tracer, new_span_id, new_trace_id
 from .wire import (
     F_NO_REPLY,
+    F_TRACE_STARTED_HERE,
     F_TRACED,
     K_GOODBYE,
     K_RESPONSE,
@@ -261,7 +262,8 @@ class Handlers:
             if frame[1] & F_TRACED:
                 tracer.tick(frame.lamport)
             else:  # a tracing server starts the trace of an untraced call: its handler's calls join it (issue 15)
-                frame = frame._replace(flags=frame[1] | F_TRACED, trace_id=new_trace_id(), span_id=new_span_id())
+                flags = frame[1] | F_TRACED | F_TRACE_STARTED_HERE  # (its server span has no remote parent)
+                frame = frame._replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
         req = _new_tuple(Request, (self, conn, reg, frame, arrival))
         loop = self._loop
         assert loop is not None
@@ -438,12 +440,12 @@ class Handlers:
                 body = pack_body(result)
             body_len = len(body) + len(result) if large else len(body)
             if body_len > conn.peer_max_body_bytes:
-                raise LocalProtocolError(
-                    f"the result of {reg.name!r} encodes to {body_len} bytes, over the {conn.peer_max_body_bytes}-"
-                    "byte limit of the caller (its engine.max_body_bytes, or Engine(max_body_bytes=...)): the "
-                    "caller can raise that limit, or expose a buffer the handler pushes the data into"
+                raise ResultTooLarge(
+                    f"the result of {reg.name!r} encodes to {body_len} bytes, over the caller's {conn.peer_max_body_bytes}"
+                    "-byte limit (its engine.max_body_bytes, or Engine(max_body_bytes=...)): the caller can raise that "
+                    "limit, or expose a writable bulk buffer for the handler to push the data into"
                 )
-        except ProtocolError as exc:
+        except (ProtocolError, ResultTooLarge) as exc:  # the caller's error, not a handler failure: not logged
             self._finish_error(conn, frame, reg, exc)
             return
         if not frame[1] & F_NO_REPLY:
@@ -462,7 +464,8 @@ class Handlers:
             traced = frame[1] & F_TRACED
             tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
                           frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
-                          tracer.lamport, conn.peer_label, reg, self._bound)  # fmt: skip
+                          tracer.lamport, conn.peer_label, reg, self._bound,
+                          root=bool(frame[1] & F_TRACE_STARTED_HERE))  # fmt: skip
 
     def _target_record(self, frame: Frame, reg: Registration, conn: Connection) -> Any:
         key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)

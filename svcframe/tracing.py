@@ -71,10 +71,11 @@ class Tracer:
 
     def target(
         self, name: str, start_us: float, dur_us: float, trace_id: bytes, span_id: int, lamport: int, peer: str,
-        registration: Any = None, address: object = None,
+        registration: Any = None, address: object = None, root: bool = False,
     ) -> None:  # fmt: skip
         """A handler run (``peer``: the caller's statistics label; ``registration``: its
-        ``svcframe.registration.Registration``; ``address``: this server's, an address or its text)."""
+        ``svcframe.registration.Registration``; ``address``: this server's, an address or its text; ``root``:
+        the call came untraced and this server started its trace, so its span has no remote parent)."""
         if self.otel is not None:
             attributes: dict[str, Any] = {**endpoint_attributes(str(address) if address else None),
                                           "client.address": peer}  # fmt: skip
@@ -84,7 +85,7 @@ class Tracer:
                 attributes["svcframe.provider_id"] = registration.provider_id
                 if getattr(owner, "name", None):
                     attributes["svcframe.provider"] = owner.name
-            self.otel.emit(name, "target", start_us, dur_us, trace_id, span_id, 0, attributes)
+            self.otel.emit(name, "target", start_us, dur_us, trace_id, span_id, 0, attributes, root=root)
         tid = threading.get_native_id()
         args = {"trace_id": trace_id.hex(), "span_id": f"{span_id:016x}", "lamport": lamport, "peer": peer,
                 "side": "target"}  # fmt: skip
@@ -181,7 +182,7 @@ class OTelBridge:
 
     def emit(
         self, name: str, side: str, start_us: float, dur_us: float, trace_id: bytes, span_id: int,
-        parent_span: int, attributes: dict[str, Any],
+        parent_span: int, attributes: dict[str, Any], *, root: bool = False,
     ) -> None:  # fmt: skip
         from opentelemetry.context import Context
         from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
@@ -197,7 +198,7 @@ class OTelBridge:
             parent_id = server_span_id(parent_span) if parent_span else None
         else:
             self._ids.next = server_span_id(span_id)
-            parent_id = span_id
+            parent_id = None if root else span_id
         if parent_id is not None:
             parent = SpanContext(trace_int, parent_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
             context = set_span_in_context(NonRecordingSpan(parent))

@@ -31,7 +31,7 @@ from svcframe import (
     TimeoutError_,
 )
 from svcframe.engine import current_callpath
-from svcframe.errors import AppError, DeadlineExceeded, Dropped, LocalProtocolError, MutationsDisabled
+from svcframe.errors import AppError, DeadlineExceeded, Dropped, LocalProtocolError, MutationsDisabled, ResultTooLarge
 from svcframe.wire import HEADER, HEADER_SIZE, Kind, encode_frame, pack_body, rpc_id, unpack_body
 
 pytestmark = pytest.mark.asyncio
@@ -450,16 +450,19 @@ async def test_oversized_argument_is_refused_before_sending(address: str, make_e
     assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
 
 
-async def test_result_over_the_callers_limit_is_a_remote_error(address: str, make_engine: MakeEngine) -> None:
-    """A caller with a small frame limit gets an error for a too-large result, not a dropped connection."""
+async def test_result_over_the_callers_limit_is_result_too_large(
+    address: str, make_engine: MakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller with a small frame limit gets ResultTooLarge naming its limit and both fixes, not a dropped
+    connection, and the server does not log it as a handler failure (the handler did nothing wrong)."""
     server = await make_engine(address)
     server.register(1, "big", lambda req, n: b"r" * n)
     client = await make_engine(None, max_body_bytes=4096, bulk_chunk_bytes=4096)
     assert await call1(client, server, "big", 100) == b"r" * 100
     conn = await client.connection(server.address)  # type: ignore[arg-type]
-    with pytest.raises(RemoteError) as info:
+    with pytest.raises(ResultTooLarge, match=r"over the caller's 4096-byte limit .*max_body_bytes.*bulk buffer"):
         await call1(client, server, "big", 16384, timeout_seconds=WAIT_SECONDS)
-    assert info.value.remote_type == "LocalProtocolError"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     assert await call1(client, server, "big", 10) == b"r" * 10
     assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
 

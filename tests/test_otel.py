@@ -142,6 +142,7 @@ def test_a_server_process_exports_to_the_console_with_no_code(tmp_path: Path) ->
         assert attributes["server.port"] == int(server.address.rsplit(":", 1)[1])
         assert span["resource"]["attributes"]["service.name"] == "otel-test-server"
     assert len({s["context"]["trace_id"] for s in spans}) == 3  # the server started a trace per call
+    assert all(s["parent_id"] is None for s in spans)  # roots: no parent span that exists nowhere
 
 
 def test_an_exporter_that_is_not_installed_is_a_clear_startup_error(tmp_path: Path) -> None:

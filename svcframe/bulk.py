@@ -45,7 +45,6 @@ from .wire import (
     K_BULK_PUSH,
     Frame,
     Kind,
-    decode_status_body,
     encode_frame,
     encode_header,
     pack_body,
@@ -254,9 +253,9 @@ class BulkTransfers:
             timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
             if timeout_seconds <= 0:
                 raise DeadlineExceeded(f"pull of {size} bytes from {handle.address}: the deadline passed")
-        status, payload = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
+        status, info, _ = await self._bulk_op(handle, Kind.BULK_PULL, offset, size, target, None, timeout_seconds)
         if status != Status.OK:
-            raise error_from_status(status, decode_status_body(payload), "pull", 0, handle.address)
+            raise error_from_status(status, info, "bulk pull", 0, _owner(handle))
 
     async def push(
         self,
@@ -285,9 +284,9 @@ class BulkTransfers:
             timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
             if timeout_seconds <= 0:
                 raise DeadlineExceeded(f"push of {size} bytes to {handle.address}: the deadline passed")
-        status, payload = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
+        status, info, _ = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
         if status != Status.OK:
-            raise error_from_status(status, decode_status_body(payload), "push", 0, handle.address)
+            raise error_from_status(status, info, "bulk push", 0, _owner(handle))
 
     def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
         entry = self._exposed.get(handle.bulk_id)
@@ -313,15 +312,14 @@ class BulkTransfers:
         pid = conn.peer_pid
         if pid is None or not conn.peer_cma:
             return False
-        status, payload = await self._bulk_op(
+        status, address, _ = await self._bulk_op(
             handle, Kind.BULK_PULL, offset, len(target), None, None, deadline - loop.time(), by_cma=True
         )
         if status != Status.OK:
-            if _cma_refused(status, payload):
+            if _cma_refused(status, address):
                 conn.peer_cma = False  # the owner cannot serve it: the socket from now on
                 return False
-            raise error_from_status(status, decode_status_body(payload), "pull", 0, handle.address)
-        address = unpack_body(payload or b"")
+            raise error_from_status(status, address, "bulk pull", 0, _owner(handle))
         if not isinstance(address, int) or address <= 0:
             raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
         if isinstance(target, _LazyDest):
@@ -350,15 +348,15 @@ class BulkTransfers:
         conn = await self._peer_connection(handle, timeout_seconds or self.default_timeout_seconds)
         if not conn.peer_cma:
             return False
-        status, payload = await self._bulk_op(
+        status, info, _ = await self._bulk_op(
             handle, Kind.BULK_PUSH, offset, len(src), None, src, timeout_seconds, by_cma=True
         )
         if status == Status.OK:
             return True
-        if _cma_refused(status, payload):
+        if _cma_refused(status, info):
             conn.peer_cma = False  # the kernel refused the owner: the socket from now on
             return False
-        raise error_from_status(status, decode_status_body(payload), "push", 0, handle.address)
+        raise error_from_status(status, info, "bulk push", 0, _owner(handle))
 
     async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
         """The connection to the handle's owner. Inside a handler, a handle of the caller's own engine is
@@ -398,7 +396,7 @@ class BulkTransfers:
         timeout_seconds: float | None,
         *,
         by_cma: bool = False,
-    ) -> tuple[int, Any]:
+    ) -> tuple[int, Any, int]:
         """Send a BULK_PULL or BULK_PUSH and wait for its completion. A push sends its data frames, or with
         ``by_cma`` the address of ``src`` for the owner to read; a pull with ``by_cma`` asks for the
         range's address instead of its data."""
@@ -409,7 +407,7 @@ class BulkTransfers:
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
         request_id = conn.next_request_id()
-        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        future: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
         conn.pending[request_id] = future
         if dest is not None:
             conn.protocol.pulls[request_id] = IncomingPull(dest)
@@ -628,10 +626,15 @@ _CMA_INLINE_BYTES = 8 * 1024 * 1024
 _CMA_PIECE_BYTES = 8 * 1024 * 1024
 
 
-def _cma_refused(status: int, payload: Any) -> bool:
+def _owner(handle: BulkHandle) -> str:
+    """Where a handle's buffer lives, for messages: its owner's address, or its engine id when it has none."""
+    return handle.address or f"engine {handle.engine_id[:8]}…"
+
+
+def _cma_refused(status: int, info: Any) -> bool:
     """A BULK_ERROR whose message starts with "cma:": the owner cannot take part in cross-memory attach
     on this connection (the transfer itself may still go over the socket)."""
-    return status == Status.BULK_ERROR and str(unpack_body(payload or b"")).startswith("cma:")
+    return status == Status.BULK_ERROR and str(info).startswith("cma:")
 
 
 async def _cma_copy(

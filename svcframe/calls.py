@@ -39,11 +39,9 @@ from .wire import (
     S_OK,
     ZERO_TRACE_ID,
     callpath_extend,
-    decode_status_body,
     encode_frame,
     pack_body,
     pack_request_header,
-    unpack_body,
 )
 
 if TYPE_CHECKING:
@@ -182,7 +180,7 @@ class Calls:
         if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
             raise conn.close_reason or ConnectionLost(f"connection to {address} is closed")
         request_id = conn.next_request_id()
-        future: asyncio.Future[tuple[int, Any]] = loop.create_future()
+        future: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
         pending = conn.pending
         pending[request_id] = future
         conn.send_request(
@@ -199,8 +197,9 @@ class Calls:
         progress.activity()
         self._deadlines.add(start + timeout, future)
         status = -1
+        payload_bytes = 0
         try:
-            status, payload = await future
+            status, payload, payload_bytes = await future
         except DeadlineExpired:
             if not conn.closed:
                 conn.send(encode_frame(K_CANCEL, request_id))  # nobody waits any more: tell the server
@@ -220,7 +219,7 @@ class Calls:
                     rec.errors += 1
                 if timed:
                     buf = rec.buffer
-                    buf.extend((perf_ns() - t0, t1 - t0, len(body), len(payload) if status >= 0 and payload else 0))
+                    buf.extend((perf_ns() - t0, t1 - t0, len(body), payload_bytes if status >= 0 else 0))
                     if len(buf) > FOLD_AT:
                         rec.fold()
             if flags & F_TRACED and tracer is not None:
@@ -228,8 +227,8 @@ class Calls:
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
                               parent_span, lamport, address, status, provider_id)  # fmt: skip
         if status == S_OK:
-            return unpack_body(payload)
-        raise error_from_status(status, decode_status_body(payload), name, provider_id, address)
+            return payload  # decoded by the engine's dispatch (Engine.on_frames)
+        raise error_from_status(status, payload, name, provider_id, address)
 
     def _root_callpath(self, rid: int, provider_id: int) -> int:
         cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)

@@ -46,7 +46,7 @@ from . import cma
 from .bulk import BulkTransfers
 from .calls import Calls
 from .deadlines import Deadlines
-from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
+from .errors import ConfigError, ConnectionLost, DeadlineExceeded, ProtocolError, RemoteProtocolError, RPCError
 from .handlers import Handlers, Request, current_callpath, current_request
 from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
@@ -73,6 +73,8 @@ from .wire import (
     Frame,
     Status,
     check_secret,
+    decode_status_body,
+    unpack_body,
 )
 
 __all__ = ["FROM_ENVIRONMENT", "SECRET_ENV", "Engine", "Registration", "Request", "current_callpath", "current_request"]
@@ -248,6 +250,8 @@ class Engine(Calls, Handlers, BulkTransfers):
         now = time.monotonic()
         idle_timeout = self.idle_timeout_seconds if self._server is not None else 0
         for conn in list(self._all_conns):
+            if now - conn.last_activity > self._sweep_interval():  # idle since the last sweep: no large buffer kept
+                conn.protocol.decoder.release_large()
             started = conn.frame_started
             if started and now - started > self.frame_timeout_seconds and not conn.protocol.idle:
                 conn.abort(RemoteProtocolError(f"a frame did not complete within {self.frame_timeout_seconds:g} s"))
@@ -518,7 +522,15 @@ class Engine(Calls, Handlers, BulkTransfers):
                 if waiter is None:
                     conn.protocol.check_late_answer(frame[4])
                 elif not waiter.done():
-                    waiter.set_result((frame[6], frame[13]))
+                    # decoded here, while the body's buffer is this frame's (the decoder reuses large ones)
+                    body = frame[13]
+                    if frame[6]:
+                        waiter.set_result((frame[6], decode_status_body(body), len(body)))
+                    else:
+                        try:
+                            waiter.set_result((0, unpack_body(body), len(body)))
+                        except ProtocolError as exc:
+                            waiter.set_exception(exc)
             elif kind == K_REQUEST:
                 self._on_request(conn, frame, arrival_ns, arrival)
             elif kind == K_BULK_DATA_PUSH:

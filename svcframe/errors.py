@@ -288,7 +288,7 @@ def error_from_status(status: int, info: Any, name: str, provider_id: int, addre
     if status == Status.CANCELLED:
         return Cancelled(f"{where} was cancelled")
     if status == Status.BULK_ERROR:
-        return BulkError(f"bulk transfer with {address} failed: {info}")
+        return BulkError(f"{where}: {info}")
     if status == Status.DROPPED:
         return Dropped(f"{where}: the server dropped the request before it ran (its deadline had passed)")
     if status == Status.DEADLINE_EXCEEDED:

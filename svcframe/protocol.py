@@ -224,6 +224,9 @@ class Protocol:
         self._refused_pushes: dict[int, int] = {}  # request id -> bytes of refused push data still to discard
         self.decoder = FrameDecoder(max_body_bytes, self._bulk_sink)
         self.decoder.legal_kinds = _HANDSHAKE_MASK
+        # our own connections reuse one buffer for large bodies (the results we read); accepted ones map a fresh
+        # one per frame, so what a peer sent is not kept after it was served (issue 13)
+        self.decoder.reuse_large = role is Role.CLIENT
         self._next_id = 0
         own = nonce if nonce is not None else secrets.token_bytes(16)
         if len(own) != 16:

@@ -426,13 +426,15 @@ class FrameDecoder:
         "_end",
         "_header_only",
         "_high",
+        "_large",
         "_start",
         "_view",
         "bulk_sink",
         "held",
         "legal_kinds",
         "max_body_bytes",
-    )  # fmt: skip
+        "reuse_large",
+    )
 
     def __init__(
         self,
@@ -453,6 +455,8 @@ class FrameDecoder:
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
         self._header_only = False  # after bulk data: receive the next header alone (more data may follow)
         self._high = 0  # the highest offset of the receive buffer written since its pages were last released
+        self.reuse_large = False  # keep one buffer for bodies larger than the receive buffer (see _parse)
+        self._large: mmap.mmap | None = None
         #: Bit k set: frames of kind k are accepted (the connection's phase sets it: svcframe.protocol);
         #: any other kind raises RemoteProtocolError before its body is buffered.
         self.legal_kinds = ALL_KINDS_MASK
@@ -520,6 +524,7 @@ class FrameDecoder:
         self._direct = None
         self._direct_frame = None
         self.bulk_sink = None
+        self._large = None
         self._view.release()
         self._buf = b""  # the mapping is unmapped when the frames sliced from it are gone
         self._view = memoryview(self._buf)
@@ -531,6 +536,16 @@ class FrameDecoder:
         return self._direct is None and self._start == self._end
 
     # -- internals -----------------------------------------------------------------------------------
+    def _large_view(self, length: int) -> memoryview:
+        large = self._large
+        if large is None or len(large) < length:
+            large = self._large = lazy_buffer(length)  # grows to the largest body seen (at most max_body_bytes)
+        return memoryview(large)[:length]
+
+    def release_large(self) -> None:
+        """Drop the kept large-body buffer (an idle connection; unmapped once no frame refers to it)."""
+        self._large = None
+
     def _release_pages(self) -> None:
         """Give the kernel back the receive buffer's pages above KEEP_RECEIVE_BYTES (the buffer is empty): an
         idle connection that once received a large batch costs what a small one does (issue 13). One
@@ -607,9 +622,19 @@ class FrameDecoder:
                 return
             # A body larger than the receive buffer gets a buffer of its own, whose memory the kernel commits
             # only as its bytes arrive: a peer that announces 4 MiB and sends 80 bytes costs a page (issue 13).
-            self._start_direct(memoryview(lazy_buffer(length)), (kind, flags, provider_id, rpc, request_id, deadline,
-                               status, parent_provider, parent_rpc, callpath, trace_id, span_id, lamport),
-                               body_start, frames)  # fmt: skip
+            # With reuse_large (our own, dialled connections), one such buffer is kept and reused, so a client
+            # that reads large results does not map and fault a fresh one per result (issue 14: 1,025 page
+            # faults per 4 MiB read); the frames of a batch are dispatched before it is written again.
+            if self.reuse_large:
+                if frames:
+                    self._start = start
+                    self.held = True  # the frames before it are dispatched (and their bodies decoded) first
+                    return
+                dest = self._large_view(length)
+            else:
+                dest = memoryview(lazy_buffer(length))
+            self._start_direct(dest, (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider,
+                               parent_rpc, callpath, trace_id, span_id, lamport), body_start, frames)  # fmt: skip
             view, buf, end, start = self._view, self._buf, self._end, self._start
         self._start = start
 

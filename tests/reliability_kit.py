@@ -456,6 +456,7 @@ FRAMING_CASES = (
     "pre-http", "pre-tls", "pre-zeros", "pre-request-before-hello", "pre-malformed-hello", "pre-hello-bad-mac",
     "pre-oversize-hello", "pre-hangup", "bad-magic", "bad-version", "bad-kind", "reserved-bits", "oversize-4gib",
     "bulk-data-nobody-expects", "second-hello", "truncated-then-hangup", "push-overrun", "goodbye",
+    "response-never-asked", "data-reply-never-asked",
 )  # fmt: skip
 
 #: Bodies a conforming sender refuses to encode (svcframe.wire.pack_body): malformed or non-strict msgpack.
@@ -522,6 +523,9 @@ def hard_case(name: str, key: bytes) -> tuple[bool, bytes]:
         "push-overrun": encode_frame(Kind.BULK_PUSH, 9, pack_body([bytes(16), 0, 10]))
         + encode_frame(Kind.BULK_DATA_PUSH, 9, b"y" * 20),
         "goodbye": encode_frame(Kind.GOODBYE, 0, pack_body("bye"), status=Status.REFUSED),
+        # answers to requests the server never sent on this connection (svcframe.protocol.check_late_answer)
+        "response-never-asked": encode_frame(Kind.RESPONSE, 7, pack_body("unsolicited")),
+        "data-reply-never-asked": encode_frame(Kind.BULK_DATA_REPLY, 7, b"z" * 64),
     }
     return True, post[name]
 
@@ -561,8 +565,6 @@ def soft_cases() -> list[tuple[str, Status | None, Any]]:
          lambda i: encode_frame(Kind.BULK_PUSH, i, pack_body([bytes(16), 0, 16]))
          + encode_frame(Kind.BULK_DATA_PUSH, i, b"d" * 16)),
         ("cancel-unknown", None, lambda i: encode_frame(Kind.CANCEL, i)),
-        ("response-unknown", None, lambda i: encode_frame(Kind.RESPONSE, i, pack_body("unsolicited"))),
-        ("data-reply-unknown", None, lambda i: encode_frame(Kind.BULK_DATA_REPLY, i, b"z" * 64)),
         ("all-flag-bits", None, lambda i: request(i, RELTEST_ID, "noop", pack_body(1), flags=0xFFFF)),
     ]  # fmt: skip
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import WAIT_SECONDS, register_test_rpcs, wait_until
 
-from svcframe import BulkError, BulkHandle, Engine, RemoteError, Request, TimeoutError_
+from svcframe import BulkError, BulkHandle, Engine, Request, TimeoutError_
 from svcframe.errors import BulkUsageError
 
 pytestmark = pytest.mark.asyncio
@@ -392,12 +392,12 @@ async def test_a_bound_handle_serves_only_its_peer_and_dies_with_the_connection(
     data = bytearray(pattern(4096, 3))
     handle = client.expose(data, "r", peer=server.address)
     assert await call1(client, server, "pull_digest", handle.to_wire()) == sha(data)  # the bound server: yes
-    with pytest.raises(RemoteError, match="bound to another peer"):
+    with pytest.raises(BulkError, match="bound to another peer"):
         await call1(client, other, "pull_digest", handle.to_wire())  # another server, even with the handle
     conn = await client.connection(server.address)  # type: ignore[arg-type]
     conn.close()
     await wait_until(lambda: server.address not in client._conns, what="the connection to be gone")
-    with pytest.raises(RemoteError, match="not exposed"):  # revoked with its connection
+    with pytest.raises(BulkError, match="not exposed"):  # revoked with its connection
         await call1(client, server, "pull_digest", handle.to_wire())
 
 
@@ -412,7 +412,7 @@ async def test_a_pull_allocates_nothing_before_the_owner_answers(address: str, m
     forged = BulkHandle(small.address, small.engine_id, small.bulk_id, 256 * 1024 * 1024, "r")
     tracemalloc.start()
     try:
-        with pytest.raises(RemoteError, match="outside"):
+        with pytest.raises(BulkError, match="outside"):
             await call1(client, server, "pull_digest", forged.to_wire())
         peak = tracemalloc.get_traced_memory()[1]
     finally:

@@ -18,7 +18,7 @@ from conftest import wait_until
 
 from providers.kv import BufferTooSmall, KVClient, KVProvider, ValueTooLarge
 from svcframe.engine import Engine
-from svcframe.errors import AppError, BulkUsageError, ConfigError, RemoteError
+from svcframe.errors import AppError, BulkError, BulkUsageError, ConfigError, RemoteError
 from svcframe.provider import PROVIDER_TYPES, ProviderHandle
 
 PID = 3
@@ -316,19 +316,21 @@ async def test_get_bulk_into_read_only_handle_fails(raw: ProviderHandle, kv: KVC
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
-    ("rpc", "arg", "match"),
+    ("rpc", "arg", "error", "match"),
     [
-        ("put", {"key": 5, "value": b"x"}, "'key' must be str or bytes, not int"),
-        ("put", {"key": "k", "value": "text"}, "'value' must be bytes, not str"),
-        ("put", {"value": b"x"}, "no 'key' field"),
-        ("get", "k", "must be a dict"),
-        ("put_bulk", {"key": "k", "bulk": [1, 2]}, "not a bulk handle"),
-        ("list_keys", {"max": -1}, "'max' must be an integer >= 0"),
-        ("list_keys", {"prefix": 1}, "'prefix' must be str or bytes"),
+        ("put", {"key": 5, "value": b"x"}, RemoteError, "'key' must be str or bytes, not int"),
+        ("put", {"key": "k", "value": "text"}, RemoteError, "'value' must be bytes, not str"),
+        ("put", {"value": b"x"}, RemoteError, "no 'key' field"),
+        ("get", "k", RemoteError, "must be a dict"),
+        ("put_bulk", {"key": "k", "bulk": [1, 2]}, BulkError, "not a bulk handle"),
+        ("list_keys", {"max": -1}, RemoteError, "'max' must be an integer >= 0"),
+        ("list_keys", {"prefix": 1}, RemoteError, "'prefix' must be str or bytes"),
     ],
 )
-async def test_malformed_arguments_get_clear_errors(raw: ProviderHandle, rpc: str, arg: Any, match: str) -> None:
-    with pytest.raises(RemoteError, match=match):
+async def test_malformed_arguments_get_clear_errors(
+    raw: ProviderHandle, rpc: str, arg: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
         await raw.call(rpc, arg)
 
 

@@ -29,14 +29,26 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
-from .errors import AppError, ProtocolError, RemoteProtocolError, ResultTooLarge, Status, status_for
+from .bulk import as_byte_view
+from .errors import (
+    AppError,
+    BulkUsageError,
+    ConnectionLost,
+    ProtocolError,
+    RemoteProtocolError,
+    ResultTooLarge,
+    Status,
+    status_for,
+)
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
 from .registration import Registration, RegistrationTable
 from .tracing import Tracer, new_span_id, new_trace_id
 from .wire import (
+    F_INTO,
     F_NO_REPLY,
     F_TRACE_STARTED_HERE,
     F_TRACED,
+    K_BULK_DATA_REPLY,
     K_GOODBYE,
     K_RESPONSE,
     ZERO_COPY_BYTES,
@@ -45,6 +57,7 @@ from .wire import (
     _new_tuple,
     bin_header,
     encode_frame,
+    encode_header,
     pack_body,
     pack_ok_response_header,
     unpack_body,
@@ -63,6 +76,10 @@ _SMALL_RESULT_BYTES = 4096  # results up to this size are answered in _on_reques
 _pack_bytes = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # results that are bytes (bin)
 #: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
 _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
+#: Results of these types are never sent as data (``_reply_into``) though some offer a buffer.
+_NOT_BUFFERS = frozenset({str, int, float, bool, list, dict, tuple})
+#: Request flags the inline fast path leaves to _finish: no reply, or the result goes as data.
+_NOT_FAST = F_NO_REPLY | F_INTO
 
 
 class EngineAPI(Protocol):
@@ -222,6 +239,13 @@ class Handlers:
     _bound: Address | None
     max_inflight_per_connection: int
     send_tracebacks: bool
+    bulk_chunk_bytes: int
+
+    if TYPE_CHECKING:
+
+        async def _send_chunks(
+            self, conn: Connection, kind: Kind, request_id: int, src: memoryview, first: bytes | None, until: Any
+        ) -> None: ...
 
     #: The request whose handler runs here (``current_request.get``), for the other parts of the engine.
     _request_here = staticmethod(current_request.get)
@@ -247,6 +271,10 @@ class Handlers:
             arg = unpack_body(frame[13])
         except ProtocolError as exc:
             raise self._bad_body(conn, frame, str(exc)) from None
+        if frame[1] & F_INTO:  # [capacity, arg]: the result may go as data into the caller's buffer
+            if not (type(arg) is list and len(arg) == 2 and type(arg[0]) is int and arg[0] >= 0):
+                raise self._bad_body(conn, frame, "a request flagged INTO has the body [capacity >= 0, argument]")
+            conn.protocol.into[frame[4]], arg = arg
         rec = None
         monitor = self.monitor
         if monitor.enabled:
@@ -286,7 +314,7 @@ class Handlers:
             if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
                 if (
                     start_ns
-                    or frame[1] & F_NO_REPLY
+                    or frame[1] & _NOT_FAST
                     or not (result is None or (type(result) is bytes and len(result) <= _SMALL_RESULT_BYTES))
                 ):
                     self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
@@ -368,6 +396,7 @@ class Handlers:
     ) -> None:
         if deadline is not None:
             deadline.cancel()
+        conn.protocol.into.pop(request_id, None)  # a handler cancelled before it answered
         if inspect.iscoroutine(handler_result):
             if (
                 task.cancelled()
@@ -431,28 +460,32 @@ class Handlers:
         end_ns = perf_ns() if start_ns else 0
         large = False
         try:
-            if result is None:
-                body = _NIL
-            elif type(result) is bytes:  # msgpack cannot fail on bytes: no verification needed
-                large = len(result) >= ZERO_COPY_BYTES  # then sent as it is, not copied
-                body = bin_header(len(result)) if large else _pack_bytes(result)
+            if frame[1] & F_INTO and self._reply_into(conn, frame, reg, result):
+                body_len = 0  # sent as data: its statistics count the header's body only
             else:
-                body = pack_body(result)
-            body_len = len(body) + len(result) if large else len(body)
-            if body_len > conn.peer_max_body_bytes:
-                raise ResultTooLarge(
-                    f"the result of {reg.name!r} encodes to {body_len} bytes, over the caller's {conn.peer_max_body_bytes}"
-                    "-byte limit (its engine.max_body_bytes, or Engine(max_body_bytes=...)): the caller can raise that "
-                    "limit, or expose a writable bulk buffer for the handler to push the data into"
-                )
+                if result is None:
+                    body = _NIL
+                elif type(result) is bytes:  # msgpack cannot fail on bytes: no verification needed
+                    large = len(result) >= ZERO_COPY_BYTES  # then sent as it is, not copied
+                    body = bin_header(len(result)) if large else _pack_bytes(result)
+                else:
+                    body = pack_body(result)
+                body_len = len(body) + len(result) if large else len(body)
+                if body_len > conn.peer_max_body_bytes:
+                    raise ResultTooLarge(
+                        f"the result of {reg.name!r} encodes to {body_len} bytes, over the caller's "
+                        f"{conn.peer_max_body_bytes}-byte limit (its engine.max_body_bytes, or Engine(max_body_bytes="
+                        "...)): the caller can raise that limit, or take the result into its own buffer "
+                        "(Engine.call(..., into=buffer))"
+                    )
+                if not frame[1] & F_NO_REPLY:
+                    if large:
+                        conn.send_many((pack_ok_response_header(body_len, frame[4]) + body, result))
+                    else:
+                        conn.send(pack_ok_response_header(body_len, frame[4]) + body)
         except (ProtocolError, ResultTooLarge) as exc:  # the caller's error, not a handler failure: not logged
             self._finish_error(conn, frame, reg, exc)
             return
-        if not frame[1] & F_NO_REPLY:
-            if large:
-                conn.send_many((pack_ok_response_header(body_len, frame[4]) + body, result))
-            else:
-                conn.send(pack_ok_response_header(body_len, frame[4]) + body)
         if rec is not None:
             buf = rec.buffer
             sent_ns = perf_ns()
@@ -467,6 +500,48 @@ class Handlers:
                           tracer.lamport, conn.peer_label, reg, self._bound,
                           root=bool(frame[1] & F_TRACE_STARTED_HERE))  # fmt: skip
 
+    def _reply_into(self, conn: Connection, frame: Frame, reg: Registration, result: Any) -> bool:
+        """The caller takes the result as data into its own buffer (``Engine.call(..., into=...)``): a bytes-like
+        result goes as BULK_DATA_REPLY frames (zero-copy, straight into the caller's buffer), then a RESPONSE
+        flagged INTO whose body is the byte count. One round trip and no task on either side, as a handler's
+        HG_BULK_PUSH into the caller's memory is in Margo. False for a result that is not bytes-like (it is
+        answered inline). Large results leave chunk by chunk behind write backpressure (a task).
+
+        Raises:
+            ResultTooLarge: the result is larger than the caller's buffer.
+        """
+        capacity = conn.protocol.into.pop(frame[4], 0)
+        if result is None or type(result) in _NOT_BUFFERS:
+            return False
+        try:
+            view = as_byte_view(result, writable=False)
+        except BulkUsageError:
+            return False
+        size = len(view)
+        if size > capacity:
+            raise ResultTooLarge(f"the result of {reg.name!r} is {size} bytes; the caller's buffer holds {capacity}")
+        if frame[1] & F_NO_REPLY:
+            return True
+        answer = encode_frame(K_RESPONSE, frame[4], pack_body(size), flags=F_INTO)
+        chunk = min(self.bulk_chunk_bytes, conn.peer_max_body_bytes)
+        if size <= chunk:
+            if size:
+                conn.send_many((encode_header(K_BULK_DATA_REPLY, frame[4], size), view, answer))
+            else:
+                conn.send(answer)
+        else:
+            task = asyncio.get_running_loop().create_task(self._send_into(conn, frame, view, answer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _send_into(self, conn: Connection, frame: Frame, view: memoryview, answer: bytes) -> None:
+        try:
+            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame[4], view, None, None)
+        except ConnectionLost:
+            return
+        conn.send(answer)
+
     def _target_record(self, frame: Frame, reg: Registration, conn: Connection) -> Any:
         key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
         rec = self.monitor.target.get(key) or self.monitor.target_record(key)
@@ -479,6 +554,8 @@ class Handlers:
         (svcframe.errors.status_for), anything else as HANDLER_ERROR with the type and message, and the
         traceback only to an authenticated peer or when ``send_tracebacks`` is set (it names server paths).
         Unexpected exceptions are logged here, at most one traceback per RPC a second."""
+        if frame[1] & F_INTO:
+            conn.protocol.into.pop(frame[4], None)
         status = status_for(exc)
         if status == Status.APP_ERROR:
             assert isinstance(exc, AppError)

@@ -193,14 +193,34 @@ class Protocol:
         peer: what the handshake established (None before ``OPEN``).
         pending: what waits for each of our requests' RESPONSE, by request id (the engine's futures: opaque
             here; the engine adds and removes them).
-        pulls: where the data of our bulk pulls goes, by request id.
+        pulls: where the data of our bulk pulls (and of results we take as data) goes, by request id.
+        into: requests of the peer being served whose result goes as data into its buffer: its capacity.
         serving: requests being served by request id (the engine's handler tasks: opaque here).
         error: the exception that put the connection in ``Phase.ERROR``.
     """
 
-    __slots__ = ("_client_nonce", "_local_endpoint", "_next_id", "_nonce", "_out", "_peer_on_node",
-                 "_refused_pushes", "_remote_endpoint", "decoder", "error", "identity", "max_pushes", "peer",
-                 "pending", "phase", "pulls", "pushes", "role", "serving")  # fmt: skip
+    __slots__ = (
+        "_client_nonce",
+        "_local_endpoint",
+        "_next_id",
+        "_nonce",
+        "_out",
+        "_peer_on_node",
+        "_refused_pushes",
+        "_remote_endpoint",
+        "decoder",
+        "error",
+        "identity",
+        "into",
+        "max_pushes",
+        "peer",
+        "pending",
+        "phase",
+        "pulls",
+        "pushes",
+        "role",
+        "serving",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -219,6 +239,7 @@ class Protocol:
         self.error: ProtocolError | None = None
         self.pending: dict[int, Any] = {}
         self.pulls: dict[int, IncomingPull] = {}
+        self.into: dict[int, int] = {}  # requests being served whose caller takes the result as data: capacity
         self.serving: dict[int, Any] = {}
         self.pushes: dict[int, IncomingPush] = {}
         self._refused_pushes: dict[int, int] = {}  # request id -> bytes of refused push data still to discard
@@ -580,6 +601,7 @@ class Protocol:
         self.decoder.close()
         self.pushes.clear()
         self.pulls.clear()
+        self.into.clear()
         self._refused_pushes.clear()
         return ConnectionLost("peer closed the connection in the middle of a frame") if cut else None
 

@@ -28,7 +28,7 @@ A *library* is a Python module that registers provider types when imported; the 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, overload
 
@@ -219,13 +219,25 @@ class ProviderHandle:
         self.provider_id = provider_id
         self.timeout_seconds = timeout_seconds
 
-    async def call(self, name: str, arg: Any = None, *, timeout_seconds: float | None = None) -> Any:
-        return await self.engine.call(
+    def call(
+        self,
+        name: str,
+        arg: Any = None,
+        *,
+        timeout_seconds: float | None = None,
+        idempotent: bool = False,
+        into: Any = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """``await handle.call(name, arg)``: ``Engine.call`` on this provider (see it for the arguments and
+        errors). Returns the call's coroutine (one coroutine per call, not two)."""
+        return self.engine.call(
             self.address,
             name,
             arg,
             provider_id=self.provider_id,
             timeout_seconds=timeout_seconds if timeout_seconds is not None else self.timeout_seconds,
+            idempotent=idempotent,
+            into=into,
         )
 
     def __repr__(self) -> str:

@@ -135,6 +135,8 @@ class Flag(enum.IntFlag):
     IDEMPOTENT = 2  # the caller may retry this request
     NO_REPLY = 4  # one-way request: the server sends no response
     CMA = 8  # a BULK_PUSH whose data the receiver reads from the sender's memory (svcframe.cma): no data frames
+    INTO = 16  # REQUEST: the caller takes a bytes-like result as raw data into its own buffer, whose capacity
+    #            leads the body ([capacity, arg]); RESPONSE: the result went so (BULK_DATA_REPLY frames), body = bytes
     TRACE_STARTED_HERE = 0x8000  # local, never sent: this server started the trace of a call that came untraced
 
 
@@ -164,7 +166,7 @@ _new_tuple = tuple.__new__  # builds a Frame without running NamedTuple's Python
 # Python code; comparisons with these ints do not).
 K_HELLO, K_REQUEST, K_RESPONSE, K_CANCEL = 1, 2, 3, 4
 K_BULK_PULL, K_BULK_PUSH, K_BULK_DATA_REPLY, K_BULK_DATA_PUSH, K_GOODBYE = 5, 6, 7, 8, 9
-F_TRACED, F_IDEMPOTENT, F_NO_REPLY, F_CMA, F_TRACE_STARTED_HERE = 1, 2, 4, 8, 0x8000
+F_TRACED, F_IDEMPOTENT, F_NO_REPLY, F_CMA, F_INTO, F_TRACE_STARTED_HERE = 1, 2, 4, 8, 16, 0x8000
 S_OK = 0
 
 

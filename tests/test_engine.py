@@ -460,7 +460,7 @@ async def test_result_over_the_callers_limit_is_result_too_large(
     client = await make_engine(None, max_body_bytes=4096, bulk_chunk_bytes=4096)
     assert await call1(client, server, "big", 100) == b"r" * 100
     conn = await client.connection(server.address)  # type: ignore[arg-type]
-    with pytest.raises(ResultTooLarge, match=r"over the caller's 4096-byte limit .*max_body_bytes.*bulk buffer"):
+    with pytest.raises(ResultTooLarge, match=r"over the caller's 4096-byte limit .*max_body_bytes.*into=buffer"):
         await call1(client, server, "big", 16384, timeout_seconds=WAIT_SECONDS)
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     assert await call1(client, server, "big", 10) == b"r" * 10

@@ -1,0 +1,121 @@
+"""Results taken as data straight into the caller's buffer (``Engine.call(..., into=buffer)``): one round trip,
+zero-copy on both sides, over tcp and unix, from sync and async handlers, small and chunked results; a result
+larger than the buffer is ResultTooLarge with the buffer untouched; a malformed INTO request is a bad frame."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+
+import pytest
+from conftest import WAIT_SECONDS
+
+from svcframe import Engine, Request
+from svcframe.errors import RemoteError, ResultTooLarge
+from svcframe.testing import RawPeer
+from svcframe.wire import Flag, Kind, Status, encode_frame, pack_body, rpc_id
+
+MakeEngine = Callable[..., Awaitable[Engine]]
+MiB = 1024 * 1024
+
+pytestmark = pytest.mark.asyncio
+
+
+def pattern(size: int, seed: int = 1) -> bytes:
+    block = hashlib.sha256(seed.to_bytes(4, "little")).digest() * 32  # 1 KiB
+    return (block * (size // len(block) + 1))[:size]
+
+
+def register(server: Engine) -> None:
+    server.register(1, "read", lambda req, size: pattern(size))
+
+    async def aread(req: Request, size: int) -> bytes:
+        await asyncio.sleep(0)
+        return pattern(size, 2)
+
+    server.register(1, "aread", aread)
+    server.register(1, "view", lambda req, size: memoryview(bytearray(pattern(size, 3)))[1:])
+    server.register(1, "meta", lambda req, _: {"not": "bytes"})
+    server.register(1, "fail", lambda req, _: 1 / 0)
+
+
+@pytest.mark.parametrize("size", [0, 1000, 64 * 1024, 4 * MiB, 16 * MiB + 5], ids=lambda s: f"{s}B")
+async def test_a_result_lands_in_the_callers_buffer(address: str, make_engine: MakeEngine, size: int) -> None:
+    server = await make_engine(address, max_body_bytes=4 * MiB)
+    register(server)
+    client = await make_engine(None)
+    buf = bytearray(size + 10)
+    n = await client.call(server.address, "read", size, provider_id=1, into=buf, timeout_seconds=WAIT_SECONDS)
+    assert n == size and bytes(buf[:size]) == pattern(size) and bytes(buf[size:]) == bytes(10)
+    n = await client.call(server.address, "aread", size, provider_id=1, into=buf, timeout_seconds=WAIT_SECONDS)
+    assert n == size and bytes(buf[:size]) == pattern(size, 2)
+    if size:
+        n = await client.call(server.address, "view", size, provider_id=1, into=memoryview(buf), timeout_seconds=10)
+        assert n == size - 1 and bytes(buf[: size - 1]) == pattern(size, 3)[1:]
+
+
+async def test_reads_in_flight_together_each_land_in_their_own_buffer(address: str, make_engine: MakeEngine) -> None:
+    server = await make_engine(address)
+    register(server)
+    client = await make_engine(None)
+    buffers = [bytearray(256 * 1024) for _ in range(16)]
+    counts = await asyncio.gather(
+        *(client.call(server.address, "read", 200_000 + i, provider_id=1, into=b) for i, b in enumerate(buffers))
+    )
+    for i, (n, b) in enumerate(zip(counts, buffers, strict=True)):
+        assert n == 200_000 + i and bytes(b[:n]) == pattern(n)
+
+
+async def test_a_result_larger_than_the_buffer_is_result_too_large(address: str, make_engine: MakeEngine) -> None:
+    server = await make_engine(address)
+    register(server)
+    client = await make_engine(None)
+    buf = bytearray(100)
+    with pytest.raises(ResultTooLarge, match="is 101 bytes; the caller's buffer holds 100"):
+        await client.call(server.address, "read", 101, provider_id=1, into=buf)
+    assert buf == bytearray(100)
+    assert await client.call(server.address, "read", 100, provider_id=1, into=buf) == 100  # the connection goes on
+    assert not any(c.protocol.into for c in server._all_conns)
+
+
+async def test_a_result_that_is_not_bytes_is_returned_as_it_is(server: Engine, client: Engine) -> None:
+    register(server)
+    buf = bytearray(64)
+    assert await client.call(server.address, "meta", None, provider_id=1, into=buf) == {"not": "bytes"}  # type: ignore[arg-type]
+    with pytest.raises(RemoteError, match="division by zero"):
+        await client.call(server.address, "fail", None, provider_id=1, into=buf)  # type: ignore[arg-type]
+    assert buf == bytearray(64) and not any(c.protocol.into for c in server._all_conns)
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_a_malformed_into_request_is_a_bad_frame(make_engine: MakeEngine) -> None:
+    server = await make_engine("tcp://127.0.0.1:0", secret=None)
+    register(server)
+    async with await RawPeer.connect(server.address) as peer:  # type: ignore[arg-type]
+        peer.send(encode_frame(Kind.REQUEST, 1, pack_body("no capacity"), provider_id=1, rpc=rpc_id("read"),
+                               flags=Flag.INTO))  # fmt: skip
+        frame, body = await peer.read_response()
+        assert frame.status == Status.BAD_REQUEST and "capacity" in body
+        assert await peer.wait_closed() is not None
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_the_data_is_not_copied_on_the_way_in() -> None:
+    """The caller's buffer is where the data is received (the protocol's pull table names it), so taking a
+    result of any size allocates nothing in proportion to it."""
+    import tracemalloc
+
+    async with Engine("tcp://127.0.0.1:0", secret=None) as server, Engine(None, secret=None) as client:
+        data = bytes(8 * MiB)
+        server.register(1, "big", lambda req, _: data)
+        buf = bytearray(8 * MiB)
+        await client.call(server.address, "big", None, provider_id=1, into=buf)  # type: ignore[arg-type]
+        tracemalloc.start()
+        try:
+            for _ in range(4):
+                n = await client.call(server.address, "big", None, provider_id=1, into=buf)  # type: ignore[arg-type]
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert n == 8 * MiB and peak < 1 * MiB, f"{peak / MiB:.1f} MiB allocated to take 4 x 8 MiB"

@@ -42,6 +42,7 @@ from svcframe.wire import (
 BULK_KINDS = (Kind.BULK_DATA_REPLY, Kind.BULK_DATA_PUSH)
 MSGPACK_KINDS = tuple(k for k in Kind if k not in BULK_KINDS and k != Kind.CANCEL)
 FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ONE_INTERPRETER = pytest.mark.one_interpreter  # the codec is ours: fuzzed on CI's first interpreter only
 
 MAX_FIELDS: dict[str, int | bytes] = {
     "provider_id": 0xFFFF,
@@ -459,6 +460,7 @@ header_like = st.builds(
 )
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(
     chunks=st.lists(st.one_of(st.binary(max_size=300), header_like), max_size=6),
@@ -471,6 +473,7 @@ def test_garbage_raises_only_remote_protocol_error(chunks: list[bytes], cuts: li
 VALID_STREAM = sample_stream()[0]
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(
     edits=st.lists(
@@ -500,6 +503,7 @@ def test_mutated_valid_frames_raise_only_remote_protocol_error(
     decode_or_protocol_error(bytes(data[: max(truncate, 1)]), cuts)
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(
     kind=st.integers(0, 255),
@@ -512,6 +516,7 @@ def test_mutated_header_fields_raise_only_remote_protocol_error(kind: int, field
     decode_or_protocol_error(data, range(1, len(data)), max_body_bytes=2**20)
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(body=st.binary(max_size=200))
 def test_unpack_body_of_garbage_raises_only_remote_protocol_error(body: bytes) -> None:

@@ -251,9 +251,10 @@ _TYPES_HINT = (
 #: Check every outgoing msgpack body with the receiver's own strict decoder (``unpack_body``), so a value
 #: every peer refuses (an extension type, a non-str map key) fails at the sender, with the caller's line in
 #: the traceback, instead of as a remote BadRequest that also closes the connection. Off by default: the
-#: receiver's strictness is the guarantee, and the check decodes every body again (a 3-key dict: about
-#: 1.4 µs on top of 0.2 µs to encode). On when the environment has ``SVCFRAME_DEBUG_WIRE=1`` as this module
-#: is imported, or set ``svcframe.wire.DEBUG_WIRE = True`` (read at every call).
+#: receiver's strictness is the guarantee, and the check decodes every body again (a 3-key dict: 19,460
+#: instructions per pack_body with it, 3,968 without; callgrind, Python 3.11). On when the environment has
+#: ``SVCFRAME_DEBUG_WIRE=1`` as this module is imported, or set ``svcframe.wire.DEBUG_WIRE = True`` (read at
+#: every call).
 DEBUG_WIRE = os.environ.get("SVCFRAME_DEBUG_WIRE", "") not in ("", "0")
 
 

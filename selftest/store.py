@@ -34,7 +34,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,21 +121,24 @@ class ResultsStore:
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = sqlite3.connect(str(path), timeout=30.0)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA foreign_keys = ON")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{path}: results store schema {version} is newer than this svcframe's ({SCHEMA_VERSION}); "
-                    f"upgrade svcframe or use another --store"
-                )
-            with self._db:
-                self._db.executescript(_SCHEMA)
-                columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
-                if "nodes" not in columns:  # a version 1 file
-                    self._db.execute("ALTER TABLE runs ADD COLUMN nodes TEXT")
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            with ExitStack() as on_error:
+                self._db = sqlite3.connect(str(path), timeout=30.0)
+                on_error.callback(self._db.close)  # a store that fails to open leaves no connection behind
+                self._db.row_factory = sqlite3.Row
+                self._db.execute("PRAGMA foreign_keys = ON")
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{path}: results store schema {version} is newer than this svcframe's "
+                        f"({SCHEMA_VERSION}); upgrade svcframe or use another --store"
+                    )
+                with self._db:
+                    self._db.executescript(_SCHEMA)
+                    columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+                    if "nodes" not in columns:  # a version 1 file
+                        self._db.execute("ALTER TABLE runs ADD COLUMN nodes TEXT")
+                    self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                on_error.pop_all()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path} is not a usable results store: {exc}") from exc
 

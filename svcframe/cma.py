@@ -26,8 +26,6 @@ import socket
 import struct
 import sys
 
-import numpy as np
-
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _MAX_ADDRESS = (1 << 64) - 1
 
@@ -83,11 +81,40 @@ def start_time(pid: int) -> int | None:
     return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (part of the stable ABI since Python 3.11)."""
+
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]  # fmt: skip
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+_PyBUF_SIMPLE = 0  # a contiguous buffer, read-only allowed
+
+
 def buffer_address(view: memoryview) -> int:
-    """The virtual address of the first byte of a C-contiguous byte view (read-only views included)."""
+    """The virtual address of the first byte of a C-contiguous byte view (read-only views included), from
+    the buffer protocol itself (``PyObject_GetBuffer``); the caller keeps ``view`` alive while the address
+    is used.
+
+    Raises:
+        BufferError: ``view`` is not C-contiguous.
+    """
     if not len(view):
         return 0
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+    buffer = _PyBuffer()
+    _get_buffer(view, ctypes.byref(buffer), _PyBUF_SIMPLE)  # raises the BufferError the view sets
+    try:
+        return int(buffer.buf)
+    finally:
+        _release_buffer(ctypes.byref(buffer))
 
 
 def read(pid: int, address: int, dest: memoryview) -> None:

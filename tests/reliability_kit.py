@@ -459,7 +459,7 @@ FRAMING_CASES = (
     "response-never-asked", "data-reply-never-asked",
 )  # fmt: skip
 
-#: Bodies a conforming sender refuses to encode (svcframe.wire.pack_body): malformed or non-strict msgpack.
+#: Bodies every receiver refuses (svcframe.wire.unpack_body): malformed or non-strict msgpack.
 BAD_BODIES = {
     "never-used-byte": b"\xc1",
     "ext-type": msgpack.packb(msgpack.ExtType(5, b"x")),

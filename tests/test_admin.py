@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import tempfile
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +277,8 @@ def test_remove_waits_for_in_flight_calls_and_releases_resources(svc: Member, wo
     finally:
         lock.close()
     assert not server_has_open()  # released
-    assert sqlite3.connect(path).execute("SELECT value FROM kv WHERE key = ?", (b"key",)).fetchone() == (b"value",)
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT value FROM kv WHERE key = ?", (b"key",)).fetchone() == (b"value",)
 
 
 def test_load_library(svc: Member) -> None:

@@ -9,6 +9,7 @@ import pytest
 from selftest.bench import BenchOptions, add_ratios, run_bench
 
 
+@pytest.mark.one_interpreter
 def test_bench_runs_and_reports_ratios(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SVCFRAME_SECRET", raising=False)  # the bench brings its own secret for its servers
     before = os.sched_getaffinity(0)

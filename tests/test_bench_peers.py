@@ -158,6 +158,7 @@ def test_unix_over_tcp_per_implementation() -> None:
     assert rows[3]["ratio_to_raw"] == 2.0 / 3.0 and "unix_over_tcp" not in rows[1]
 
 
+@pytest.mark.one_interpreter
 def test_bulk_rows_compare_the_same_data_flow(monkeypatch: pytest.MonkeyPatch) -> None:
     from selftest.bench import BLOCK_BULK, FLOW, RAW_BULK, BenchOptions, run_bench
 

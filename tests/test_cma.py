@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -136,6 +137,21 @@ async def test_a_kernel_refusal_falls_back_to_the_socket(procs: Procs, tmp_path:
     finally:
         libc.prctl(pr_set_dumpable, 1, 0, 0, 0)
     assert "cross-memory pull from pid" in server.log()
+
+
+def test_buffer_address_of_read_only_and_writable_views() -> None:
+    """The address cma sends for a view is where its first byte is: the kernel copies from a read-only
+    slice of bytes at that address; a writable slice's address is ctypes'; a strided view is refused."""
+    source = bytes(range(256)) * 16
+    dest = bytearray(len(source) - 100)
+    cma.read(os.getpid(), cma.buffer_address(memoryview(source)[100:]), memoryview(dest))
+    assert dest == source[100:]
+    writable = bytearray(64)
+    expected = ctypes.addressof((ctypes.c_char * 56).from_buffer(writable, 8))
+    assert cma.buffer_address(memoryview(writable)[8:]) == expected
+    assert cma.buffer_address(memoryview(b"")) == 0
+    with pytest.raises(BufferError):
+        cma.buffer_address(memoryview(source)[::2])
 
 
 def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import psutil
@@ -109,11 +110,8 @@ def _samples(db, within: float = 60.0, at_least: int = 1) -> int:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
-            con = sqlite3.connect(db)
-            try:
+            with closing(sqlite3.connect(db)) as con:
                 n = con.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-            finally:
-                con.close()
         except sqlite3.OperationalError:  # not created yet
             n = 0
         if n >= at_least:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def value_of(key: str) -> bytes:
 def check_database(path: Path, acked: list[str], in_flight: set[str]) -> tuple[str, int]:
     """(integrity_check result, rows) after a crash; asserts every acknowledged key holds its value and
     nothing but acknowledged or in-flight keys exists."""
-    with sqlite3.connect(path) as db:  # opening it recovers the WAL, as the next server would
+    with closing(sqlite3.connect(path)) as db:  # opening it recovers the WAL, as the next server would
         integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
         rows = {key.decode(): bytes(value) for key, value in db.execute("SELECT key, value FROM kv")}
     missing = [key for key in acked if rows.get(key) != value_of(key)]

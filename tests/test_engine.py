@@ -29,6 +29,7 @@ from svcframe import (
     Request,
     RPCError,
     TimeoutError_,
+    wire,
 )
 from svcframe.engine import current_callpath
 from svcframe.errors import AppError, DeadlineExceeded, Dropped, LocalProtocolError, MutationsDisabled, ResultTooLarge
@@ -219,6 +220,26 @@ async def test_unencodable_argument_is_a_local_error(server: Engine, client: Eng
     await assert_serves(client, server)
     with pytest.raises(LocalProtocolError):
         await call1(client, server, "echo", {"x": object()})
+    await assert_serves(client, server)
+
+
+async def test_non_strict_argument_is_refused_by_the_receiver_or_in_debug_mode_by_the_sender(
+    server: Engine, client: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An int map key is not strict msgpack. In debug mode (``svcframe.wire.DEBUG_WIRE``) the caller's
+    pack_body refuses it and nothing is sent; otherwise the server's strict decoder refuses it (BadRequest,
+    and that connection is closed) and the client's next call works on a new connection."""
+    await assert_serves(client, server)
+    conn = await client.connection(server.address)  # type: ignore[arg-type]
+    monkeypatch.setattr(wire, "DEBUG_WIRE", True)
+    with pytest.raises(LocalProtocolError, match="map key"):
+        await call1(client, server, "echo", {1: "x"})
+    await assert_serves(client, server)
+    assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
+    monkeypatch.setattr(wire, "DEBUG_WIRE", False)
+    with pytest.raises(RemoteError) as info:
+        await call1(client, server, "echo", {1: "x"}, timeout_seconds=WAIT_SECONDS)
+    assert info.value.remote_type == "BadRequest" and "map key" in info.value.remote_message
     await assert_serves(client, server)
 
 

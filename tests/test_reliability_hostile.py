@@ -212,6 +212,7 @@ def _fuzz_one(blob: bytes) -> None:
     _fuzz_runs["bytes"] += len(data)
 
 
+@pytest.mark.one_interpreter
 def test_decoder_fuzz_mutated_frames_split_at_every_byte(figures: Any) -> None:
     """Garbage in raises only RemoteProtocolError (FrameTooLarge included); any split of the same bytes
     decodes the same way. Any other exception fails the test (Hypothesis reports the input)."""

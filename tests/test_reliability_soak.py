@@ -13,6 +13,7 @@ import hashlib
 import os
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ async def test_soak_64_clients_mixed_load(procs: Procs, tmp_path: Path, figures:
     journal_ids = answered["noop"] + answered["bulk"]
     lost = [rid for rid in journal_ids if counts.get(rid, 0) == 0]
     duplicated = [rid for rid, c in counts.items() if c > 1]
-    with sqlite3.connect(tmp_path / "kv.sqlite") as db:
+    with closing(sqlite3.connect(tmp_path / "kv.sqlite")) as db:
         rows = dict(db.execute("SELECT key, value FROM kv").fetchall())
     kv_lost = [rid for rid in answered["kv"] if rows.get(rid.encode()) != rid.encode() * 4]
     total = sum(len(v) for v in answered.values())

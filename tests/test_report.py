@@ -19,6 +19,7 @@ from selftest.store import ResultsStore
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CLI = [sys.executable, "-m", "svcframe"]
+pytestmark = pytest.mark.one_interpreter  # plots and HTML: checked on CI's first interpreter only
 
 # Injected first into <head>: records script errors, failed resource loads (capture phase) and
 # console.error calls, then on load writes the images' state into the DOM for --dump-dom to show.

@@ -7,7 +7,10 @@ import os
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
+from pathlib import Path
 
+import psutil
 import pytest
 
 from selftest.store import (
@@ -65,7 +68,8 @@ def test_runs_and_samples_round_trip(tmp_path) -> None:
     # a new connection sees everything that was committed
     with ResultsStore(path) as store:
         assert store.run("latest")["status"] == "interrupted"
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_resolve_references(tmp_path) -> None:
@@ -81,16 +85,23 @@ def test_resolve_references(tmp_path) -> None:
 
 
 def test_not_a_store_and_newer_schema_are_clear_errors(tmp_path) -> None:
+    """A file that is not a store, or a newer store, is a StoreError, and the failed store leaves no file
+    open: checked while the errors (whose tracebacks hold the half-made stores) are still alive."""
+
+    def open_here(path: Path) -> list[str]:
+        return [f.path for f in psutil.Process().open_files() if f.path == str(path)]
+
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not sqlite at all" * 100)
-    with pytest.raises(StoreError, match="not a usable results store"):
+    with pytest.raises(StoreError, match="not a usable results store") as junk_error:
         ResultsStore(junk)
     newer = tmp_path / "newer.sqlite"
-    db = sqlite3.connect(newer)
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    db.close()
-    with pytest.raises(StoreError, match="newer than this svcframe"):
+    with closing(sqlite3.connect(newer)) as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreError, match="newer than this svcframe") as newer_error:
         ResultsStore(newer)
+    assert junk_error.traceback and newer_error.traceback
+    assert open_here(junk) == open_here(newer) == []
 
 
 def test_default_path_follows_environment(monkeypatch, tmp_path) -> None:

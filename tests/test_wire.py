@@ -8,6 +8,8 @@ import contextlib
 import itertools
 import os
 import ssl
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import Iterable, Sequence
 
@@ -16,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from svcframe import wire
 from svcframe.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 from svcframe.wire import (
     DEFAULT_MAX_BODY_BYTES,
@@ -39,6 +42,7 @@ from svcframe.wire import (
 BULK_KINDS = (Kind.BULK_DATA_REPLY, Kind.BULK_DATA_PUSH)
 MSGPACK_KINDS = tuple(k for k in Kind if k not in BULK_KINDS and k != Kind.CANCEL)
 FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ONE_INTERPRETER = pytest.mark.one_interpreter  # the codec is ours: fuzzed on CI's first interpreter only
 
 MAX_FIELDS: dict[str, int | bytes] = {
     "provider_id": 0xFFFF,
@@ -456,6 +460,7 @@ header_like = st.builds(
 )
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(
     chunks=st.lists(st.one_of(st.binary(max_size=300), header_like), max_size=6),
@@ -468,6 +473,7 @@ def test_garbage_raises_only_remote_protocol_error(chunks: list[bytes], cuts: li
 VALID_STREAM = sample_stream()[0]
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(
     edits=st.lists(
@@ -497,6 +503,7 @@ def test_mutated_valid_frames_raise_only_remote_protocol_error(
     decode_or_protocol_error(bytes(data[: max(truncate, 1)]), cuts)
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(
     kind=st.integers(0, 255),
@@ -509,6 +516,7 @@ def test_mutated_header_fields_raise_only_remote_protocol_error(kind: int, field
     decode_or_protocol_error(data, range(1, len(data)), max_body_bytes=2**20)
 
 
+@ONE_INTERPRETER
 @FUZZ
 @given(body=st.binary(max_size=200))
 def test_unpack_body_of_garbage_raises_only_remote_protocol_error(body: bytes) -> None:
@@ -582,16 +590,51 @@ def test_pack_body_of_unsupported_type_is_local_protocol_error(value: object) ->
     assert pack_body([1, "a"]) == msgpack.packb([1, "a"])
 
 
-@pytest.mark.parametrize(
+NON_STRICT_VALUES = pytest.mark.parametrize(
     "value",
-    [msgpack.ExtType(5, b"x"), msgpack.Timestamp(1, 0), {1: "int key"}, {b"k": "bytes key"}],
-    ids=["ext", "timestamp", "int-key", "bytes-key"],
-)
-def test_pack_body_refuses_what_unpack_body_refuses(value: object) -> None:
-    """Bodies are strict msgpack (no extension types, str keys): the sender refuses what every
-    receiver would refuse, so the caller gets a LocalProtocolError instead of a remote BadRequest."""
-    with pytest.raises(LocalProtocolError):
+    [msgpack.ExtType(5, b"x"), msgpack.Timestamp(1, 0), {1: "int key"}, {b"k": "bytes key"},
+     [1, {"ok": {2.5: "nested float key"}}]],
+    ids=["ext", "timestamp", "int-key", "bytes-key", "nested-float-key"],
+)  # fmt: skip
+
+
+@NON_STRICT_VALUES
+def test_the_receiver_refuses_what_a_sender_packs_outside_debug_mode(
+    value: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bodies are strict msgpack (no extension types, str keys). Outside debug mode the sender does not
+    decode its own bodies again: the receiver's strict decoder is the guarantee."""
+    monkeypatch.setattr(wire, "DEBUG_WIRE", False)
+    body = pack_body(value)
+    assert body == msgpack.packb(value, use_bin_type=True)
+    with pytest.raises(RemoteProtocolError):
+        unpack_body(body)
+
+
+@NON_STRICT_VALUES
+def test_pack_body_refuses_what_unpack_body_refuses_in_debug_mode(
+    value: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In debug mode (``DEBUG_WIRE``) the sender refuses what every receiver would refuse, so the caller
+    gets a LocalProtocolError at its own line instead of a remote BadRequest."""
+    monkeypatch.setattr(wire, "DEBUG_WIRE", True)
+    with pytest.raises(LocalProtocolError, match=r"cannot send this RPC body.*msgpack types"):
         pack_body(value)
+    assert pack_body({"a": [1, b"x", None]}) == msgpack.packb({"a": [1, b"x", None]}, use_bin_type=True)
+
+
+@pytest.mark.parametrize(("environ", "expected"), [("1", True), ("0", False), (None, False)])
+def test_debug_mode_comes_from_the_environment(environ: str | None, expected: bool) -> None:
+    """``SVCFRAME_DEBUG_WIRE=1`` turns the sender-side check on in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != "SVCFRAME_DEBUG_WIRE"}
+    if environ is not None:
+        env["SVCFRAME_DEBUG_WIRE"] = environ
+    script = "import svcframe.wire as w; w.pack_body({1: 'x'}); print('packed')"
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    if expected:
+        assert result.returncode == 1 and "LocalProtocolError: cannot send this RPC body" in result.stderr
+    else:
+        assert result.returncode == 0 and result.stdout == "packed\n", result.stderr
 
 
 @pytest.mark.parametrize("length", [0, 1, 255, 256, 65535, 65536, 1 << 20])

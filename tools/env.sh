@@ -1,20 +1,29 @@
-# Sourced by tools/demo.sh and tools/test.sh: create .venv and install svcframe with its test extras.
+# Sourced by tools/demo.sh and tools/test.sh: create a venv and install svcframe with its test extras.
 # Idempotent: a second run only re-checks the install.
+#   PYTHON  the interpreter the venv is made from (default python3)
+#   VENV    where the venv lives (default .venv; a relative path is relative to the repository), e.g.
+#           PYTHON=python3.13 VENV=.venv-3.13 bash tools/test.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+[[ "$VENV" = /* ]] || VENV="$ROOT/$VENV"
 if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
   echo "svcframe needs Python >= 3.11 (found: $("$PY" --version 2>&1))" >&2
   exit 1
 fi
-if [ ! -x "$ROOT/.venv/bin/python" ]; then
-  if ! "$PY" -m venv "$ROOT/.venv" 2>/dev/null; then
-    echo "python3 -m venv failed; installing python3-venv with apt-get" >&2
+_py_version() { "$1" -c 'import sys; print(sys.version.split()[0])'; }
+if [ -n "${PYTHON:-}" ] && [ -x "$VENV/bin/python" ] && [ "$(_py_version "$VENV/bin/python")" != "$(_py_version "$PY")" ]; then
+  echo "$VENV has Python $(_py_version "$VENV/bin/python"), not $PYTHON's $(_py_version "$PY"): remove it, or set VENV" >&2
+  exit 1
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+    echo "$PY -m venv failed; installing python3-venv with apt-get" >&2
     apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
-    "$PY" -m venv "$ROOT/.venv"
+    "$PY" -m venv "$VENV"
   fi
 fi
-VENV="$ROOT/.venv"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
 # CI also exercises the hwloc topology backend: pyhwloc 3.x declares Python >= 3.12 but imports on 3.11.

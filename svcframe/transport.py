@@ -329,8 +329,7 @@ class Connection(asyncio.BufferedProtocol):
             assert self.transport is not None
             self.writes += 1
             self.transport.write(data)
-            if self._paused:
-                self._check_output()
+            self._check_output()
 
     def send_request(self, data: bytes, corked: bool) -> None:
         """Send a request. ``corked`` (other requests of ours are in flight here): hold it until the loop's
@@ -380,15 +379,14 @@ class Connection(asyncio.BufferedProtocol):
             write = self.transport.write
             for part in parts:
                 write(part)
-        if self._paused:  # over the high-water mark: is it over the cap?
-            self._check_output()
+        self._check_output()
 
     def _check_output(self) -> None:
-        if (
-            self._paused
-            and self.transport is not None
-            and self.transport.get_write_buffer_size() > self.max_output_bytes
-        ):
+        """The slow-reader cap, checked on the buffer's size after every write: it does not depend on the loop
+        calling pause_writing (CPython gh-127655: the stdlib's writelines did not, on 3.12.0-3.12.8 and
+        3.13.0-3.13.1). One C call per write: a batch's replies make one write."""
+        transport = self.transport
+        if transport is not None and transport.get_write_buffer_size() > self.max_output_bytes:
             self.abort(ConnectionLost(f"peer {self.peername} does not read its data (slow reader)"))
 
     async def drain(self) -> None:

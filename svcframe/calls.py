@@ -25,6 +25,7 @@ from .errors import (
     ConnectionLost,
     DeadlineExceeded,
     LocalProtocolError,
+    ResultTooLarge,
     ShuttingDown,
     error_from_status,
 )
@@ -102,7 +103,7 @@ class Calls:
                 read pattern, a handler's bulk push into the caller's memory, without a bulk handle). The call
                 then returns the number of bytes written at the start of ``into``; a handler that returns
                 something that is not bytes-like has its result returned as usual. A result larger than
-                ``into`` raises ResultTooLarge (nothing is written).
+                ``into`` raises ResultTooLarge (``into`` may then hold the result's first bytes).
 
         Returns:
             A coroutine: ``await engine.call(...)`` gives the result. (``call`` itself is not a coroutine
@@ -162,11 +163,9 @@ class Calls:
         if conn is None or conn.closed:
             conn = await self.connection(address, timeout)
             remaining = timeout - (loop.time() - start)
-        if into is None:
-            body = pack_body(arg)
-        else:
+        body = pack_body(arg)
+        if into is not None:
             into = as_byte_view(into, writable=True)
-            body = pack_body([len(into), arg])
             flags |= F_INTO
         if len(body) > conn.peer_max_body_bytes:
             raise LocalProtocolError(
@@ -209,7 +208,7 @@ class Calls:
         pending = conn.pending
         pending[request_id] = future
         if into is not None:
-            conn.protocol.pulls[request_id] = IncomingPull(into)
+            conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
         conn.send_request(
             pack_request_header(
                 flags, provider_id, rid, len(body), request_id, wire_deadline(remaining), 0, parent_provider,
@@ -256,6 +255,11 @@ class Calls:
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
                               parent_span, lamport, address, status, provider_id)  # fmt: skip
         if status == S_OK:
+            if into is not None and into_pull.overflowed:
+                raise ResultTooLarge(
+                    f"{name!r} (provider {provider_id}) at {address}: the result is {payload} bytes; the buffer "
+                    f"given as into= holds {len(into)} (it may hold the result's first bytes)"
+                )
             return payload  # decoded by the engine's dispatch (Engine.on_frames)
         raise error_from_status(status, payload, name, provider_id, address)
 

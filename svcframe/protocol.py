@@ -154,14 +154,19 @@ class Closed:
 
 
 class IncomingPull:
-    """Where the data of one of our bulk pulls goes (``BULK_DATA_REPLY`` frames, in order), by request id in
-    ``Protocol.pulls``."""
+    """Where the data of one of our bulk pulls, or of a result we take into our own buffer, goes
+    (``BULK_DATA_REPLY`` frames, in order), by request id in ``Protocol.pulls``.
 
-    __slots__ = ("cursor", "dest")
+    ``overflow_ok``: more data than ``dest`` holds is discarded and ``overflowed`` set (a result larger than
+    the caller's buffer: its call fails) instead of breaking the protocol (a pull is asked for a size)."""
 
-    def __init__(self, dest: Any) -> None:
+    __slots__ = ("cursor", "dest", "overflow_ok", "overflowed")
+
+    def __init__(self, dest: Any, *, overflow_ok: bool = False) -> None:
         self.dest = dest  # a memoryview, or an object that makes one when sliced (bulk's lazy destination)
         self.cursor = 0
+        self.overflow_ok = overflow_ok
+        self.overflowed = False
 
 
 class IncomingPush:
@@ -194,7 +199,6 @@ class Protocol:
         pending: what waits for each of our requests' RESPONSE, by request id (the engine's futures: opaque
             here; the engine adds and removes them).
         pulls: where the data of our bulk pulls (and of results we take as data) goes, by request id.
-        into: requests of the peer being served whose result goes as data into its buffer: its capacity.
         serving: requests being served by request id (the engine's handler tasks: opaque here).
         error: the exception that put the connection in ``Phase.ERROR``.
     """
@@ -239,7 +243,6 @@ class Protocol:
         self.error: ProtocolError | None = None
         self.pending: dict[int, Any] = {}
         self.pulls: dict[int, IncomingPull] = {}
-        self.into: dict[int, int] = {}  # requests being served whose caller takes the result as data: capacity
         self.serving: dict[int, Any] = {}
         self.pushes: dict[int, IncomingPush] = {}
         self._refused_pushes: dict[int, int] = {}  # request id -> bytes of refused push data still to discard
@@ -552,7 +555,10 @@ class Protocol:
                 self.check_late_answer(request_id)
                 return _discard(length)  # a transfer we gave up on: drop its late data
             end = p.cursor + length
-            if end > len(p.dest):
+            if end > len(p.dest) or p.overflowed:
+                if p.overflow_ok:
+                    p.overflowed = True
+                    return _discard(length)
                 raise RemoteProtocolError(f"peer sent {end} bytes for a {len(p.dest)}-byte pull")
             view = p.dest[p.cursor : end]
             p.cursor = end
@@ -601,7 +607,6 @@ class Protocol:
         self.decoder.close()
         self.pushes.clear()
         self.pulls.clear()
-        self.into.clear()
         self._refused_pushes.clear()
         return ConnectionLost("peer closed the connection in the middle of a frame") if cut else None
 

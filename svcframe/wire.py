@@ -136,8 +136,8 @@ class Flag(enum.IntFlag):
     IDEMPOTENT = 2  # the caller may retry this request
     NO_REPLY = 4  # one-way request: the server sends no response
     CMA = 8  # a BULK_PUSH whose data the receiver reads from the sender's memory (svcframe.cma): no data frames
-    INTO = 16  # REQUEST: the caller takes a bytes-like result as raw data into its own buffer, whose capacity
-    #            leads the body ([capacity, arg]); RESPONSE: the result went so (BULK_DATA_REPLY frames), body = bytes
+    INTO = 16  # REQUEST: the caller takes a bytes-like result as raw data into its own buffer; RESPONSE: the
+    #            result went so (BULK_DATA_REPLY frames before it), its body the byte count
     TRACE_STARTED_HERE = 0x8000  # local, never sent: this server started the trace of a call that came untraced
 
 

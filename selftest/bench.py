@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ class BenchOptions:
     sat_clients: int = 2
     sat_depth: int = 32
     bulk_repeats: int = 5  # interleaved rounds per bulk setting (3 with --quick)
-    client_repeats: int = 5  # interleaved samples per client setting, ``seconds`` split over them (2 with --quick)
+    client_repeats: int = 5  # interleaved samples per client setting (2 with --quick)
+    client_seconds: float | None = None  # measuring time per client setting, over its samples (None: ``seconds``)
     workloads: tuple[str, ...] = WORKLOADS
     peers: tuple[str, ...] = ("raw", "zmq", "grpc")
 
@@ -87,6 +89,7 @@ class BenchOptions:
             self.seconds = min(self.seconds, 0.6)
             self.bulk_repeats = min(self.bulk_repeats, 3)
             self.client_repeats = min(self.client_repeats, 2)
+            self.client_seconds = min(self.client_seconds or 0.2, 0.2)
 
 
 def _cores() -> tuple[int, list[int]]:
@@ -450,20 +453,28 @@ def _run_bench(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
     # The bench's servers are its own: it reconfigures them (progress mode, monitoring), which needs an
     # authenticated connection. Servers and clients it starts inherit this secret.
     os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))
-    rows: list[dict[str, Any]] = []
-    if "seq" in opts.workloads:
-        rows += bench_seq(opts, server_core)
-    if "sat" in opts.workloads:
-        rows += bench_sat(opts, server_core, client_cores)
-    if "bulk" in opts.workloads:
-        rows += bench_bulk(opts, server_core, client_cores)
-    if "overhead" in opts.workloads:
-        rows += bench_overhead(opts, server_core, client_cores)
     client = tuple(w for w in opts.workloads if w in CLIENT_WORKLOADS)
-    if client:
-        rows += bench_client(client, opts.seconds, opts.client_repeats, server_core, client_cores)
+    steps: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "seq": lambda: bench_seq(opts, server_core),
+        "sat": lambda: bench_sat(opts, server_core, client_cores),
+        "bulk": lambda: bench_bulk(opts, server_core, client_cores),
+        "overhead": lambda: bench_overhead(opts, server_core, client_cores),
+        "client": lambda: bench_client(
+            client, opts.client_seconds or opts.seconds, opts.client_repeats, server_core, client_cores
+        ),
+    }
+    rows: list[dict[str, Any]] = []
+    wall_seconds = {}  # what each step took, servers and clients included
+    for name, step in steps.items():
+        if name in opts.workloads or (name == "client" and client):
+            t0 = time.monotonic()
+            rows += step()
+            wall_seconds[name] = time.monotonic() - t0
     add_ratios(rows)
-    return {"kind": "svcframe-bench", "options": asdict(opts), "environment": environment(), "rows": rows}
+    return {
+        "kind": "svcframe-bench", "options": asdict(opts), "environment": environment(), "rows": rows,
+        "wall_seconds": wall_seconds,
+    }  # fmt: skip
 
 
 #: per workload: the figure a ratio to raw compares, and the fields that make two rows the same setting

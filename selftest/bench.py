@@ -43,7 +43,7 @@ from svcframe.progress import PROGRESS_MODES
 
 from .bench_client import CLIENT_WORKLOADS, COLUMNS, HEADLINE, TITLES, bench_client, table_rows
 from .bench_peers import raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
-from .driver import SelftestParams, environment, latency_summary, run_selftest
+from .driver import SelftestParams, environment, latency_summary
 from .provider import DIRECTIONS
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
@@ -77,7 +77,8 @@ class BenchOptions:
     seconds: float = 3.0
     sat_clients: int = 2
     sat_depth: int = 32
-    bulk_repeats: int = 5  # interleaved rounds per bulk setting (3 with --quick)
+    bulk_repeats: int = 5  # interleaved rounds per bulk setting (2 with --quick)
+    bulk_seconds: float | None = None  # measuring time per bulk setting, over its rounds (None: ``seconds``)
     client_repeats: int = 5  # interleaved samples per client setting (2 with --quick)
     client_seconds: float | None = None  # measuring time per client setting, over its samples (None: ``seconds``)
     workloads: tuple[str, ...] = WORKLOADS
@@ -87,7 +88,8 @@ class BenchOptions:
         self.workloads = expand_workloads(self.workloads)
         if self.quick:
             self.seconds = min(self.seconds, 0.6)
-            self.bulk_repeats = min(self.bulk_repeats, 3)
+            self.bulk_repeats = min(self.bulk_repeats, 2)
+            self.bulk_seconds = min(self.bulk_seconds or 0.2, 0.2)
             self.client_repeats = min(self.client_repeats, 2)
             self.client_seconds = min(self.client_seconds or 0.2, 0.2)
 
@@ -297,13 +299,13 @@ BLOCK_BULK = "polled sockets (machine)"
 
 def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
     """svcframe, the raw uvloop peer and plain sockets, interleaved: each (transport, size, direction) is
-    measured ``bulk_repeats`` times in rounds of one sample per implementation (``seconds`` split over the
-    rounds), so drift in the machine's load reaches all three alike; the median is the figure. A short
+    measured ``bulk_repeats`` times in rounds of one sample per implementation (``bulk_seconds`` split over
+    the rounds), so drift in the machine's load reaches all three alike; the median is the figure. A short
     first round is not kept: the first use of large buffers in a process can stall for up to hundreds of
     ms (fresh memory behind the new pages of a VM), whatever the implementation.
 
     Same conditions for all: every client (this process for the peers, the self-test's client process
-    for svcframe) on the same client core, every server on ``server_core``, one request at a time, and
+    for svcframe, started once: ``selftest/pool.py``) on the same client core, every server on ``server_core``, one request at a time, and
     no sleeping in ``epoll_wait`` between messages: svcframe's server and client run in ``spindown``
     progress mode, the raw peer polls as long after each message, the plain sockets are polled
     (non-blocking). On a VM, waking an idle core costs tens of µs per message, depending on what else
@@ -312,12 +314,14 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
     from svcframe.loops import run
 
     from .bench_peers import block_bulk
+    from .pool import ClientPool
 
     rows = []
     tmp = tempfile.mkdtemp(prefix="sfb", dir="/tmp")
-    sample = opts.seconds / opts.bulk_repeats
+    sample = (opts.bulk_seconds or opts.seconds) / opts.bulk_repeats
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, client_cores[:1])  # the self-test pins its client there too
+    pool = ClientPool(1).start()
     try:
         for transport in ("tcp", "unix"):
             cfg = load_config(CONFIG)
@@ -343,7 +347,7 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
                             raw_gib = run(_raw_bulk(raw.address, size, op, t, spindown_msec=spin))
                             block_gib = block_bulk(block.address, size, op, t, 20, poll=True)
                             p = params.model_copy(update={"duration_seconds": t})
-                            sf_gib = run_selftest(p, [job.members[0].address])["aggregate"]["bandwidth_gib_per_second"]
+                            sf_gib = pool.run(p, [job.members[0].address])["aggregate"]["bandwidth_gib_per_second"]
                             if i:
                                 samples[RAW_BULK].append(raw_gib)
                                 samples[BLOCK_BULK].append(block_gib)
@@ -352,6 +356,7 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
                             rows.append(_row("bulk", impl, transport=transport, size=size, direction=direction,
                                              flow=FLOW[direction], **_spread(xs)))  # fmt: skip
     finally:
+        pool.close()
         os.sched_setaffinity(0, saved)
     return rows
 

@@ -458,7 +458,7 @@ class ClientBench:
 
     # the workloads
     def cpu_rows(self) -> list[dict[str, Any]]:
-        settings = [(impl, {}) for impl in IMPLS]
+        settings: list[tuple[str, dict[str, Any]]] = [(impl, {}) for impl in IMPLS]
         cmd = {"op": "noop", "depth": DEPTH, "mode": "block"}
         return self._rows("client-cpu", settings, lambda impl, s: self.run(impl, "tcp", cmd, cores=self.client_cores))
 
@@ -502,7 +502,10 @@ class ClientBench:
         return rows
 
     def _rows(
-        self, workload: str, settings: list[tuple[str, dict[str, Any]]], one: Callable[[str, dict[str, Any]], dict]
+        self,
+        workload: str,
+        settings: list[tuple[str, dict[str, Any]]],
+        one: Callable[[str, dict[str, Any]], dict[str, Any]],
     ) -> list[dict[str, Any]]:
         """``repeats`` rounds of one sample per setting (interleaved), then one row per setting: the median
         of each figure, the min-max of the headline figure, and the samples."""

@@ -35,6 +35,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 LEN = struct.Struct("<I")
@@ -389,7 +390,7 @@ async def serve_msgpack(unix: str | None, ready_fd: int) -> None:
             data[size] = read_data(size)
         return data[size]
 
-    methods = {"noop": lambda: None, "read": read}
+    methods: dict[str, Callable[..., Any]] = {"noop": lambda: None, "read": read}
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -294,7 +294,7 @@ def _saturate(kind: str, address: str, pid: int, opts: BenchOptions, client_core
 FLOW = {"pull": "c→s", "push": "s→c"}  # the data: client -> server, server -> client
 PEER_OP = {"pull": "push", "push": "pull"}
 RAW_BULK = "raw uvloop stream"
-BLOCK_BULK = "polled sockets (machine)"
+BLOCK_BULK = "machine (polled)"  # plain non-blocking sockets polled in a loop: the machine's limit
 
 
 def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
@@ -536,6 +536,10 @@ SERVER_COLUMNS = {
 }
 
 
+#: the columns that wrap when a table is wider than the terminal (the others keep their figures on one line)
+WRAPPING = ("figure", "setting", "note")
+
+
 def print_table(result: dict[str, Any]) -> None:
     """One table per workload, each readable in 80 columns (cells wrap, nothing is cut)."""
     from rich import box
@@ -553,7 +557,7 @@ def print_table(result: dict[str, Any]) -> None:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
         client = workload in CLIENT_WORKLOADS
         for col in COLUMNS[workload] if client else SERVER_COLUMNS.get(workload, SERVER_COLUMNS["seq"]):
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", no_wrap=col not in WRAPPING)
         cells = table_rows(workload, rows) if client else _server_cells(workload, rows)
         for cell in cells:
             table.add_row(*cell)

@@ -4,7 +4,7 @@ Three client implementations (``IMPLS``), each against its own server (every ser
 core, loopback):
 
 * ``raw uvloop``: the raw peer of ``bench_peers`` (length-prefixed frames consumed in place): the limit;
-* ``asyncio + msgpack``: the hand-written msgpack RPC of ``bench_peers``, what an afternoon's work gives;
+* ``asyncio+msgpack``: the hand-written msgpack RPC of ``bench_peers``, what an afternoon's work gives;
 * ``svcframe``: a client-only ``Engine(None)`` calling the self-test provider (``work`` for a noop call,
   ``read`` for reads: ``selftest/provider.py``).
 
@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import select
 import statistics
 import subprocess
@@ -58,7 +59,7 @@ from typing import Any
 import psutil
 
 RAW = "raw uvloop"
-MSGPACK = "asyncio + msgpack"
+MSGPACK = "asyncio+msgpack"
 SVCFRAME = "svcframe"
 IMPLS = (RAW, MSGPACK, SVCFRAME)
 CLIENT_WORKLOADS = ("client-cpu", "client-seq", "client-read")
@@ -193,10 +194,12 @@ def spin_msec(mode: str) -> float:
 
 async def timed(operation: Operation, depth: int, seconds: float, latencies: bool) -> dict[str, Any]:
     """Run ``operation`` for ``seconds`` with ``depth`` in flight: calls, elapsed seconds, this process's CPU
-    seconds (user + system) and, with ``latencies``, p50 / p99 µs."""
+    seconds (user + system) and minor page faults (memory mapped in afresh) and, with ``latencies``, p50 / p99
+    µs."""
     perf = time.perf_counter
     lat = array("d")
     calls = 0
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     cpu0 = time.process_time()
     start = perf()
     end = start + seconds
@@ -218,7 +221,10 @@ async def timed(operation: Operation, depth: int, seconds: float, latencies: boo
     else:
         await asyncio.gather(*(worker() for _ in range(depth)))
     elapsed = perf() - start
-    out: dict[str, Any] = {"calls": calls, "elapsed_seconds": elapsed, "cpu_seconds": time.process_time() - cpu0}
+    out: dict[str, Any] = {
+        "calls": calls, "elapsed_seconds": elapsed, "cpu_seconds": time.process_time() - cpu0,
+        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0,
+    }  # fmt: skip
     if latencies and lat:
         ordered = sorted(lat)
         out["p50_usec"] = ordered[len(ordered) // 2] * 1e6
@@ -445,6 +451,7 @@ class ClientBench:
         figures = {
             "ops_per_second": sum(o["calls"] / o["elapsed_seconds"] for o in outs),
             "client_cpu_usec_per_call": sum(o["cpu_seconds"] for o in outs) / max(calls, 1) * 1e6,
+            "client_faults_per_call": sum(o["minor_faults"] for o in outs) / max(calls, 1),
             "server_cpu_usec_per_call": server_cpu / max(calls, 1) * 1e6,
             "server_utilization": server_cpu / wall,
             "cma_bytes": sum(o["cma_bytes"] for o in outs),
@@ -551,7 +558,8 @@ TITLES = {
     "lower is better; server: its CPU per call and how busy it was)",
     "client-seq": "sequential noop calls, µs (cores: client on the server's core or its own; progress: server/"
     "client mode; ratio: p50 over raw's, lower is better)",
-    "client-read": "reads, GiB/s (malloc: the client's; cma: by cross-memory attach; ratio: over raw's)",
+    "client-read": "reads, GiB/s (malloc: the client's; cma: by cross-memory attach; pf: the client's page faults "
+    "per read; ratio: over raw's)",
 }
 COLUMNS = {
     "client-cpu": ("implementation", "CPU µs/call", "ops/s", "server µs/call", "ratio"),
@@ -582,6 +590,8 @@ def table_rows(workload: str, rows: list[dict[str, Any]]) -> Iterator[tuple[str,
         else:
             impl = f"{r['impl']} {r['method']}" if r["impl"] == SVCFRAME else r["impl"]
             notes = ["cma"] if r.get("cma_bytes") else []
+            if r.get("client_faults_per_call", 0) >= 1:
+                notes.append(f"{r['client_faults_per_call']:.0f} pf")
             if "ratio_to_tuned" in r:
                 notes.append(f"{r['ratio_to_tuned']:.2f} of tuned")
             over = f"{r['transport']} {size_label(r['size'])}"

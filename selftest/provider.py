@@ -21,9 +21,8 @@ RPCs:
   ``READ_METHODS``: ``"inline"`` returns them as the result (``bytes``); ``"push"`` writes them into
   ``bulk_handle`` (the caller's buffer, exposed ``"w"``) and returns None; ``"pull"`` returns the wire
   form of a bulk handle on a read-only region of the server holding them, which the caller then pulls
-  (``svcframe bench --workload client-read`` compares the three). The data of at most four sizes is kept,
-  each exposed once for pulls and revoked when its size is dropped; sizes are bounded by
-  ``max_response_bytes``.
+  (``svcframe bench --workload client-read`` compares the three). The data of at most four sizes, and of
+  ``max_response_bytes`` in all, is kept, each exposed once for pulls and revoked when its size is dropped.
 * ``stat``: no argument -> ``{"user_seconds", "system_seconds", "cpu_seconds", "wall_seconds",
   "max_rss_bytes", "pid"}`` from ``getrusage(RUSAGE_SELF)`` (Quintain's ``qtn_stat_rpc``).
 
@@ -31,8 +30,8 @@ Server bulk buffers are kept per size and reused (Quintain's poolset), so a bulk
 transfer, not the allocator; at most four sizes are kept, committed page by page as data lands, and sizes
 are bounded by ``max_bulk_bytes`` / ``max_response_bytes``.
 
-Retries: every RPC is safe to retry. ``work``, ``read`` and ``stat`` change nothing a caller can observe; a retried
-``storage`` write rewrites a random block of the provider's own scratch file.
+Retries: every RPC is safe to retry. ``work``, ``read`` and ``stat`` change nothing a caller can observe; a
+retried ``storage`` write rewrites a random block of the provider's own scratch file.
 """
 
 from __future__ import annotations
@@ -152,16 +151,18 @@ class SelftestProvider(Provider):
     def _read_data(self, size: int) -> tuple[bytes, BulkHandle]:
         """``size`` bytes of data for ``read`` and the read-only region exposing them, made once per size.
         The bytes are written (a repeated random block), so a transfer reads memory, as a real service's
-        does, not the shared zero page an untouched allocation maps."""
+        does, not the shared zero page an untouched allocation maps. Their memory is committed: the sizes
+        kept hold ``max_response_bytes`` at most in all."""
         entry = self._data.pop(size, None)
         if entry is None:
-            if not isinstance(size, int) or not 0 < size <= self.config["max_response_bytes"]:
-                raise ValueError(f"read size {size!r} is outside 1..{self.config['max_response_bytes']}")
+            limit = self.config["max_response_bytes"]
+            if not isinstance(size, int) or not 0 < size <= limit:
+                raise ValueError(f"read size {size!r} is outside 1..{limit}")
+            while self._data and (len(self._data) >= _KEEP_READ_SIZES or size + sum(self._data) > limit):
+                self.engine.unexpose(self._data.pop(next(iter(self._data)))[1])  # the least recently used
             block = os.urandom(4096)
             data = (block * (size // len(block) + 1))[:size]
             entry = (data, self.engine.expose(data, "r"))
-            while len(self._data) >= _KEEP_READ_SIZES:
-                self.engine.unexpose(self._data.pop(next(iter(self._data)))[1])  # the least recently used
         self._data[size] = entry
         return entry
 

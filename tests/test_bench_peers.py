@@ -211,5 +211,5 @@ def test_msgpack_peer_answers_calls_in_flight(transport: str, tmp_path: Any) -> 
     with PeerServer("msgpack", sorted(os.sched_getaffinity(0))[0], unix=unix) as peer:
         results, error = run(main(peer.address))
     assert [len(r) for r in results[:3]] == [1, 100, SIZE] and results[3] is None
-    assert results[2].count(0) < SIZE // 100  # written data, as every peer's read returns
+    assert results[2].count(0) < SIZE // 2  # written (random) data, as every peer's read returns
     assert "KeyError" in error  # an unknown method: an error reply

@@ -21,17 +21,13 @@ file. No figure here is a pass/fail test: speed targets are read from this outpu
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import secrets
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,12 +37,11 @@ from svcframe.config import load_config
 from svcframe.launch import Launch, usable_cores
 from svcframe.progress import PROGRESS_MODES
 
-from .bench_client import CLIENT_WORKLOADS, COLUMNS, HEADLINE, TITLES, bench_client, table_rows
-from .bench_peers import raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
+from .bench_client import CLIENT_WORKLOADS, COLUMNS, CONFIG, HEADLINE, TITLES, bench_client, table_rows
+from .bench_peers import PeerServer, raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
 from .driver import SelftestParams, environment, latency_summary
 from .provider import DIRECTIONS
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 BULK_SIZES = (64 * 1024, 4 * 1024 * 1024)
 #: What ``svcframe bench`` measures: sequential calls (every progress mode), a saturated server, bulk
 #: transfers, the cost of monitoring, and the client (``bench_client``).
@@ -99,41 +94,6 @@ def _cores() -> tuple[int, list[int]]:
     if len(cores) < 2:
         return cores[0], cores
     return cores[0], cores[1:]
-
-
-class PeerServer:
-    """A reference server process (raw / zmq / grpc) pinned to a core."""
-
-    def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
-        r, w = os.pipe()
-        cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
-        if unix:
-            cmd += ["--unix", unix]
-        if spindown_msec:
-            cmd += ["--spindown-msec", str(spindown_msec)]
-        self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE)
-        os.close(w)
-        with os.fdopen(r) as f:
-            line = f.readline()
-        if not line:
-            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-            self.proc.wait()
-            raise RuntimeError(f"{kind} server failed to start: {err[-500:]}")
-        info = json.loads(line)
-        self.address = info["address"]
-        self.pid = info["pid"]
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        if self.proc.stderr:
-            self.proc.stderr.close()
-
-    def __enter__(self) -> PeerServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -54,10 +54,13 @@ import tempfile
 import time
 from array import array
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
 
+#: the svcframe servers' bootstrap config (the self-test provider, id 1)
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 RAW = "raw uvloop"
 MSGPACK = "asyncio+msgpack"
 SVCFRAME = "svcframe"
@@ -402,8 +405,6 @@ class ClientBench:
                 from svcframe.config import load_config
                 from svcframe.launch import Launch
 
-                from .bench import CONFIG
-
                 cfg = load_config(CONFIG)
                 if unix:
                     cfg.engine.address = f"unix://{unix}"
@@ -411,7 +412,7 @@ class ClientBench:
                 self.servers[key] = (job.members[0].address, job.members[0].pid)
                 self.server_modes[job.members[0].address] = cfg.engine.progress_mode
             else:
-                from .bench import PeerServer
+                from .bench_peers import PeerServer
 
                 kind = "raw" if impl == RAW else "msgpack"
                 spin = spin_msec(mode) if impl == RAW else 0.0

@@ -33,6 +33,7 @@ import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -243,6 +244,43 @@ def raw_pull_frame(size: int) -> bytes:
 
 def raw_push_header(size: int) -> bytes:
     return LEN.pack(1 + size) + bytes([OP_PUSH])
+
+
+# -- a peer's server process ---------------------------------------------------------------------------------
+class PeerServer:
+    """A reference server process (``raw``, ``block``, ``msgpack``, ``zmq``, ``grpc``) pinned to a core; its address
+    and pid once it accepts connections."""
+
+    def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
+        r, w = os.pipe()
+        cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
+        if unix:
+            cmd += ["--unix", unix]
+        if spindown_msec:
+            cmd += ["--spindown-msec", str(spindown_msec)]
+        self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE)
+        os.close(w)
+        with os.fdopen(r) as f:
+            line = f.readline()
+        if not line:
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            self.proc.wait()
+            raise RuntimeError(f"{kind} server failed to start: {err[-500:]}")
+        info = json.loads(line)
+        self.address = info["address"]
+        self.pid = info["pid"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+    def __enter__(self) -> PeerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # -- the machine limit: blocking sockets ---------------------------------------------------------------------

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from conftest import WAIT_SECONDS
 
-from selftest.bench import CONFIG, BenchOptions, run_bench
+from selftest.bench import BenchOptions, run_bench
 from selftest.bench_client import (
+    CONFIG,
     IMPLS,
     MALLOC_TUNING,
     MSGPACK,

@@ -32,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from selftest.bench import CONFIG, PeerServer
-from selftest.bench_client import IMPLS, MSGPACK, RAW, SIDES, SVCFRAME, Operation, spin_msec
+from selftest.bench_client import CONFIG, IMPLS, MSGPACK, RAW, SIDES, SVCFRAME, Operation, spin_msec
+from selftest.bench_peers import PeerServer
 from svcframe.config import load_config
 from svcframe.launch import Launch
 from svcframe.loops import run

@@ -16,7 +16,7 @@ from ..bench import WORKLOAD_GROUPS, WORKLOADS
 @click.option("--seconds", type=float, default=3.0, show_default=True, help="Length of each measurement.")
 @click.option(
     "--workload", "workloads", multiple=True, type=click.Choice((*WORKLOADS, *WORKLOAD_GROUPS)),
-    help="Repeatable; client = client-cpu, client-seq and client-read. Default: all.",
+    help="Repeatable; " + "; ".join(f"{k} = {', '.join(v)}" for k, v in WORKLOAD_GROUPS.items()) + ". Default: all.",
 )  # fmt: skip
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="out/bench.json", show_default=True)
 def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str) -> None:

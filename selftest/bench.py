@@ -265,11 +265,11 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
     ms (fresh memory behind the new pages of a VM), whatever the implementation.
 
     Same conditions for all: every client (this process for the peers, the self-test's client process
-    for svcframe, started once: ``selftest/pool.py``) on the same client core, every server on ``server_core``, one request at a time, and
-    no sleeping in ``epoll_wait`` between messages: svcframe's server and client run in ``spindown``
-    progress mode, the raw peer polls as long after each message, the plain sockets are polled
-    (non-blocking). On a VM, waking an idle core costs tens of µs per message, depending on what else
-    runs there: a peer that sleeps measures the scheduler, not the transport.
+    for svcframe, started once: ``selftest/pool.py``) on the same client core, every server on
+    ``server_core``, one request at a time, and no sleeping in ``epoll_wait`` between messages: svcframe's
+    server and client run in ``spindown`` progress mode, the raw peer polls as long after each message,
+    the plain sockets are polled (non-blocking). On a VM, waking an idle core costs tens of µs per message,
+    depending on what else runs there: a peer that sleeps measures the scheduler, not the transport.
     """
     from svcframe.loops import run
 

@@ -106,9 +106,8 @@ def print_profile(stats: pstats.Stats, calls: int, top: int) -> None:
     ranked = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
     for (path, line, name), (_, ncalls, tt, ct, _) in ranked:
         where = f"{os.path.basename(path)}:{line}" if line else "~"
-        print(
-            f"{tt / calls * 1e6:8.2f} {100 * tt / total:5.1f}% {ct / calls * 1e6:8.2f} {ncalls / calls:6.2f}  {where}({name})"
-        )
+        own, cum = tt / calls * 1e6, ct / calls * 1e6
+        print(f"{own:8.2f} {100 * tt / total:5.1f}% {cum:8.2f} {ncalls / calls:6.2f}  {where}({name})")
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from svcframe.config import load_config
 from svcframe.launch import Launch, usable_cores
 from svcframe.progress import PROGRESS_MODES
 
-from .bench_client import CLIENT_WORKLOADS, COLUMNS, CONFIG, HEADLINE, TITLES, bench_client, table_rows
+from .bench_client import CLIENT_WORKLOADS, CONFIG, HEADLINE, bench_client, tables
 from .bench_peers import PeerServer, raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
 from .driver import SelftestParams, environment, latency_summary
 from .provider import DIRECTIONS
@@ -496,10 +496,6 @@ SERVER_COLUMNS = {
 }
 
 
-#: the columns that wrap when a table is wider than the terminal (the others keep their figures on one line)
-WRAPPING = ("figure", "setting", "note")
-
-
 def print_table(result: dict[str, Any]) -> None:
     """One table per workload, each readable in 80 columns (cells wrap, nothing is cut)."""
     from rich import box
@@ -508,20 +504,22 @@ def print_table(result: dict[str, Any]) -> None:
 
     console = Console()
     console.print("svcframe bench: server on one core, clients on the others, loopback", soft_wrap=True)
-    titles = {**SERVER_TITLES, **TITLES}
     for workload in WORKLOADS:
         rows = [r for r in result["rows"] if r["workload"] == workload]
         if not rows:
             continue
-        title = f"{workload}: {titles[workload]}"
-        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
-        client = workload in CLIENT_WORKLOADS
-        for col in COLUMNS[workload] if client else SERVER_COLUMNS.get(workload, SERVER_COLUMNS["seq"]):
-            table.add_column(col, overflow="fold", no_wrap=col not in WRAPPING)
-        cells = table_rows(workload, rows) if client else _server_cells(workload, rows)
-        for cell in cells:
-            table.add_row(*cell)
-        console.print(table)
+        if workload in CLIENT_WORKLOADS:
+            specs = tables(workload, rows)
+        else:
+            columns = SERVER_COLUMNS.get(workload, SERVER_COLUMNS["seq"])
+            specs = [(f"{workload}: {SERVER_TITLES[workload]}", columns, list(_server_cells(workload, rows)))]
+        for title, columns, cells in specs:
+            table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+            for col in columns:
+                table.add_column(col, overflow="fold")
+            for cell in cells:
+                table.add_row(*cell)
+            console.print(table)
 
 
 def _server_cells(workload: str, rows: list[dict[str, Any]]) -> Any:

@@ -53,7 +53,7 @@ import sys
 import tempfile
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -408,9 +408,11 @@ class ClientBench:
                 cfg = load_config(CONFIG)
                 if unix:
                     cfg.engine.address = f"unix://{unix}"
-                job = self.stack.enter_context(Launch(cfg, 1, cores=[self.server_core]))
-                self.servers[key] = (job.members[0].address, job.members[0].pid)
-                self.server_modes[job.members[0].address] = cfg.engine.progress_mode
+                member = self.stack.enter_context(Launch(cfg, 1, cores=[self.server_core])).members[0]
+                if member.pid is None:  # a local launch knows its processes
+                    raise BenchClientError(f"no pid for the svcframe server at {member.address}")
+                self.servers[key] = (member.address, member.pid)
+                self.server_modes[member.address] = cfg.engine.progress_mode
             else:
                 from .bench_peers import PeerServer
 
@@ -553,20 +555,8 @@ def bench_client(
     return rows
 
 
-# -- the table ----------------------------------------------------------------------------------------------
-TITLES = {
-    "client-cpu": f"client CPU per noop call, {DEPTH} in flight per client process (ratio: CPU per call over raw's, "
-    "lower is better; server: its CPU per call and how busy it was)",
-    "client-seq": "sequential noop calls, µs (cores: client on the server's core or its own; progress: server/"
-    "client mode; ratio: p50 over raw's, lower is better)",
-    "client-read": "reads, GiB/s (malloc: the client's; cma: by cross-memory attach; pf: the client's page faults "
-    "per read; ratio: over raw's)",
-}
-COLUMNS = {
-    "client-cpu": ("implementation", "CPU µs/call", "ops/s", "server µs/call", "ratio"),
-    "client-seq": ("implementation", "cores", "progress", "p50 µs", "p99 µs", "ratio"),
-    "client-read": ("implementation", "over", "malloc", "GiB/s", "ratio", "note"),
-}
+# -- the tables ---------------------------------------------------------------------------------------------
+Table = tuple[str, tuple[str, ...], list[tuple[str, ...]]]  # title, column headers, rows of cells
 
 
 def size_label(size: int) -> str:
@@ -577,26 +567,55 @@ def _spread(r: dict[str, Any], key: str, digits: int) -> str:
     return f"{r[key]:.{digits}f} ({r[f'min_{key}']:.{digits}f}-{r[f'max_{key}']:.{digits}f})"
 
 
-def table_rows(workload: str, rows: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
-    """The cells of one client workload's rows, under ``COLUMNS[workload]``: medians, (min-max) of samples."""
-    for r in rows:
-        ratio = f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else ""
-        if workload == "client-cpu":
-            server = f"{r['server_cpu_usec_per_call']:.2f} ({100 * r['server_utilization']:.0f}%)"
-            yield r["impl"], _spread(r, "client_cpu_usec_per_call", 2), f"{r['ops_per_second']:,.0f}", server, ratio
-        elif workload == "client-seq":
-            progress = f"{r['server_mode']}/{r['client_mode']}"
-            cores = r["placement"].split()[0]
-            yield r["impl"], cores, progress, _spread(r, "p50_usec", 1), f"{r['p99_usec']:.0f}", ratio
-        else:
+def _ratio(r: dict[str, Any]) -> str:
+    return f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else ""
+
+
+def tables(workload: str, rows: list[dict[str, Any]]) -> list[Table]:
+    """The tables of one client workload's rows (medians, with the (min-max) of the samples), each within 80
+    columns: ``client-read`` gives two, the reads with the tuned and with glibc's default malloc settings."""
+    cells: list[tuple[str, ...]]
+    if workload == "client-cpu":
+        cells = [
+            (r["impl"], _spread(r, "client_cpu_usec_per_call", 2), f"{r['ops_per_second']:,.0f}",
+             f"{r['server_cpu_usec_per_call']:.2f} ({100 * r['server_utilization']:.0f}%)", _ratio(r))
+            for r in rows
+        ]  # fmt: skip
+        title = (
+            f"client-cpu: client CPU per noop call, {DEPTH} in flight per client process (ratio: CPU per call "
+            "over raw's, lower is better; server: its CPU per call and how busy it was)"
+        )
+        return [(title, ("implementation", "CPU µs/call", "ops/s", "server µs/call", "ratio"), cells)]
+    if workload == "client-seq":
+        cells = [
+            (r["impl"], r["placement"].split()[0], f"{r['server_mode']}/{r['client_mode']}", _spread(r, "p50_usec", 1),
+             f"{r['p99_usec']:.0f}", _ratio(r))
+            for r in rows
+        ]  # fmt: skip
+        title = (
+            "client-seq: sequential noop calls, µs (cores: client on the server's core or its own; progress: "
+            "server/client mode; ratio: p50 over raw's, lower is better)"
+        )
+        return [(title, ("implementation", "cores", "progress", "p50 µs", "p99 µs", "ratio"), cells)]
+    out: list[Table] = []
+    for malloc in MALLOC_SETTINGS:
+        cells = []
+        for r in (r for r in rows if r["malloc"] == malloc):
             impl = f"{r['impl']} {r['method']}" if r["impl"] == SVCFRAME else r["impl"]
-            notes = ["cma"] if r.get("cma_bytes") else []
-            if r.get("client_faults_per_call", 0) >= 1:
-                notes.append(f"{r['client_faults_per_call']:.0f} pf")
-            if "ratio_to_tuned" in r:
-                notes.append(f"{r['ratio_to_tuned']:.2f} of tuned")
-            over = f"{r['transport']} {size_label(r['size'])}"
-            yield impl, over, r["malloc"], _spread(r, "gib_per_second", 2), ratio, ", ".join(notes)
+            row: list[str] = [impl, f"{r['transport']} {size_label(r['size'])}", _spread(r, "gib_per_second", 2)]
+            row.append(_ratio(r))
+            row.append(f"{r['client_faults_per_call']:.0f}")
+            row.append(("cma" if r["cma_bytes"] else "") if malloc == "tuned" else f"{r['ratio_to_tuned']:.2f}")
+            cells.append(tuple(row))
+        if cells:
+            last = "cma" if malloc == "tuned" else "of tuned"
+            legend = "cma: by cross-memory attach" if malloc == "tuned" else "of tuned: over the tuned figure"
+            title = (
+                f"client-read: reads, GiB/s, client with {malloc} malloc settings (ratio: over raw's; pf: the "
+                f"client's page faults per read; {legend})"
+            )
+            out.append((title, ("implementation", "over", "GiB/s", "ratio", "pf", last), cells))
+    return out
 
 
 if __name__ == "__main__":

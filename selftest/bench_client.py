@@ -268,7 +268,7 @@ async def _prepare(cmd: dict[str, Any]) -> tuple[Any, Operation]:
     side = await SIDES[cmd["impl"]].open(cmd["address"], cmd["mode"])
     try:
         operation = side.operation(cmd["op"], cmd.get("size", 0), cmd.get("method", "inline"))
-        warmup = 200 if cmd["op"] == "noop" else max(3, (1 << 20) // max(cmd["size"], 1))
+        warmup = 50 if cmd["op"] == "noop" else max(3, (1 << 20) // max(cmd["size"], 1))
         for _ in range(warmup):  # warm up: connection, caches, buffers
             await operation()
     except BaseException:

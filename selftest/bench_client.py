@@ -18,9 +18,10 @@ Workloads (``CLIENT_WORKLOADS``):
   progresses the same way (``bench_peers.Spindown``: ``block``, ``spindown`` with svcframe's window,
   ``busy``); the msgpack peer blocks, as asyncio does.
 * ``client-read``: one client reading ``size`` bytes per call (64 KiB, 4 MiB), tcp and unix: GiB/s. svcframe
-  by inline ``bytes`` result, by bulk push (the server pushes into a buffer the client exposed once) and by
-  bulk pull (the server returns a handle on a region it exposes, the client pulls it into a reused buffer);
-  both bulk methods take two round trips today. The raw peer's pull (the data comes with the reply) and
+  by inline ``bytes`` result, by the same result received into the client's buffer (``into``: one round
+  trip), by bulk push (the server pushes into a buffer the client exposed once) and by bulk pull (the server
+  returns a handle on a region it exposes, the client pulls it into a reused buffer); both bulk methods take
+  two round trips. The raw peer's pull (the data comes with the reply) and
   the msgpack peer's inline result beside them.
 
 Servers run in their default progress modes (svcframe and raw: ``spindown``) except in ``client-seq``;
@@ -72,7 +73,9 @@ HEADLINE = {"client-cpu": "client_cpu_usec_per_call", "client-seq": "p50_usec", 
 #: (a server spins down, a client-only engine blocks)
 SEQ_MODES = (("block", "block"), ("spindown", "block"), ("spindown", "spindown"), ("busy", "busy"))
 READ_SIZES = (64 * 1024, 4 * 1024 * 1024)
-READ_METHODS = ("inline", "push", "pull")  # the self-test provider's ``read`` methods
+#: how the svcframe client reads: the self-test provider's ``read`` methods, and its inline result received
+#: straight into the client's buffer (``call(..., into=buffer)``: one round trip, no allocation)
+READ_METHODS = ("inline", "into", "push", "pull")
 DEPTH = 32  # client-cpu: noop calls in flight per client process
 SPINDOWN_MSEC = 10.0  # svcframe's default spindown window, used by the raw peer too
 PROVIDER_ID = 1  # the self-test provider in configs/selftest.json
@@ -172,6 +175,9 @@ class SvcframeSide:
             arg = [size, "inline", None]
             return lambda: call(address, "read", arg, provider_id=PROVIDER_ID)
         buffer = bytearray(size)  # the client's buffer, reused by every read (as a Mochi client's would be)
+        if method == "into":
+            arg = [size, "inline", None]
+            return lambda: call(address, "read", arg, provider_id=PROVIDER_ID, into=buffer)
         if method == "push":
             arg = [size, "push", engine.expose(buffer, "w", peer=address).to_wire()]
             return lambda: call(address, "read", arg, provider_id=PROVIDER_ID)

@@ -56,8 +56,10 @@ async def test_read_hands_the_same_real_data_by_every_method(server: str) -> Non
             engine.unexpose(handle)
             region = BulkHandle.from_wire(await engine.call(server, "read", [size, "pull", None], provider_id=1))
             pulled = await engine.pull(region)
+            into = bytearray(size)
+            assert await engine.call(server, "read", [size, "inline", None], provider_id=1, into=into) == size
             assert len(inline) == region.size == size and region.mode == "r"
-            assert inline == pushed == pulled
+            assert inline == pushed == pulled == into
             assert inline.count(0) < size // 2  # written (random) data, not untouched zero pages
 
 

@@ -11,6 +11,9 @@ Workloads (server process pinned to one core, clients on the others; loopback):
   samples, with their range), next to the raw uvloop peer and polled plain sockets (the machine) moving
   the same bytes the same way; ratios to raw of the same transport and size, and unix / tcp.
 * ``overhead``: the ``sat`` noop rate with monitoring off, default (statistics) and full tracing.
+* ``client-cpu``, ``client-seq``, ``client-read`` (``client`` for the three): the client path, its CPU per
+  call, sequential latency on shared and own cores, and reads by inline result, bulk push and bulk pull
+  (``selftest/bench_client.py``).
 
 Every figure is also given as a ratio to the raw limit measured in the same run. Results go to a JSON
 file. No figure here is a pass/fail test: speed targets are read from this output.
@@ -18,16 +21,13 @@ file. No figure here is a pass/fail test: speed targets are read from this outpu
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import secrets
-import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,15 +37,33 @@ from svcframe.config import load_config
 from svcframe.launch import Launch, usable_cores
 from svcframe.progress import PROGRESS_MODES
 
-from .bench_peers import raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
-from .driver import SelftestParams, environment, latency_summary, run_selftest
+from .bench_client import CLIENT_WORKLOADS, CONFIG, HEADLINE, bench_client, tables
+from .bench_peers import PeerServer, raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
+from .driver import SelftestParams, environment, latency_summary
 from .provider import DIRECTIONS
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 BULK_SIZES = (64 * 1024, 4 * 1024 * 1024)
 #: What ``svcframe bench`` measures: sequential calls (every progress mode), a saturated server, bulk
-#: transfers, the cost of monitoring.
-WORKLOADS = ("seq", "sat", "bulk", "overhead")
+#: transfers, the cost of monitoring, and the client (``bench_client``).
+WORKLOADS = ("seq", "sat", "bulk", "overhead", *CLIENT_WORKLOADS)
+#: names that stand for several workloads
+WORKLOAD_GROUPS = {"client": CLIENT_WORKLOADS}
+
+
+def expand_workloads(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``names`` with groups (``client``) expanded, in ``WORKLOADS`` order.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    wanted: set[str] = set()
+    for name in names:
+        if name not in WORKLOADS and name not in WORKLOAD_GROUPS:
+            raise ValueError(
+                f"unknown bench workload {name!r}; choose from {', '.join((*WORKLOADS, *WORKLOAD_GROUPS))}"
+            )
+        wanted.update(WORKLOAD_GROUPS.get(name, (name,)))
+    return tuple(w for w in WORKLOADS if w in wanted)
 
 
 @dataclass
@@ -54,14 +72,21 @@ class BenchOptions:
     seconds: float = 3.0
     sat_clients: int = 2
     sat_depth: int = 32
-    bulk_repeats: int = 5  # interleaved rounds per bulk setting (3 with --quick)
+    bulk_repeats: int = 5  # interleaved rounds per bulk setting (2 with --quick)
+    bulk_seconds: float | None = None  # measuring time per bulk setting, over its rounds (None: ``seconds``)
+    client_repeats: int = 5  # interleaved samples per client setting (2 with --quick)
+    client_seconds: float | None = None  # measuring time per client setting, over its samples (None: ``seconds``)
     workloads: tuple[str, ...] = WORKLOADS
     peers: tuple[str, ...] = ("raw", "zmq", "grpc")
 
     def __post_init__(self) -> None:
+        self.workloads = expand_workloads(self.workloads)
         if self.quick:
             self.seconds = min(self.seconds, 0.6)
-            self.bulk_repeats = min(self.bulk_repeats, 3)
+            self.bulk_repeats = min(self.bulk_repeats, 2)
+            self.bulk_seconds = min(self.bulk_seconds or 0.2, 0.2)
+            self.client_repeats = min(self.client_repeats, 2)
+            self.client_seconds = min(self.client_seconds or 0.2, 0.2)
 
 
 def _cores() -> tuple[int, list[int]]:
@@ -69,41 +94,6 @@ def _cores() -> tuple[int, list[int]]:
     if len(cores) < 2:
         return cores[0], cores
     return cores[0], cores[1:]
-
-
-class PeerServer:
-    """A reference server process (raw / zmq / grpc) pinned to a core."""
-
-    def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
-        r, w = os.pipe()
-        cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
-        if unix:
-            cmd += ["--unix", unix]
-        if spindown_msec:
-            cmd += ["--spindown-msec", str(spindown_msec)]
-        self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE)
-        os.close(w)
-        with os.fdopen(r) as f:
-            line = f.readline()
-        if not line:
-            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-            self.proc.wait()
-            raise RuntimeError(f"{kind} server failed to start: {err[-500:]}")
-        info = json.loads(line)
-        self.address = info["address"]
-        self.pid = info["pid"]
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        if self.proc.stderr:
-            self.proc.stderr.close()
-
-    def __enter__(self) -> PeerServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -264,32 +254,34 @@ def _saturate(kind: str, address: str, pid: int, opts: BenchOptions, client_core
 FLOW = {"pull": "c→s", "push": "s→c"}  # the data: client -> server, server -> client
 PEER_OP = {"pull": "push", "push": "pull"}
 RAW_BULK = "raw uvloop stream"
-BLOCK_BULK = "polled sockets (machine)"
+BLOCK_BULK = "machine (polled)"  # plain non-blocking sockets polled in a loop: the machine's limit
 
 
 def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) -> list[dict[str, Any]]:
     """svcframe, the raw uvloop peer and plain sockets, interleaved: each (transport, size, direction) is
-    measured ``bulk_repeats`` times in rounds of one sample per implementation (``seconds`` split over the
-    rounds), so drift in the machine's load reaches all three alike; the median is the figure. A short
+    measured ``bulk_repeats`` times in rounds of one sample per implementation (``bulk_seconds`` split over
+    the rounds), so drift in the machine's load reaches all three alike; the median is the figure. A short
     first round is not kept: the first use of large buffers in a process can stall for up to hundreds of
     ms (fresh memory behind the new pages of a VM), whatever the implementation.
 
     Same conditions for all: every client (this process for the peers, the self-test's client process
-    for svcframe) on the same client core, every server on ``server_core``, one request at a time, and
-    no sleeping in ``epoll_wait`` between messages: svcframe's server and client run in ``spindown``
-    progress mode, the raw peer polls as long after each message, the plain sockets are polled
-    (non-blocking). On a VM, waking an idle core costs tens of µs per message, depending on what else
-    runs there: a peer that sleeps measures the scheduler, not the transport.
+    for svcframe, started once: ``selftest/pool.py``) on the same client core, every server on
+    ``server_core``, one request at a time, and no sleeping in ``epoll_wait`` between messages: svcframe's
+    server and client run in ``spindown`` progress mode, the raw peer polls as long after each message,
+    the plain sockets are polled (non-blocking). On a VM, waking an idle core costs tens of µs per message,
+    depending on what else runs there: a peer that sleeps measures the scheduler, not the transport.
     """
     from svcframe.loops import run
 
     from .bench_peers import block_bulk
+    from .pool import ClientPool
 
     rows = []
     tmp = tempfile.mkdtemp(prefix="sfb", dir="/tmp")
-    sample = opts.seconds / opts.bulk_repeats
+    sample = (opts.bulk_seconds or opts.seconds) / opts.bulk_repeats
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, client_cores[:1])  # the self-test pins its client there too
+    pool = ClientPool(1).start()
     try:
         for transport in ("tcp", "unix"):
             cfg = load_config(CONFIG)
@@ -315,7 +307,7 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
                             raw_gib = run(_raw_bulk(raw.address, size, op, t, spindown_msec=spin))
                             block_gib = block_bulk(block.address, size, op, t, 20, poll=True)
                             p = params.model_copy(update={"duration_seconds": t})
-                            sf_gib = run_selftest(p, [job.members[0].address])["aggregate"]["bandwidth_gib_per_second"]
+                            sf_gib = pool.run(p, [job.members[0].address])["aggregate"]["bandwidth_gib_per_second"]
                             if i:
                                 samples[RAW_BULK].append(raw_gib)
                                 samples[BLOCK_BULK].append(block_gib)
@@ -324,6 +316,7 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
                             rows.append(_row("bulk", impl, transport=transport, size=size, direction=direction,
                                              flow=FLOW[direction], **_spread(xs)))  # fmt: skip
     finally:
+        pool.close()
         os.sched_setaffinity(0, saved)
     return rows
 
@@ -425,38 +418,59 @@ def _run_bench(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
     # The bench's servers are its own: it reconfigures them (progress mode, monitoring), which needs an
     # authenticated connection. Servers and clients it starts inherit this secret.
     os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))
+    client = tuple(w for w in opts.workloads if w in CLIENT_WORKLOADS)
+    steps: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "seq": lambda: bench_seq(opts, server_core),
+        "sat": lambda: bench_sat(opts, server_core, client_cores),
+        "bulk": lambda: bench_bulk(opts, server_core, client_cores),
+        "overhead": lambda: bench_overhead(opts, server_core, client_cores),
+        "client": lambda: bench_client(
+            client, opts.client_seconds or opts.seconds, opts.client_repeats, server_core, client_cores
+        ),
+    }
     rows: list[dict[str, Any]] = []
-    if "seq" in opts.workloads:
-        rows += bench_seq(opts, server_core)
-    if "sat" in opts.workloads:
-        rows += bench_sat(opts, server_core, client_cores)
-    if "bulk" in opts.workloads:
-        rows += bench_bulk(opts, server_core, client_cores)
-    if "overhead" in opts.workloads:
-        rows += bench_overhead(opts, server_core, client_cores)
+    wall_seconds = {}  # what each step took, servers and clients included
+    for name, step in steps.items():
+        if name in opts.workloads or (name == "client" and client):
+            t0 = time.monotonic()
+            rows += step()
+            wall_seconds[name] = time.monotonic() - t0
     add_ratios(rows)
-    return {"kind": "svcframe-bench", "options": asdict(opts), "environment": environment(), "rows": rows}
+    return {
+        "kind": "svcframe-bench", "options": asdict(opts), "environment": environment(), "rows": rows,
+        "wall_seconds": wall_seconds,
+    }  # fmt: skip
+
+
+#: per workload: the figure a ratio to raw compares, and the fields that make two rows the same setting
+RATIO_OF: dict[str, tuple[str, tuple[str, ...]]] = {
+    "seq": ("ops_per_second", ()),
+    "sat": ("ops_per_second", ()),
+    "bulk": ("gib_per_second", ("transport", "size", "direction")),
+    "client-cpu": (HEADLINE["client-cpu"], ()),
+    "client-seq": (HEADLINE["client-seq"], ("placement", "server_mode", "client_mode")),
+    "client-read": (HEADLINE["client-read"], ("transport", "size", "malloc")),
+}
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Give every row its ratio to the raw limit of the same workload (and transport/size/direction), and
-    every unix bulk row its ratio to the tcp row of the same implementation, size and direction."""
+    """Give every row its ratio to the raw limit of the same workload and setting (``RATIO_OF``; a saturated
+    row also its server CPU per call over raw's), and every unix bulk row its ratio to the tcp row of the
+    same implementation, size and direction."""
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r["workload"], r.get("transport"), r.get("size"), r.get("direction"))
+        return (r["workload"], *(r.get(f) for f in RATIO_OF[r["workload"]][1]))
 
-    raw = {key(r): r for r in rows if r["impl"].startswith("raw")}
-    for r in rows:
+    rated = [r for r in rows if r["workload"] in RATIO_OF]
+    raw = {key(r): r for r in rated if r["impl"].startswith("raw")}
+    for r in rated:
         base = raw.get(key(r))
         if base is None:
             continue
-        if r["workload"] == "seq":
-            r["ratio_to_raw"] = r["ops_per_second"] / base["ops_per_second"]
-        elif r["workload"] == "sat":
-            r["ratio_to_raw"] = r["ops_per_second"] / base["ops_per_second"]
+        figure = RATIO_OF[r["workload"]][0]
+        r["ratio_to_raw"] = r[figure] / base[figure]
+        if r["workload"] == "sat":
             r["cpu_per_call_vs_raw"] = r["server_cpu_usec_per_call"] / base["server_cpu_usec_per_call"]
-        else:
-            r["ratio_to_raw"] = r["gib_per_second"] / base["gib_per_second"]
     # between processes on one node: what the unix socket gives over tcp, per implementation
     tcp = {
         (r["impl"], r["size"], r["direction"]): r for r in rows if r["workload"] == "bulk" and r["transport"] == "tcp"
@@ -468,33 +482,66 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                 r["unix_over_tcp"] = r["gib_per_second"] / t["gib_per_second"]
 
 
+SERVER_TITLES = {
+    "seq": "sequential noop calls (server and client in the same progress mode); ratio: ops/s over raw's",
+    "sat": "server saturated by blaster processes; ratio: ops/s over raw's",
+    "bulk": "self-test bulk, GiB/s, median (min-max) (pull: the server reads the client); ratio: over raw's",
+    "overhead": "saturated noop rate by monitoring setting",
+}
+
+
+SERVER_COLUMNS = {
+    "seq": ("implementation", "setting", "figure", "ratio"),
+    "bulk": ("implementation", "setting", "GiB/s", "ratio", "unix/tcp"),
+}
+
+
 def print_table(result: dict[str, Any]) -> None:
+    """One table per workload, each readable in 80 columns (cells wrap, nothing is cut)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="svcframe bench (server on one core, clients on the others, loopback; bulk: median (min-max))")
-    for col in ("workload", "implementation", "setting", "figure", "ratio to raw", "unix/tcp"):
-        table.add_column(col)
-    for r in result["rows"]:
+    console = Console()
+    console.print("svcframe bench: server on one core, clients on the others, loopback", soft_wrap=True)
+    for workload in WORKLOADS:
+        rows = [r for r in result["rows"] if r["workload"] == workload]
+        if not rows:
+            continue
+        if workload in CLIENT_WORKLOADS:
+            specs = tables(workload, rows)
+        else:
+            columns = SERVER_COLUMNS.get(workload, SERVER_COLUMNS["seq"])
+            specs = [(f"{workload}: {SERVER_TITLES[workload]}", columns, list(_server_cells(workload, rows)))]
+        for title, columns, cells in specs:
+            table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+            for col in columns:
+                table.add_column(col, overflow="fold")
+            for cell in cells:
+                table.add_row(*cell)
+            console.print(table)
+
+
+def _server_cells(workload: str, rows: list[dict[str, Any]]) -> Any:
+    for r in rows:
         ratio = f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else ""
-        unix_tcp = f"{r['unix_over_tcp']:.2f}" if "unix_over_tcp" in r else ""
-        if r["workload"] == "seq":
+        if workload == "seq":
             setting = r["mode"]
-            figure = f"{r['ops_per_second']:,.0f} ops/s  p50 {r['p50_usec']:.0f} µs  p99 {r['p99_usec']:.0f} µs"
-        elif r["workload"] == "sat":
+            figure = f"{r['ops_per_second']:,.0f} ops/s, p50 {r['p50_usec']:.0f} µs, p99 {r['p99_usec']:.0f} µs"
+        elif workload == "sat":
             setting = ""
             figure = (
-                f"{r['ops_per_second']:,.0f} ops/s  server {r['server_cpu_usec_per_call']:.2f} µs/call  "
-                f"util {100 * r['server_utilization']:.0f}%"
+                f"{r['ops_per_second']:,.0f} ops/s, server {r['server_cpu_usec_per_call']:.2f} µs/call, "
+                f"{100 * r['server_utilization']:.0f}% busy"
             )
-        elif r["workload"] == "overhead":
+        elif workload == "overhead":
             setting = ""
-            figure = f"{r['ops_per_second']:,.0f} ops/s  ({r['ratio_to_off']:.3f} of monitoring off)"
+            figure = f"{r['ops_per_second']:,.0f} ops/s ({r['ratio_to_off']:.3f} of monitoring off)"
         else:
             size = f"{r['size'] >> 20} MiB" if r["size"] >= 1 << 20 else f"{r['size'] >> 10} KiB"
             setting = f"{r['transport']} {r['direction']} {size} ({r['flow']})"
-            figure = f"{r['gib_per_second']:.2f} GiB/s"
-            if "min_gib_per_second" in r:
-                figure += f"  ({r['min_gib_per_second']:.2f}-{r['max_gib_per_second']:.2f})"
-        table.add_row(r["workload"], r["impl"], setting, figure, ratio, unix_tcp)
-    Console(width=max(Console().width, 150)).print(table)
+            figure = f"{r['gib_per_second']:.2f} ({r['min_gib_per_second']:.2f}-{r['max_gib_per_second']:.2f})"
+            unix_tcp = f"{r['unix_over_tcp']:.2f}" if "unix_over_tcp" in r else ""
+            yield r["impl"], setting, figure, ratio, unix_tcp
+            continue
+        yield r["impl"], setting, figure, ratio

@@ -11,10 +11,16 @@ an asyncio RPC peer can be in Python: the limit svcframe is measured against.
 ``block``: the same protocol on blocking sockets in a plain thread (``recv_into`` exact lengths,
 ``sendmsg`` of memoryviews): the machine's limit for the same exchange, with no event loop.
 
+``msgpack``: the RPC an engineer writes in an afternoon: asyncio streams, ``<u32 length><msgpack body>``
+frames, msgpack-rpc's ``[msgid, method, args]`` requests and ``[msgid, error, result]`` responses, one
+request at a time per connection on the server, a dict of futures and a reader task on the client. Methods
+``noop()`` -> None and ``read(size)`` -> ``size`` bytes (real data, as the self-test provider's ``read``).
+It runs on the same event loop as svcframe (uvloop where installed).
+
 ``zmq`` (pyzmq DEALER/ROUTER + msgpack) and ``grpc`` (grpcio asyncio unary, generic handler, raw bytes)
 are used when installed (``pip install svcframe[bench]``).
 
-Run a server: ``python -m selftest.bench_peers raw|block|zmq|grpc --ready-fd FD [--unix PATH]``; it writes
+Run a server: ``python -m selftest.bench_peers raw|block|msgpack|zmq|grpc --ready-fd FD [--unix PATH]``; it writes
 ``{"ok": true, "address": ...}`` on FD once it accepts connections.
 """
 
@@ -27,8 +33,10 @@ import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 LEN = struct.Struct("<I")
@@ -43,7 +51,8 @@ class Spindown:
     loop polling for ``msec`` (a callback re-scheduled with ``call_soon`` makes every iteration a
     zero-timeout poll; ``sched_yield`` between polls, as svcframe does). A reply then finds its peer
     polling instead of asleep in ``epoll_wait`` on an idle core, whose wake-up costs tens of µs on a VM.
-    ``msec=0``: the loop blocks (asyncio's default)."""
+    ``msec=0``: the loop blocks (asyncio's default); ``msec=inf``: svcframe's ``busy`` mode, polling from
+    the first activity until ``stop()`` (the connection's end)."""
 
     def __init__(self, msec: float) -> None:
         self.seconds = msec / 1000.0
@@ -57,6 +66,9 @@ class Spindown:
             if not self.spinning:
                 self.spinning = True
                 asyncio.get_running_loop().call_soon(self._poll)
+
+    def stop(self) -> None:
+        self.seconds = 0.0
 
     def _poll(self) -> None:
         if time.monotonic() - self.last < self.seconds:
@@ -91,6 +103,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.spin.stop()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.start + self.need > len(self.buf):
@@ -231,6 +246,43 @@ def raw_push_header(size: int) -> bytes:
     return LEN.pack(1 + size) + bytes([OP_PUSH])
 
 
+# -- a peer's server process ---------------------------------------------------------------------------------
+class PeerServer:
+    """A reference server process (``raw``, ``block``, ``msgpack``, ``zmq``, ``grpc``) pinned to a core; its address
+    and pid once it accepts connections."""
+
+    def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
+        r, w = os.pipe()
+        cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
+        if unix:
+            cmd += ["--unix", unix]
+        if spindown_msec:
+            cmd += ["--spindown-msec", str(spindown_msec)]
+        self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE)
+        os.close(w)
+        with os.fdopen(r) as f:
+            line = f.readline()
+        if not line:
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            self.proc.wait()
+            raise RuntimeError(f"{kind} server failed to start: {err[-500:]}")
+        info = json.loads(line)
+        self.address = info["address"]
+        self.pid = info["pid"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+    def __enter__(self) -> PeerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # -- the machine limit: blocking sockets ---------------------------------------------------------------------
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
     """``recv_into`` until ``view`` is full; on a non-blocking socket, poll (``sched_yield`` between tries)."""
@@ -358,6 +410,100 @@ def block_bulk(address: str, size: int, direction: str, seconds: float, warmup: 
     return n * size / elapsed / 2**30
 
 
+# -- the hand-written msgpack RPC ------------------------------------------------------------------------------
+def read_data(size: int) -> bytes:
+    """``size`` bytes of written data (a repeated random block), what every peer's ``read`` returns."""
+    block = os.urandom(4096)
+    return (block * (size // len(block) + 1))[:size]
+
+
+async def serve_msgpack(unix: str | None, ready_fd: int) -> None:
+    """The server of the hand-written msgpack RPC (module docstring): read a frame, call, write the reply."""
+    import msgpack
+
+    data: dict[int, bytes] = {}
+
+    def read(size: int) -> bytes:
+        if size not in data:
+            data[size] = read_data(size)
+        return data[size]
+
+    methods: dict[str, Callable[..., Any]] = {"noop": lambda: None, "read": read}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                (length,) = LEN.unpack(await reader.readexactly(4))
+                msgid, method, args = msgpack.unpackb(await reader.readexactly(length))
+                try:
+                    result, error = methods[method](*args), None
+                except Exception as exc:
+                    result, error = None, repr(exc)
+                body = msgpack.packb([msgid, error, result])
+                writer.write(LEN.pack(len(body)) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    if unix:
+        server = await asyncio.start_unix_server(handle, unix)
+        address = f"unix://{unix}"
+    else:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        address = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    _ready(ready_fd, address)
+    await _until_terminated()
+    server.close()
+
+
+class MsgpackClient:
+    """The client of the hand-written msgpack RPC: ``await client.call(method, *args)``; many calls may be
+    in flight (a future per message id, resolved by one reader task)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.next_id = 0
+        self.reading = asyncio.ensure_future(self._read_replies())
+
+    @classmethod
+    async def connect(cls, address: str) -> MsgpackClient:
+        if address.startswith("unix://"):
+            reader, writer = await asyncio.open_unix_connection(address[7:])
+        else:
+            host, port = address[6:].rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+        return cls(reader, writer)
+
+    async def call(self, method: str, *args: Any) -> Any:
+        import msgpack
+
+        msgid = self.next_id = self.next_id + 1
+        future = self.pending[msgid] = asyncio.get_running_loop().create_future()
+        body = msgpack.packb([msgid, method, args])
+        self.writer.write(LEN.pack(len(body)) + body)
+        return await future
+
+    async def _read_replies(self) -> None:
+        import msgpack
+
+        while True:
+            (length,) = LEN.unpack(await self.reader.readexactly(4))
+            msgid, error, result = msgpack.unpackb(await self.reader.readexactly(length))
+            future = self.pending.pop(msgid)
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(RuntimeError(error))
+
+    async def close(self) -> None:
+        self.reading.cancel()
+        self.writer.close()
+        await asyncio.gather(self.reading, self.writer.wait_closed(), return_exceptions=True)
+
+
 # -- optional peers ------------------------------------------------------------------------------------------
 async def serve_zmq(ready_fd: int) -> None:
     import msgpack
@@ -412,7 +558,7 @@ def main(argv: list[str]) -> None:
     from svcframe.loops import run
 
     parser = argparse.ArgumentParser(prog="python -m selftest.bench_peers")
-    parser.add_argument("kind", choices=["raw", "block", "zmq", "grpc"])
+    parser.add_argument("kind", choices=["raw", "block", "msgpack", "zmq", "grpc"])
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--unix", default=None)
     parser.add_argument("--cpu", type=int, default=None)
@@ -420,7 +566,7 @@ def main(argv: list[str]) -> None:
         "--spindown-msec",
         type=float,
         default=0.0,
-        help="raw: poll this long after activity; block: poll (any value > 0)",
+        help="raw: poll this long after activity (inf: busy); block: poll (any value > 0)",
     )
     args = parser.parse_args(argv)
     if args.cpu is not None:
@@ -429,6 +575,8 @@ def main(argv: list[str]) -> None:
         run(serve_raw(args.unix, args.ready_fd, args.spindown_msec))
     elif args.kind == "block":
         serve_block(args.unix, args.ready_fd, poll=args.spindown_msec > 0)
+    elif args.kind == "msgpack":
+        run(serve_msgpack(args.unix, args.ready_fd))
     elif args.kind == "zmq":
         run(serve_zmq(args.ready_fd), "asyncio")
     else:

@@ -16,6 +16,13 @@ RPCs:
   serving; ``fsync=True`` makes each write durable before the reply. Without fsync the page cache
   absorbs writes and serves reads, as it does for a real service. The file is removed when the provider
   closes. (Storage IOPS and bandwidth: the future work of Carns et al. 2025, section 4.3.)
+* ``read``: ``[size, method, bulk_handle]``: the reader's side of a data service, ``size`` bytes of the
+  provider's data (real bytes, not untouched zero pages, the same for every method) by one of three
+  ``READ_METHODS``: ``"inline"`` returns them as the result (``bytes``); ``"push"`` writes them into
+  ``bulk_handle`` (the caller's buffer, exposed ``"w"``) and returns None; ``"pull"`` returns the wire
+  form of a bulk handle on a read-only region of the server holding them, which the caller then pulls
+  (``svcframe bench --workload client-read`` compares the three). The data of at most four sizes, and of
+  ``max_response_bytes`` in all, is kept, each exposed once for pulls and revoked when its size is dropped.
 * ``stat``: no argument -> ``{"user_seconds", "system_seconds", "cpu_seconds", "wall_seconds",
   "max_rss_bytes", "pid"}`` from ``getrusage(RUSAGE_SELF)`` (Quintain's ``qtn_stat_rpc``).
 
@@ -23,8 +30,8 @@ Server bulk buffers are kept per size and reused (Quintain's poolset), so a bulk
 transfer, not the allocator; at most four sizes are kept, committed page by page as data lands, and sizes
 are bounded by ``max_bulk_bytes`` / ``max_response_bytes``.
 
-Retries: every RPC is safe to retry. ``work`` and ``stat`` change nothing a caller can observe; a retried
-``storage`` write rewrites a random block of the provider's own scratch file.
+Retries: every RPC is safe to retry. ``work``, ``read`` and ``stat`` change nothing a caller can observe; a
+retried ``storage`` write rewrites a random block of the provider's own scratch file.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ STORAGE_OPS = ("write", "read")
 _KEEP_BUFFER_BYTES = 64 * 1024 * 1024
 #: Response sizes kept ready (a run asks for one).
 _KEEP_RESPONSES = 8
+INLINE = "inline"
+READ_METHODS = (INLINE, PUSH, PULL)  # how a ``read`` hands its bytes to the caller
+_KEEP_READ_SIZES = 4  # sizes of ``read`` data kept (a run uses one or two)
 
 
 def work_arg(
@@ -82,6 +92,7 @@ class SelftestProvider(Provider):
         super().__init__(engine, provider_id, **kwargs)
         self._responses: dict[int, bytes] = {}
         self._buffers: dict[int, Any] = {}  # size -> buffer, least recently used first
+        self._data: dict[int, tuple[bytes, BulkHandle]] = {}  # size -> (read data, its exposed region), LRU first
         self._storage_fd: int | None = None
         self._storage_path: str | None = None
 
@@ -137,6 +148,36 @@ class SelftestProvider(Provider):
             self._keep(size, buf)
         return self._response(resp_size)
 
+    def _read_data(self, size: int) -> tuple[bytes, BulkHandle]:
+        """``size`` bytes of data for ``read`` and the read-only region exposing them, made once per size.
+        The bytes are written (a repeated random block), so a transfer reads memory, as a real service's
+        does, not the shared zero page an untouched allocation maps. Their memory is committed: the sizes
+        kept hold ``max_response_bytes`` at most in all."""
+        entry = self._data.pop(size, None)
+        if entry is None:
+            limit = self.config["max_response_bytes"]
+            if not isinstance(size, int) or not 0 < size <= limit:
+                raise ValueError(f"read size {size!r} is outside 1..{limit}")
+            while self._data and (len(self._data) >= _KEEP_READ_SIZES or size + sum(self._data) > limit):
+                self.engine.unexpose(self._data.pop(next(iter(self._data)))[1])  # the least recently used
+            block = os.urandom(4096)
+            data = (block * (size // len(block) + 1))[:size]
+            entry = (data, self.engine.expose(data, "r"))
+        self._data[size] = entry
+        return entry
+
+    @rpc
+    def read(self, req: Request, arg: Any) -> Any:
+        size, method, handle = arg
+        if method not in READ_METHODS:
+            raise ValueError(f"read method {method!r}: expected one of {READ_METHODS}")
+        data, region = self._read_data(size)
+        if method == INLINE:
+            return data  # a large bytes result leaves as a bin header plus this object: no copy
+        if method == PULL:
+            return region.to_wire()
+        return req.engine.push(BulkHandle.from_wire(handle), data)  # a coroutine: the engine runs it as a Task
+
     def _storage_file(self) -> int:
         if self._storage_fd is None:
             directory = self.config["storage_dir"] or tempfile.gettempdir()
@@ -170,6 +211,9 @@ class SelftestProvider(Provider):
         return int(done)
 
     async def close(self) -> None:
+        for _, region in self._data.values():
+            self.engine.unexpose(region)
+        self._data.clear()
         if self._storage_fd is not None:
             os.close(self._storage_fd)
             self._storage_fd = None

@@ -172,3 +172,44 @@ def test_bulk_rows_compare_the_same_data_flow(monkeypatch: pytest.MonkeyPatch) -
         assert r["ratio_to_raw"] > 0 and ("unix_over_tcp" in r) == (r["transport"] == "unix")
     assert {r["impl"] for r in rows} == {RAW_BULK, BLOCK_BULK, "svcframe"}
     assert FLOW["pull"] != FLOW["push"]  # svcframe's pull is the peers' push: the same bytes, the same way
+
+
+def test_spindown_without_end_polls_until_stopped() -> None:
+    """The raw peer's ``busy`` mode: an endless window, ended by ``stop()`` (the connection's end)."""
+
+    async def main() -> tuple[int, bool, int]:
+        busy = Spindown(float("inf"))
+        busy.activity()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        polled, spinning = busy.polls, busy.spinning
+        busy.stop()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return polled, spinning and not busy.spinning, busy.polls - polled
+
+    polled, stopped, after = run(main())
+    assert polled >= 45 and stopped and after <= 1
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_msgpack_peer_answers_calls_in_flight(transport: str, tmp_path: Any) -> None:
+    from selftest.bench_peers import MsgpackClient
+
+    unix = str(tmp_path / "m.sock") if transport == "unix" else None
+
+    async def main(address: str) -> tuple[list[Any], str]:
+        client = await MsgpackClient.connect(address)
+        try:
+            results = await asyncio.gather(*(client.call("read", n) for n in (1, 100, SIZE)), client.call("noop"))
+            with pytest.raises(RuntimeError) as err:
+                await client.call("nope")
+            return list(results), str(err.value)
+        finally:
+            await client.close()
+
+    with PeerServer("msgpack", sorted(os.sched_getaffinity(0))[0], unix=unix) as peer:
+        results, error = run(main(peer.address))
+    assert [len(r) for r in results[:3]] == [1, 100, SIZE] and results[3] is None
+    assert results[2].count(0) < SIZE // 2  # written (random) data, as every peer's read returns
+    assert "KeyError" in error  # an unknown method: an error reply

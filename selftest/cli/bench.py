@@ -8,13 +8,16 @@ from pathlib import Path
 
 import click
 
-from ..bench import WORKLOADS
+from ..bench import WORKLOAD_GROUPS, WORKLOADS
 
 
 @click.command()
 @click.option("--quick", is_flag=True, help="Short measurements (for CI: figures printed, no pass/fail).")
 @click.option("--seconds", type=float, default=3.0, show_default=True, help="Length of each measurement.")
-@click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS))
+@click.option(
+    "--workload", "workloads", multiple=True, type=click.Choice((*WORKLOADS, *WORKLOAD_GROUPS)),
+    help="Repeatable; " + "; ".join(f"{k} = {', '.join(v)}" for k, v in WORKLOAD_GROUPS.items()) + ". Default: all.",
+)  # fmt: skip
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="out/bench.json", show_default=True)
 def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str) -> None:
     """Measure svcframe against the raw uvloop limit (and pyzmq / grpcio when installed)."""

@@ -1,0 +1,134 @@
+"""Client CPU per noop call, and where it goes: the client's side of tools/profile_server.py.
+
+A server runs in its own process, pinned to the first usable core: for ``--impl svcframe`` a svcframe server
+with the self-test provider (configs/selftest.json, its ``work`` RPC), for ``raw`` and ``msgpack`` the bench's
+reference peers (selftest/bench_peers.py). The client runs in this process, on the last usable core:
+``--calls`` noop calls with ``--depth`` in flight, in progress mode ``--mode``, with the same client code as
+``svcframe bench --workload client`` (selftest/bench_client.py). Prints the client's CPU µs per call (its
+process CPU time over the calls) and, with ``--profile``, the ``--top`` functions by own time (cProfile),
+per call.
+
+    python tools/profile_client.py [--impl svcframe|raw|msgpack] [--calls 20000] [--depth 1]
+                                   [--mode block|spindown|busy] [--transport tcp|unix] [--profile] [--top 15]
+
+Under callgrind (tools/instructions_per_client_call.sh) only this process is counted: valgrind does not
+follow the server child (``--trace-children=no``, its default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import os
+import pstats
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from selftest.bench_client import CONFIG, IMPLS, MSGPACK, RAW, SIDES, SVCFRAME, Operation, spin_msec
+from selftest.bench_peers import PeerServer
+from svcframe.config import load_config
+from svcframe.launch import Launch
+from svcframe.loops import run
+from svcframe.progress import PROGRESS_MODES
+
+NAMES = {"svcframe": SVCFRAME, "raw": RAW, "msgpack": MSGPACK}
+assert set(NAMES.values()) == set(IMPLS)
+
+
+@contextlib.contextmanager
+def server(impl: str, transport: str, core: int) -> Iterator[str]:
+    """The address of ``impl``'s server, in its default progress mode, for the time of the block."""
+    with tempfile.TemporaryDirectory(prefix="sfpc", dir="/tmp") as tmp:
+        unix = f"{tmp}/s.sock" if transport == "unix" else None
+        if impl == SVCFRAME:
+            cfg = load_config(CONFIG)
+            if unix:
+                cfg.engine.address = f"unix://{unix}"
+            with Launch(cfg, 1, cores=[core]) as job:
+                yield job.members[0].address
+        else:
+            spin = spin_msec("spindown") if impl == RAW else 0.0
+            with PeerServer("raw" if impl == RAW else "msgpack", core, unix, spin) as peer:
+                yield peer.address
+
+
+async def counted(operation: Operation, calls: int, depth: int) -> None:
+    """Exactly ``calls`` calls of ``operation``, ``depth`` at a time."""
+    left = calls
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await operation()
+
+    if depth == 1:
+        await worker()
+    else:
+        await asyncio.gather(*(worker() for _ in range(depth)))
+
+
+async def client(impl: str, address: str, args: argparse.Namespace) -> None:
+    side = await SIDES[impl].open(address, args.mode)
+    operation = side.operation("noop", 0, "inline")
+    await counted(operation, 200, args.depth)  # warm up: connection, caches
+    profiler = cProfile.Profile() if args.profile else None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if profiler:
+        profiler.enable()
+    await counted(operation, args.calls, args.depth)
+    if profiler:
+        profiler.disable()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    await side.close()
+    print(
+        f"{impl} client, {args.calls} noop calls, depth {args.depth}, {args.mode}: {args.calls / wall:,.0f} calls/s, "
+        f"client CPU {cpu / args.calls * 1e6:.2f} µs/call (utilisation {cpu / wall:.0%})"
+    )
+    if profiler:
+        print_profile(pstats.Stats(profiler), args.calls, args.top)
+
+
+def print_profile(stats: pstats.Stats, calls: int, top: int) -> None:
+    """The ``top`` functions by own time: own and cumulative µs per noop call, calls per noop call."""
+    entries: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(tt for _, _, tt, _, _ in entries.values())
+    print(f"profiled time {total / calls * 1e6:.2f} µs per call (cProfile adds its own); top {top} by own time:")
+    print(f"{'own µs':>8} {'own %':>6} {'cum µs':>8} {'calls':>6}  function (per noop call)")
+    ranked = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    for (path, line, name), (_, ncalls, tt, ct, _) in ranked:
+        where = f"{os.path.basename(path)}:{line}" if line else "~"
+        own, cum = tt / calls * 1e6, ct / calls * 1e6
+        print(f"{own:8.2f} {100 * tt / total:5.1f}% {cum:8.2f} {ncalls / calls:6.2f}  {where}({name})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--impl", choices=sorted(NAMES), default="svcframe")
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--depth", type=int, default=1, help="calls in flight")
+    parser.add_argument("--mode", choices=PROGRESS_MODES, default="block", help="the client's progress mode")
+    parser.add_argument("--transport", choices=["tcp", "unix"], default="tcp")
+    parser.add_argument("--profile", action="store_true", help="cProfile the calls; print the top functions")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    if args.impl == "msgpack" and args.mode != "block":
+        parser.error("the msgpack peer only blocks (--mode block)")
+    os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))  # authenticated, as `svcframe bench`
+    cores = sorted(os.sched_getaffinity(0))
+    impl = NAMES[args.impl]
+    with server(impl, args.transport, cores[0]) as address:
+        os.sched_setaffinity(0, cores[-1:])
+        run(client(impl, address, args))
+
+
+if __name__ == "__main__":
+    main()

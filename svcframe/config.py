@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .registration import MAX_PROVIDER_ID
 from .settings import (  # the engine's section; re-exported: svcframe.config is where configs are read
     EngineConfig,
     StrictModel,
@@ -37,7 +38,11 @@ from .settings import (  # the engine's section; re-exported: svcframe.config is
 #: The admin provider's reserved provider id (Bedrock's default is 0 as well).
 ADMIN_PROVIDER_ID = 0
 
-ProviderId = Annotated[int, Field(ge=0, le=65535)]
+#: In a ``providers[]`` entry, Bedrock's "choose one": the server assigns the lowest free provider id.
+ANY_PROVIDER_ID = 0xFFFF
+
+#: A provider id a provider can have: 0..65534 (65535 is reserved: Bedrock's "choose one", the wire's "none").
+ProviderId = Annotated[int, Field(ge=0, le=MAX_PROVIDER_ID)]
 
 
 class AdminConfig(StrictModel):
@@ -72,14 +77,22 @@ DependencyValue = str | int | list[str | int]
 
 
 class ProviderSpec(StrictModel):
-    """One provider: Bedrock's ``providers[]`` entry. ``provider_id`` None = assign the lowest free id."""
+    """One provider: Bedrock's ``providers[]`` entry. ``provider_id`` absent, None or 65535 (Bedrock's "choose
+    one") = the server assigns the lowest free id (None in the model)."""
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     type: str = Field(min_length=1)
-    provider_id: ProviderId | None = None
+    provider_id: Annotated[int, Field(ge=0, le=ANY_PROVIDER_ID)] | None = Field(
+        None, description=f"0..{MAX_PROVIDER_ID}; absent, null or {ANY_PROVIDER_ID}: the lowest free id"
+    )
     config: dict[str, Any] = Field(default_factory=dict)
     dependencies: dict[str, DependencyValue] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
+
+    @field_validator("provider_id")
+    @classmethod
+    def _choose_one(cls, value: int | None) -> int | None:
+        return None if value == ANY_PROVIDER_ID else value
 
 
 class ServiceConfig(StrictModel):

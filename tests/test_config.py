@@ -107,3 +107,12 @@ def test_validate_assignment() -> None:
     cfg = ServiceConfig()
     with pytest.raises(ValueError):
         cfg.engine.progress_mode = "nope"  # type: ignore[assignment]
+
+
+def test_provider_ids_are_0_to_65534_and_65535_means_choose_one() -> None:
+    """Bedrock's convention: 65535 in a providers[] entry lets the server choose (the lowest free id)."""
+    cfg = parse_config({"providers": [{"name": "a", "type": "kv", "provider_id": 65535}]})
+    assert cfg.providers[0].provider_id is None
+    assert parse_config({"admin": {"provider_id": 65534}}).admin.provider_id == 65534
+    with pytest.raises(ConfigError, match=r"admin\.provider_id: Input should be less than or equal to 65534"):
+        parse_config({"admin": {"provider_id": 65535}})

@@ -15,7 +15,9 @@ Structure (names follow Bedrock; ``engine`` is Bedrock's ``margo`` section)::
 Validation is pydantic v2 with ``extra="forbid"``: an unknown key is an error, not a silent no-op.
 ``load_config`` turns validation errors into one ``ConfigError`` whose lines name the JSON path, the value
 and what was expected. ``ServiceConfig.model_dump()`` is the document with every default filled in: what
-a running server reports as its live configuration.
+a running server reports as its live configuration. A provider's ``config`` is checked by its type's
+``Config`` model once its library is imported (``svcframe.composition``, which also gives the JSON Schema
+with each provider's config by type).
 """
 
 from __future__ import annotations
@@ -177,8 +179,3 @@ def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
     except RecursionError:
         raise ConfigError(f"{p}: nested too deeply to be a bootstrap config") from None
     return parse_config(data, str(p))
-
-
-def config_schema() -> dict[str, Any]:
-    """The JSON Schema of the bootstrap config."""
-    return ServiceConfig.model_json_schema()

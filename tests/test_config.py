@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from svcframe.config import ServiceConfig, config_schema, load_config, parse_config
+from svcframe.composition import parse_dependency, service_schema
+from svcframe.config import ServiceConfig, load_config, parse_config
 from svcframe.errors import ConfigError
-from svcframe.server import parse_dependency
 
 
 def test_defaults_filled_in() -> None:
@@ -78,7 +78,7 @@ def test_shipped_configs_are_valid() -> None:
 
 
 def test_schema_exported() -> None:
-    schema = config_schema()
+    schema = service_schema(())
     assert schema["title"] == "ServiceConfig"
     assert "engine" in schema["properties"]
     json.dumps(schema)

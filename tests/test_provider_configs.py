@@ -181,6 +181,8 @@ def test_the_schema_checks_provider_configs_by_type_as_an_editor_would() -> None
     validator = jsonschema.Draft202012Validator(schema)
     good = json.loads((ROOT / "configs" / "blob.json").read_text())
     assert list(validator.iter_errors(good)) == []
+    mochi = {"margo": {"argobots": {}}, "bedrock": {"provider_id": 0}, "providers": [{"name": "k", "type": "kv"}]}
+    assert list(validator.iter_errors(mochi)) == []  # Bedrock's section names are in the schema too
     for config, type_name in (({"max_value_bytes": 2_000_000_000}, "kv"), ({"chunk_bytes": 1}, "blob"),
                               ({"max_blob_bytes": 1}, "kv"), ({"storage_dir": 3}, "selftest")):  # fmt: skip
         document = {"providers": [{"name": "p", "type": type_name, "config": config}]}

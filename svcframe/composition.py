@@ -235,13 +235,11 @@ def _check_dependencies(
             if key not in declared:
                 declares = ", ".join(map(repr, declared)) or "none"
                 findings.problem((*where, key), f"unknown dependency {key!r}; type {spec.type!r} declares {declares}")
-        for dep in declared.values():
-            if dep.required and dep.name not in spec.dependencies:
-                findings.problem(
-                    where,
-                    f"missing required dependency {dep.name!r} (give it as NAME or TYPE:ID, optionally @local or "
-                    "@ADDRESS)",
-                )
+        for missing in (d.name for d in declared.values() if d.required and d.name not in spec.dependencies):
+            findings.problem(
+                where,
+                f"missing required dependency {missing!r} (give it as NAME or TYPE:ID, optionally @local or @ADDRESS)",
+            )
     if running:
         searched = f"in this process (running: {', '.join(map(str, local)) or 'none'})"
     else:
@@ -340,7 +338,7 @@ def service_model(types: Mapping[str, type[Provider]]) -> type[ServiceConfig]:
                 f"{title}ProviderSpec",
                 __base__=ProviderSpec,
                 __doc__=f"A provider of type {type_name!r} ({cls.__module__}.{cls.__qualname__}).",
-                type=(Literal[type_name], ...),  # type: ignore[valid-type]
+                type=(Literal[type_name], ...),  # type: ignore[arg-type,valid-type]
                 config=(settings, ... if required else Field(default_factory=settings)),
             )
         )

@@ -187,7 +187,7 @@ def _argobots_dependencies(providers: list[Any], argobots: Any) -> tuple[list[An
     """``providers`` without the dependencies that name an Argobots pool or execution stream (``__primary__``
     or one of ``margo.argobots``' ``pools``/``xstreams``, when no provider has that name): Bedrock's ``pool``
     dependencies, where svcframe runs handlers on its event loop. Also returns the JSON paths dropped."""
-    names = {"__primary__"}
+    names: set[Any] = {"__primary__"}
     for kind in ("pools", "xstreams"):
         entries = argobots.get(kind) if isinstance(argobots, dict) else None
         names |= {e.get("name") for e in entries if isinstance(e, dict)} if isinstance(entries, list) else set()
@@ -195,7 +195,10 @@ def _argobots_dependencies(providers: list[Any], argobots: Any) -> tuple[list[An
     out, dropped = [], []
     for i, provider in enumerate(providers):
         deps = provider.get("dependencies") if isinstance(provider, dict) else None
-        pools = [k for k, v in deps.items() if isinstance(v, str) and v in names] if isinstance(deps, dict) else []
+        if not isinstance(deps, dict):
+            out.append(provider)
+            continue
+        pools = [k for k, v in deps.items() if isinstance(v, str) and v in names]
         if pools:
             dropped += [f"providers[{i}].dependencies.{k}" for k in pools]
             provider = {**provider, "dependencies": {k: v for k, v in deps.items() if k not in pools}}

@@ -200,6 +200,9 @@ class Provider:
 
     #: The dependencies this type expects; None (the default) accepts any, unchecked.
     DEPENDENCIES: ClassVar[tuple[Dependency, ...] | None] = None
+    #: The validated config, an instance of ``Config`` (a subclass may declare ``settings: Config`` for type
+    #: checkers).
+    settings: Any
 
     def __init__(
         self,
@@ -216,8 +219,8 @@ class Provider:
         if isinstance(config, self.Config):
             self.settings = config
         else:
-            context = ConfigContext(provider_id, self.name, engine.config)
-            self.settings = self.validate_config(config or {}, context)
+            raw = config.model_dump() if isinstance(config, BaseModel) else config or {}
+            self.settings = self.validate_config(raw, ConfigContext(provider_id, self.name, engine.config))
         self.dependencies: dict[str, Any] = dict(dependencies or {})
         self._registered = False
 

@@ -55,8 +55,8 @@ __all__ = [
     "service_schema",
 ]
 
-#: What ``taken`` maps the admin provider's id to.
-ADMIN = "admin"
+#: What ``taken`` maps the admin provider's id to (not a valid provider name, so no provider is mistaken for it).
+ADMIN = "(admin)"
 
 
 class Reference(NamedTuple):

@@ -20,7 +20,8 @@ from conftest import readme_quickstart
 from providers.kv import KVProvider
 from svcframe import ConfigError, Engine
 from svcframe.admin import ServiceHandle
-from svcframe.composition import service_schema
+from svcframe.composition import check_service, service_schema
+from svcframe.config import parse_config
 from svcframe.loops import run
 from svcframe.testing import ProviderFor, ServerProcess
 
@@ -125,6 +126,12 @@ def test_check_prints_the_config_serve_would_run_with_defaults_ids_and_notes(tmp
         "max_value_bytes": 256 * 1024 * 1024,
     }  # fmt: skip
     assert (blobs["config"]["path"], blobs["config"]["index_prefix"]) == ("blob-7", "blobs/")
+
+
+def test_a_provider_named_admin_does_not_take_the_admin_providers_id() -> None:
+    config = parse_config({"libraries": ["providers.kv"], "providers": [{"name": "admin", "type": "kv"}]})
+    checked, findings = check_service(config)
+    assert findings.problems == [] and [c.spec.provider_id for c in checked] == [1]
 
 
 def test_a_limit_the_engine_sets_is_checked_offline(tmp_path: Path) -> None:

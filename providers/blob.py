@@ -72,13 +72,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from providers.kv import DEFAULT_LIST_MAX, KVClient
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
 from svcframe.errors import AppError, ConfigError
-from svcframe.provider import Dependency, Provider, ProviderHandle, register_provider_type, rpc
+from svcframe.provider import (
+    ConfigContext,
+    Dependency,
+    Provider,
+    ProviderConfig,
+    ProviderHandle,
+    register_provider_type,
+    rpc,
+)
 from svcframe.wire import lazy_buffer
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
@@ -131,14 +139,33 @@ class BlobProvider(Provider):
     type_name: ClassVar[str] = "blob"
     DEPENDENCIES: ClassVar[tuple[Dependency, ...]] = (Dependency("index", type="kv"),)
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    class Config(ProviderConfig):
+        """The blob provider's settings. ``path`` and ``index_prefix`` default from the provider id and name
+        when validated with a ``ConfigContext`` (as every provider's is)."""
 
-        path: str | None = Field(None, min_length=1, description="data directory (default blob-<id>)")
+        path: str | None = Field(
+            None, min_length=1, validate_default=True, description="data directory (default blob-<id>)"
+        )
         chunk_bytes: int = Field(DEFAULT_CHUNK_BYTES, ge=4096)
         max_blob_bytes: int = Field(DEFAULT_MAX_BLOB_BYTES, ge=0)
-        index_prefix: str | None = Field(None, description="key prefix in the index (default '<name>/')")
+        index_prefix: str | None = Field(
+            None, validate_default=True, description="key prefix in the index (default '<name>/')"
+        )
         fsync: bool = True
+
+        @field_validator("path")
+        @classmethod
+        def _default_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+            context = info.context
+            return f"blob-{context.provider_id}" if value is None and isinstance(context, ConfigContext) else value
+
+        @field_validator("index_prefix")
+        @classmethod
+        def _default_prefix(cls, value: str | None, info: ValidationInfo) -> str | None:
+            context = info.context
+            return f"{context.name}/" if value is None and isinstance(context, ConfigContext) else value
+
+    settings: Config
 
     def __init__(
         self,
@@ -146,19 +173,13 @@ class BlobProvider(Provider):
         provider_id: int,
         *,
         name: str | None = None,
-        config: dict[str, Any] | None = None,
+        config: dict[str, Any] | BaseModel | None = None,
         dependencies: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(engine, provider_id, name=name, config=config, dependencies=dependencies)
-        self.config = {
-            **self.config,
-            "path": self.config["path"] or f"blob-{self.provider_id}",
-            "index_prefix": self.config["index_prefix"] if self.config["index_prefix"] is not None else f"{self.name}/",
-        }
-        self.path = Path(self.config["path"])
-        self.chunk_bytes: int = self.config["chunk_bytes"]
-        self.max_blob_bytes: int = self.config["max_blob_bytes"]
-        self.prefix: str = self.config["index_prefix"]
+        assert self.settings.path is not None and self.settings.index_prefix is not None  # filled in (Config)
+        self.path = Path(self.settings.path)
+        self.prefix = self.settings.index_prefix
         index = self.dependencies.get("index")
         if isinstance(index, ProviderHandle):  # in another process
             self.index = KVClient(engine, index.address, index.provider_id)
@@ -170,9 +191,6 @@ class BlobProvider(Provider):
             raise ConfigError(f"blob provider {self.name!r}: dependency 'index' must be a kv provider, not {index!r}")
         self._executor: ThreadPoolExecutor | None = None
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # name -> (lock, [users])
-
-    def get_config(self) -> dict[str, Any]:
-        return dict(self.config)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -238,14 +256,16 @@ class BlobProvider(Provider):
         size = arg.get("size", handle.size)
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= handle.size:
             raise ValueError(f"'size' must be an integer in 0..{handle.size} (the bulk handle's size), not {size!r}")
-        if size > self.max_blob_bytes:
-            raise BlobTooLarge(f"the blob is {size} bytes, over this provider's max_blob_bytes ({self.max_blob_bytes})")
+        if size > self.settings.max_blob_bytes:
+            raise BlobTooLarge(
+                f"the blob is {size} bytes, over this provider's max_blob_bytes ({self.settings.max_blob_bytes})"
+            )
         file_name = uuid.uuid4().hex
         path = self.path / file_name
         digest = hashlib.sha256()
         # Nothing is allocated or created for the caller before its first bytes arrived (issue 13): the chunk
         # buffers are lazily committed mappings, and the file is created once the first chunk is in.
-        chunk = min(self.chunk_bytes, max(size, 1))
+        chunk = min(self.settings.chunk_bytes, max(size, 1))
         buffers = (lazy_buffer(chunk), lazy_buffer(chunk))
         first = min(chunk, size)
         if first:
@@ -255,7 +275,7 @@ class BlobProvider(Provider):
         try:
             try:
                 await self._transfer_in(req, handle, size, f, digest, buffers, first)
-                if self.config["fsync"]:
+                if self.settings.fsync:
                     await self._io(_flush_and_sync, f)
             finally:
                 await self._io(f.close)
@@ -334,7 +354,7 @@ class BlobProvider(Provider):
 
     async def _transfer_out(self, req: Request, handle: BulkHandle, size: int, f: io.BufferedReader) -> None:
         """Read chunk i+1 while chunk i is pushed (two buffers)."""
-        chunk = min(self.chunk_bytes, max(size, 1))
+        chunk = min(self.settings.chunk_bytes, max(size, 1))
         buffers = (bytearray(chunk), bytearray(chunk))
         offsets = list(range(0, size, chunk))
         reading: asyncio.Future[Any] | None = None

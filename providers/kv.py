@@ -82,12 +82,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
 from svcframe.errors import AppError, ConfigError
-from svcframe.provider import Provider, ProviderHandle, register_provider_type, rpc
+from svcframe.provider import ConfigContext, Provider, ProviderConfig, ProviderHandle, register_provider_type, rpc
 from svcframe.wire import lazy_buffer
 
 log = logging.getLogger("svcframe.providers.kv")
@@ -257,10 +257,10 @@ class KVProvider(Provider):
 
     Args:
         engine: the engine to register with.
-        provider_id: 0..65535, unique within the process.
+        provider_id: 0..65534, unique within the process.
         name: the provider's name in the configuration.
-        config: ``path`` (str), ``durability`` (``"durable"`` | ``"fast"``), ``inline_max_bytes`` (int,
-            bytes); see the module docstring.
+        config: ``KVProvider.Config`` (``path``, ``durability``, ``inline_max_bytes``, ``max_value_bytes``);
+            see the module docstring.
         dependencies: unused.
 
     Raises:
@@ -269,19 +269,49 @@ class KVProvider(Provider):
 
     type_name: ClassVar[str] = "kv"
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    class Config(ProviderConfig):
+        """The kv provider's settings. ``path`` and ``inline_max_bytes`` default from the provider id and
+        the engine's ``max_body_bytes`` when validated with a ``ConfigContext`` (as every provider's is)."""
 
-        path: str | None = Field(None, min_length=1, description="SQLite file or ':memory:' (default kv-<id>.sqlite)")
+        path: str | None = Field(
+            None, min_length=1, validate_default=True, description="SQLite file or ':memory:' (default kv-<id>.sqlite)"
+        )
         durability: Literal["durable", "fast"] = "durable"
         inline_max_bytes: int | None = Field(
-            None, ge=0, strict=True, description="default: 64 KiB, within the frame limit"
-        )
+            None, ge=0, strict=True, validate_default=True,
+            description="largest value put/get move inline (default: 64 KiB, within the engine's max_body_bytes)",
+        )  # fmt: skip
         max_value_bytes: int = Field(
             256 * 1024 * 1024, ge=0, le=1_000_000_000, strict=True,
             description="largest value put_bulk accepts (a caller's size claim is checked against it before "
             "anything is allocated; SQLite's own limit is 1e9 bytes)",
         )  # fmt: skip
+
+        @field_validator("path")
+        @classmethod
+        def _default_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+            context = info.context
+            if value is None and isinstance(context, ConfigContext):
+                return f"kv-{context.provider_id}.sqlite"
+            return value
+
+        @field_validator("inline_max_bytes")
+        @classmethod
+        def _within_a_frame(cls, value: int | None, info: ValidationInfo) -> int | None:
+            context = info.context
+            if not isinstance(context, ConfigContext):
+                return value
+            max_inline = max(0, context.engine.max_body_bytes - INLINE_HEADROOM_BYTES)
+            if value is None:
+                return min(DEFAULT_INLINE_MAX_BYTES, max_inline)
+            if value > max_inline:
+                raise ValueError(
+                    f"{value} exceeds {max_inline} (the engine's max_body_bytes {context.engine.max_body_bytes} "
+                    f"minus {INLINE_HEADROOM_BYTES} for the key and framing)"
+                )
+            return value
+
+    settings: Config
 
     def __init__(
         self,
@@ -289,36 +319,13 @@ class KVProvider(Provider):
         provider_id: int,
         *,
         name: str | None = None,
-        config: dict[str, Any] | None = None,
+        config: dict[str, Any] | BaseModel | None = None,
         dependencies: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(engine, provider_id, name=name, config=config, dependencies=dependencies)
-        self.config = self._with_defaults(self.config)
-        self.path: str = self.config["path"]
-        self.durability: str = self.config["durability"]
-        self.inline_max_bytes: int = self.config["inline_max_bytes"]
-        self.max_value_bytes: int = self.config.get("max_value_bytes", 256 * 1024 * 1024)
         self._executor: ThreadPoolExecutor | None = None
         self._store: _Store | None = None
         self._journal_mode: str | None = None
-
-    def _with_defaults(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Fill the defaults that depend on the provider id and the engine; check the inline limit."""
-        max_inline = max(0, self.engine.max_body_bytes - INLINE_HEADROOM_BYTES)
-        inline = config["inline_max_bytes"]
-        if inline is None:
-            inline = min(DEFAULT_INLINE_MAX_BYTES, max_inline)
-        elif inline > max_inline:
-            raise ConfigError(
-                f"kv provider {self.name!r} (id {self.provider_id}) config: inline_max_bytes {inline} exceeds "
-                f"{max_inline} (the engine's max_body_bytes {self.engine.max_body_bytes} minus "
-                f"{INLINE_HEADROOM_BYTES} for the key and framing)"
-            )
-        return {**config, "path": config["path"] or f"kv-{self.provider_id}.sqlite", "inline_max_bytes": inline}
-
-    def get_config(self) -> dict[str, Any]:
-        """The config with defaults filled in: ``path``, ``durability``, ``inline_max_bytes``."""
-        return dict(self.config)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -330,21 +337,20 @@ class KVProvider(Provider):
         if self._executor is not None:
             return
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kv-{self.provider_id}")
-        store = _Store(self.path, self.durability)
+        path = self.settings.path
+        assert path is not None  # filled in from the provider id (Config)
+        store = _Store(path, self.settings.durability)
         try:
             self._journal_mode = await asyncio.get_running_loop().run_in_executor(executor, store.open)
         except sqlite3.Error as exc:
             executor.shutdown(wait=True)
-            raise ConfigError(f"kv provider {self.name!r}: cannot open SQLite database {self.path!r}: {exc}") from exc
+            raise ConfigError(f"kv provider {self.name!r}: cannot open SQLite database {path!r}: {exc}") from exc
         except BaseException:
             executor.shutdown(wait=True)
             raise
-        if self._journal_mode != "wal" and self.path != ":memory:":
+        if self._journal_mode != "wal" and path != ":memory:":
             log.warning(
-                "kv provider %r: SQLite refused WAL for %s (journal mode %s)",
-                self.name,
-                self.path,
-                self._journal_mode,
+                "kv provider %r: SQLite refused WAL for %s (journal mode %s)", self.name, path, self._journal_mode
             )
         self._executor, self._store = executor, store
 
@@ -381,10 +387,12 @@ class KVProvider(Provider):
         value = arg.get("value")
         if not isinstance(value, bytes | bytearray):
             raise TypeError(f"'value' must be bytes, not {type(value).__name__}")
-        if len(value) > self.inline_max_bytes:
+        limit = self.settings.inline_max_bytes
+        assert limit is not None  # filled in from the engine's settings (Config)
+        if len(value) > limit:
             raise ValueTooLarge(
                 f"the value is {len(value)} bytes, over this provider's inline_max_bytes "
-                f"({self.inline_max_bytes}); send it with put_bulk (KVClient.put does this automatically)"
+                f"({limit}); send it with put_bulk (KVClient.put does this automatically)"
             )
         await self._run(_Store.put, key, value)
 
@@ -396,14 +404,16 @@ class KVProvider(Provider):
             ValueTooLarge: the stored value is larger than ``inline_max_bytes`` (use ``get_bulk``).
         """
         key = _key(arg)
-        found = await self._run(_Store.get_limited, key, self.inline_max_bytes)
+        limit = self.settings.inline_max_bytes
+        assert limit is not None  # filled in from the engine's settings (Config)
+        found = await self._run(_Store.get_limited, key, limit)
         if found is None:
             return None
         size, value = found
         if value is None:
             raise ValueTooLarge(
                 f"the value is {size} bytes, over this provider's inline_max_bytes "
-                f"({self.inline_max_bytes}); read it with get_bulk (KVClient.get does this automatically)"
+                f"({limit}); read it with get_bulk (KVClient.get does this automatically)"
             )
         return value
 
@@ -422,9 +432,9 @@ class KVProvider(Provider):
         assert size is not None
         if size > handle.size:
             raise ValueError(f"'size' is {size} bytes but the bulk handle covers only {handle.size} bytes")
-        if size > self.max_value_bytes:
+        if size > self.settings.max_value_bytes:
             raise ValueTooLarge(
-                f"the value is {size} bytes, over this provider's max_value_bytes ({self.max_value_bytes})"
+                f"the value is {size} bytes, over this provider's max_value_bytes ({self.settings.max_value_bytes})"
             )
         # pages are committed as the owner's bytes arrive: a size claim alone costs nothing (issue 13)
         value = memoryview(lazy_buffer(size)) if size else b""

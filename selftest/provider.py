@@ -45,9 +45,9 @@ import tempfile
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from svcframe import BulkHandle, Provider, Request, register_provider_type, rpc
+from svcframe import BulkHandle, Provider, ProviderConfig, Request, register_provider_type, rpc
 from svcframe.wire import lazy_buffer
 
 PULL = "pull"
@@ -80,13 +80,13 @@ class SelftestProvider(Provider):
 
     type_name = "selftest"
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
+    class Config(ProviderConfig):
         max_response_bytes: int = Field(64 * 1024 * 1024, ge=0)
         max_bulk_bytes: int = Field(1 << 30, ge=0)
         storage_dir: str | None = None
         storage_file_bytes: int = Field(256 * 1024 * 1024, ge=4096)
+
+    settings: Config
 
     def __init__(self, engine: Any, provider_id: int, **kwargs: Any) -> None:
         super().__init__(engine, provider_id, **kwargs)
@@ -116,8 +116,8 @@ class SelftestProvider(Provider):
     def _response(self, size: int) -> bytes:
         resp = self._responses.get(size)
         if resp is None:
-            if not 0 <= size <= self.config["max_response_bytes"]:
-                raise ValueError(f"resp_buffer_size {size} is outside 0..{self.config['max_response_bytes']}")
+            if not 0 <= size <= self.settings.max_response_bytes:
+                raise ValueError(f"resp_buffer_size {size} is outside 0..{self.settings.max_response_bytes}")
             responses = self._responses
             while len(responses) >= _KEEP_RESPONSES:  # at most a few sizes (issue 13: one per size grew without end)
                 del responses[next(iter(responses))]
@@ -136,8 +136,8 @@ class SelftestProvider(Provider):
         size = handle.size
         if direction not in DIRECTIONS:
             raise ValueError(f"bulk_direction {direction!r}: expected {' or '.join(map(repr, DIRECTIONS))}")
-        if size > self.config["max_bulk_bytes"]:
-            raise ValueError(f"bulk of {size} bytes exceeds max_bulk_bytes {self.config['max_bulk_bytes']}")
+        if size > self.settings.max_bulk_bytes:
+            raise ValueError(f"bulk of {size} bytes exceeds max_bulk_bytes {self.settings.max_bulk_bytes}")
         buf = self._buffer(size)
         try:
             if direction == PULL:
@@ -180,10 +180,10 @@ class SelftestProvider(Provider):
 
     def _storage_file(self) -> int:
         if self._storage_fd is None:
-            directory = self.config["storage_dir"] or tempfile.gettempdir()
+            directory = self.settings.storage_dir or tempfile.gettempdir()
             path = os.path.join(directory, f"svcframe-selftest-{os.getpid()}-{self.provider_id}.dat")
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.ftruncate(fd, self.config["storage_file_bytes"])
+            os.ftruncate(fd, self.settings.storage_file_bytes)
             self._storage_fd, self._storage_path = fd, path
         return self._storage_fd
 
@@ -192,11 +192,10 @@ class SelftestProvider(Provider):
         op, block_size, fsync = arg
         if op not in STORAGE_OPS:
             raise ValueError(f"storage op {op!r}: expected {' or '.join(map(repr, STORAGE_OPS))}")
-        file_bytes = self.config["storage_file_bytes"]
-        if not isinstance(block_size, int) or not 0 < block_size <= min(file_bytes, self.config["max_bulk_bytes"]):
-            raise ValueError(
-                f"storage block_size {block_size!r} is outside 1..{min(file_bytes, self.config['max_bulk_bytes'])}"
-            )
+        file_bytes = self.settings.storage_file_bytes
+        limit = min(file_bytes, self.settings.max_bulk_bytes)
+        if not isinstance(block_size, int) or not 0 < block_size <= limit:
+            raise ValueError(f"storage block_size {block_size!r} is outside 1..{limit}")
         fd = self._storage_file()
         offset = random.randrange(file_bytes // block_size) * block_size
         buf = self._buffer(block_size)

@@ -41,7 +41,16 @@ from .errors import (
     UsageError,
 )
 from .group import Group, Member, read_group_file
-from .provider import Dependency, Provider, ProviderHandle, load_library, register_provider_type, rpc
+from .provider import (
+    ConfigContext,
+    Dependency,
+    Provider,
+    ProviderConfig,
+    ProviderHandle,
+    load_library,
+    register_provider_type,
+    rpc,
+)
 
 try:  # one source: the version in pyproject.toml, as installed
     __version__ = _metadata.version("svcframe")
@@ -55,6 +64,7 @@ __all__ = [
     "BulkHandle",
     "BulkUsageError",
     "Cancelled",
+    "ConfigContext",
     "ConfigError",
     "ConnectionLost",
     "DeadlineExceeded",
@@ -72,6 +82,7 @@ __all__ = [
     "Overloaded",
     "ProtocolError",
     "Provider",
+    "ProviderConfig",
     "ProviderHandle",
     "ProviderUnavailable",
     "RPCError",

@@ -1,16 +1,21 @@
 """Providers: the unit a service is composed of, and the client-side handle to one.
 
-A provider type is a ``Provider`` subclass with a ``type_name`` and methods marked ``@rpc``::
+A provider type is a ``Provider`` subclass with a ``type_name``, a ``Config`` model (its settings, a pydantic
+model: validated when the provider is created, by ``svcframe config check`` offline, and shown in
+``svcframe config schema``) and methods marked ``@rpc``::
 
-    from svcframe import Provider, rpc, register_provider_type
+    from svcframe import Provider, ProviderConfig, rpc, register_provider_type
 
     @register_provider_type
     class Counter(Provider):
         type_name = "counter"
 
-        def __init__(self, engine, provider_id, *, name="counter", config=None, dependencies=None):
-            super().__init__(engine, provider_id, name=name, config=config, dependencies=dependencies)
-            self.value = int(self.config.get("start", 0))
+        class Config(ProviderConfig):   # unknown keys are errors
+            start: int = 0
+
+        def __init__(self, engine, provider_id, **kwargs):
+            super().__init__(engine, provider_id, **kwargs)
+            self.value = self.settings.start   # self.settings: a Counter.Config
 
         @rpc
         def add(self, req, n):          # sync handlers run inline, with no Task
@@ -21,6 +26,10 @@ A provider type is a ``Provider`` subclass with a ``type_name`` and methods mark
         async def read(self, req, _):   # async handlers may await (nested calls, bulk transfers)
             return self.value
 
+A ``Config`` model's validators may read a ``ConfigContext`` (the provider's id, name and engine settings) as
+pydantic's validation context, to fill defaults that depend on them or check limits the engine sets. A type
+without its own ``Config`` takes any JSON object (``Provider.Config``: its keys become attributes).
+
 A *library* is a Python module that registers provider types when imported; the bootstrap config's
 ``libraries`` lists them. ``ProviderHandle(engine, address, provider_id)`` calls a provider remotely.
 """
@@ -28,14 +37,16 @@ A *library* is a Python module that registers provider types when imported; the 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, ClassVar, TypeVar, overload
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .engine import Engine, Request
 from .errors import ConfigError
+from .settings import EngineConfig, format_validation_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = TypeVar("P", bound="type[Provider]")
@@ -99,17 +110,31 @@ def register_provider_type(cls: P) -> P:
 
 
 def load_library(module: str) -> list[str]:
-    """Import a provider library (a Python module name) and return the provider types it registered.
+    """Import a provider library (a Python module name) and return the provider types it defines: those it
+    registered on import, and those whose class it holds (when it was imported before).
 
     Raises:
-        ConfigError: the module cannot be imported (the message says why).
+        ConfigError: the module cannot be imported (the message says why; a Bedrock module, a ``.so``
+            file, is named as such).
     """
     before = set(PROVIDER_TYPES)
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ConfigError(f"library {module!r} cannot be imported: {exc}") from exc
-    return sorted(set(PROVIDER_TYPES) - before)
+        hint = " (a Bedrock C++ module; svcframe libraries are Python modules)" if module.endswith(".so") else ""
+        raise ConfigError(f"library {module!r} cannot be imported{hint}: {exc}") from exc
+    return sorted((set(PROVIDER_TYPES) - before) | {t for t, cls in PROVIDER_TYPES.items() if cls.__module__ == module})
+
+
+#: The entry-point group naming installed provider libraries (``name = "module"``; svcframe's own: kv, blob,
+#: selftest, in pyproject.toml).
+LIBRARY_ENTRY_POINTS = "svcframe.providers"
+
+
+def installed_libraries() -> list[str]:
+    """The provider libraries installed packages name in the ``svcframe.providers`` entry-point group (module
+    names, sorted; nothing is imported)."""
+    return sorted({ep.value for ep in entry_points(group=LIBRARY_ENTRY_POINTS)})
 
 
 def provider_type(type_name: str) -> type[Provider]:
@@ -123,24 +148,61 @@ def provider_type(type_name: str) -> type[Provider]:
         ) from None
 
 
+class ProviderConfig(BaseModel):
+    """A base for a provider type's ``Config``: an unknown key is an error, not a silent no-op."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class ConfigContext:
+    """What a provider's ``Config`` validators may read: pydantic's validation context (``info.context``),
+    given wherever a provider's config is validated (creating it, ``svcframe config check``, ``serve``).
+
+    Attributes:
+        provider_id: the provider's id (assigned, when the config let the server choose).
+        name: the provider's name.
+        engine: the engine's settings (e.g. ``max_body_bytes``, the largest inline message).
+    """
+
+    provider_id: int
+    name: str
+    engine: EngineConfig
+
+
 class Provider:
-    """Base class of providers. Subclasses set ``type_name`` and mark RPC methods with ``@rpc``.
+    """Base class of providers. Subclasses set ``type_name``, define a ``Config`` model and mark RPC methods
+    with ``@rpc``.
 
     Args:
         engine: the engine to register with.
-        provider_id: 0..65535, unique within the process.
+        provider_id: 0..65534, unique within the process.
         name: the provider's name in the configuration.
-        config: the provider's JSON config (a dict).
+        config: the provider's config: a JSON object (validated by ``Config``) or a ``Config`` instance
+            (taken as validated).
         dependencies: resolved dependencies, by dependency name: a ``Provider`` of this process
             (``NAME`` / ``TYPE:ID``, optionally ``@local``) or a ``ProviderHandle`` (``...@ADDRESS``);
             a list of them for an array dependency.
+
+    Attributes:
+        settings: the validated config, an instance of ``Config`` (every default filled in).
+
+    Raises:
+        ConfigError: an invalid config (one line per problem, naming the key and what was expected).
     """
 
     type_name: ClassVar[str] = ""
-    #: The provider's config schema (a pydantic model; unknown keys are errors). None accepts any dict.
-    Config: ClassVar[type[BaseModel] | None] = None
+
+    class Config(BaseModel):
+        """Any JSON object (a provider type that declares no ``Config`` of its own); its keys are attributes."""
+
+        model_config = ConfigDict(extra="allow")
+
     #: The dependencies this type expects; None (the default) accepts any, unchecked.
     DEPENDENCIES: ClassVar[tuple[Dependency, ...] | None] = None
+    #: The validated config, an instance of ``Config`` (a subclass may declare ``settings: Config`` for type
+    #: checkers).
+    settings: Any
 
     def __init__(
         self,
@@ -148,34 +210,38 @@ class Provider:
         provider_id: int,
         *,
         name: str | None = None,
-        config: dict[str, Any] | None = None,
+        config: Mapping[str, Any] | BaseModel | None = None,
         dependencies: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.provider_id = provider_id
         self.name = name or self.type_name
-        self.config: dict[str, Any] = dict(config or {})
-        if self.Config is not None:
-            self.config = self.validate_config(self.config)
+        if isinstance(config, self.Config):
+            self.settings = config
+        else:
+            raw = config.model_dump() if isinstance(config, BaseModel) else config or {}
+            self.settings = self.validate_config(raw, ConfigContext(provider_id, self.name, engine.config))
         self.dependencies: dict[str, Any] = dict(dependencies or {})
         self._registered = False
 
-    def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Validate ``config`` with ``Config`` and return it with every default filled in.
+    @classmethod
+    def validate_config(
+        cls, config: Mapping[str, Any], context: ConfigContext, *, source: str | None = None, at: tuple[Any, ...] = ()
+    ) -> Any:
+        """``config`` validated by ``Config`` (with ``context``), every default filled in.
+
+        Args:
+            source: what the error lines start with (default: the provider's type, name and id).
+            at: the JSON path of ``config`` in its document, prefixed to each problem's path.
 
         Raises:
             ConfigError: one line per problem, naming the key, the value and what was expected.
         """
-        from pydantic import ValidationError
-
-        from .config import format_validation_error
-
-        assert self.Config is not None
         try:
-            return self.Config.model_validate(config).model_dump(mode="json")
+            return cls.Config.model_validate(dict(config), context=context)
         except ValidationError as exc:
-            source = f"{self.type_name} provider {self.name!r} (id {self.provider_id}) config"
-            raise ConfigError(format_validation_error(exc, source)) from None
+            source = source or f"{cls.type_name} provider {context.name!r} (id {context.provider_id}) config"
+            raise ConfigError(format_validation_error(exc, source, at=at)) from None
 
     @classmethod
     def rpc_methods(cls) -> dict[str, str]:
@@ -195,8 +261,9 @@ class Provider:
         self._registered = True
 
     def get_config(self) -> dict[str, Any]:
-        """The provider's live config, with defaults filled in (override to add them)."""
-        return self.config
+        """The provider's live config: its settings as JSON, every default filled in (a config that creates
+        an equal provider)."""
+        return self.settings.model_dump(mode="json")
 
     async def start(self) -> None:
         """Called after registration; acquire resources here (files, databases, connections)."""
@@ -245,11 +312,15 @@ class ProviderHandle:
 
 
 __all__ = [
+    "LIBRARY_ENTRY_POINTS",
     "PROVIDER_TYPES",
+    "ConfigContext",
     "Dependency",
     "Provider",
+    "ProviderConfig",
     "ProviderHandle",
     "Request",
+    "installed_libraries",
     "load_library",
     "provider_type",
     "register_provider_type",

@@ -1,8 +1,10 @@
 """A server process built from a bootstrap config (Bedrock analogue), and its lifecycle.
 
-``Server(config)`` creates the engine, loads the libraries, starts the admin provider and then every
-provider in list order, resolving dependencies. If anything fails, everything started so far is
-closed again and the error raised: a config error never leaves a half-configured server behind.
+``Server(config)`` checks the config as ``svcframe config check`` does (``svcframe.composition.check_service``:
+libraries, every provider's config, ids and dependencies; every problem at once), then creates the engine,
+starts the admin provider and then every provider in list order, resolving dependencies. If anything fails,
+everything started so far is closed again and the error raised: a config error never leaves a
+half-configured server behind.
 
 ``run_server(config, ready_fd=...)`` is a process's main: it pins the CPU if asked, runs the server on
 the configured event loop, reports readiness (one JSON line on ``ready_fd``) once it accepts calls,
@@ -24,11 +26,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .composition import (
+    ADMIN,
+    CheckedProvider,
+    Findings,
+    LocalProvider,
+    check_provider,
+    check_service,
+    choose_provider_id,
+    parse_dependency,
+)
 from .config import ProviderSpec, ServiceConfig, format_validation_error
 from .engine import Engine
 from .errors import ConfigError, SvcframeError
 from .loops import loop_factory
-from .provider import PROVIDER_TYPES, Provider, ProviderHandle, load_library, provider_type
+from .provider import Provider, ProviderHandle, load_library
 from .transport import parse_address
 from .wire import check_secret
 
@@ -65,29 +77,6 @@ def read_secret_file(path: str, what: str = "--secret-file") -> bytes:
     return secret
 
 
-def parse_dependency(spec: str | int) -> tuple[str | None, str | None, int | None, str | None]:
-    """Parse Bedrock's dependency grammar: ``NAME`` | ``TYPE:ID``, optionally ``@local`` or ``@ADDRESS``.
-
-    Returns:
-        (name, type, provider_id, location) with location None for local.
-
-    Raises:
-        ConfigError: malformed reference.
-    """
-    text = str(spec)
-    ident, _, location = text.partition("@")
-    if location == "local":
-        location = ""
-    if ":" in ident:
-        type_name, _, id_text = ident.partition(":")
-        if not id_text.isdigit() or not type_name:
-            raise ConfigError(f"dependency {text!r}: expected NAME or TYPE:ID, optionally @local or @ADDRESS")
-        return None, type_name, int(id_text), location or None
-    if not ident:
-        raise ConfigError(f"dependency {text!r} is empty")
-    return ident, None, None, location or None
-
-
 #: Settings a JSON Patch may change while the server runs (JSON paths), and who applies them:
 #: the progress loop, the engine's default deadline, the server's drain time, the monitor, the admin.
 LIVE_SETTINGS = {
@@ -122,10 +111,12 @@ class Server:
     Args:
         config: the validated bootstrap config.
         secret: shared secret for connection authentication (never stored in the config).
+        source: what start-up errors name the config by (its file).
     """
 
-    def __init__(self, config: ServiceConfig, *, secret: bytes | None = None) -> None:
+    def __init__(self, config: ServiceConfig, *, secret: bytes | None = None, source: str = "config") -> None:
         self.config = config.model_copy(deep=True)
+        self.source = source
         self._secret = secret if secret is not None else read_secret(self.config.engine.auth)
         self.engine: Engine | None = None
         self.providers: dict[str, Provider] = {}
@@ -138,7 +129,10 @@ class Server:
         self.on_blocked_start: Callable[[str], None] | None = None
 
     async def start(self) -> Server:
-        """Start everything; on any failure close what was started and raise (ConfigError or the cause)."""
+        """Check the config, then start everything; on any failure close what was started and raise
+        (ConfigError, every problem one line, or the cause)."""
+        checked, findings = check_service(self.config, source=self.source)
+        findings.raise_problems()
         ec = self.config.engine
         # The plumber (Carns 2025 §4.1.1): a wildcard host becomes the chosen NIC's address, recorded
         # (output only) under engine.plumber.chosen; any other address is used as given.
@@ -158,15 +152,13 @@ class Server:
             )
         await self.engine.start()
         try:
-            for library in self.config.libraries:
-                load_library(library)
             from .admin import AdminProvider
 
             admin = AdminProvider(self.engine, self.config.admin.provider_id, server=self)
             admin.register()
-            specs, self.config.providers = list(self.config.providers), []
-            for spec in specs:
-                await self.add_provider(spec)
+            self.config.providers = []
+            for provider in checked:
+                await self._start_provider(provider, self.source)
         except BaseException:
             await self.close()
             raise
@@ -178,19 +170,16 @@ class Server:
         return self.engine.address
 
     # -- providers -----------------------------------------------------------------------------------
-    def _free_provider_id(self) -> int:
-        used = {p.provider_id for p in self.providers.values()} | {self.config.admin.provider_id}
-        used |= set(self._adding.values())
-        return next(i for i in range(1, 65536) if i not in used)
-
     async def add_provider(self, spec: ProviderSpec | dict[str, Any], *, timeout_seconds: float | None = None) -> int:
-        """Create, register and start one provider; returns its provider id.
+        """Check (``svcframe.composition.check_provider``, against the running providers), create, register
+        and start one provider; returns its provider id.
 
-        Dependencies are resolved first (see ``resolve_dependencies``); remote ones are retried for up to
-        ``admin.dependency_resolution_timeout_seconds`` (or ``timeout_seconds`` when that is shorter).
+        Remote dependencies are retried for up to ``admin.dependency_resolution_timeout_seconds`` (or
+        ``timeout_seconds`` when that is shorter).
 
         Raises:
-            ConfigError: invalid description, duplicate name or id, unknown type, missing dependency.
+            ConfigError: invalid description, duplicate name or id, unknown type, invalid config, missing
+                dependency (every problem, one line each).
         """
         assert self.engine is not None
         if isinstance(spec, dict):
@@ -198,23 +187,41 @@ class Server:
                 spec = ProviderSpec.model_validate(spec)
             except ValidationError as exc:
                 raise ConfigError(format_validation_error(exc, "provider description")) from None
-        if spec.name in self.providers or spec.name in self._adding:
-            raise ConfigError(f"a provider named {spec.name!r} already exists")
-        provider_id = spec.provider_id if spec.provider_id is not None else self._free_provider_id()
-        if provider_id == self.config.admin.provider_id:
-            raise ConfigError(f"provider_id {provider_id} of {spec.name!r} is reserved for the admin provider")
-        owner = next((p.name for p in self.providers.values() if p.provider_id == provider_id), None)
-        owner = owner or next((n for n, i in self._adding.items() if i == provider_id), None)
-        if owner is not None:
-            raise ConfigError(f"provider_id {provider_id} of {spec.name!r} is already used by {owner!r}")
-        cls = provider_type(spec.type)
+        source = f"provider {spec.name!r} (type {spec.type!r})"
+        findings = Findings(source)
+        running = [LocalProvider(p.name, p.type_name, p.provider_id) for p in self.providers.values()]
+        taken = {p.provider_id: p.name for p in running} | {i: n for n, i in self._adding.items()}
+        taken[self.config.admin.provider_id] = ADMIN
+        if spec.name in self._adding:
+            findings.problem(("name",), f"a provider named {spec.name!r} already exists")
+        provider_id = choose_provider_id(spec, taken, findings)
+        checked = None
+        if provider_id is not None:
+            checked = check_provider(
+                spec, provider_id, findings, engine=self.config.engine, local=running, running=True,
+                own_address=self.engine.address,
+            )  # fmt: skip
+        findings.raise_problems()
+        assert checked is not None
+        return await self._start_provider(checked, source, timeout_seconds=timeout_seconds)
+
+    async def _start_provider(
+        self, checked: CheckedProvider, source: str, *, timeout_seconds: float | None = None
+    ) -> int:
+        """Resolve the dependencies of a checked provider, create, register and start it; its provider id."""
+        assert self.engine is not None
+        spec = checked.spec
+        provider_id = spec.provider_id
+        assert provider_id is not None
         self._adding[spec.name] = provider_id  # reserved while dependencies resolve and the provider starts
         try:
-            deps = await self.resolve_dependencies(spec, cls, timeout_seconds=timeout_seconds)
+            deps = await self._resolve(checked, source, timeout_seconds)
             limit = self.config.admin.provider_start_timeout_seconds
             watchdog = _StartWatchdog(f"provider {spec.name!r} (type {spec.type!r})", limit, self.on_blocked_start)
             try:
-                provider = cls(self.engine, provider_id, name=spec.name, config=spec.config, dependencies=deps)
+                provider = checked.cls(
+                    self.engine, provider_id, name=spec.name, config=checked.settings, dependencies=deps
+                )
                 provider.register()
                 await asyncio.wait_for(provider.start(), limit)
             except TimeoutError:
@@ -231,9 +238,7 @@ class Server:
         finally:
             del self._adding[spec.name]
         self.providers[spec.name] = provider
-        self.config.providers.append(
-            spec.model_copy(update={"provider_id": provider_id, "config": provider.get_config()})
-        )
+        self.config.providers.append(spec.model_copy(update={"config": provider.get_config()}))
         return provider_id
 
     def lookup_provider(self, spec: str) -> Provider | None:
@@ -242,88 +247,49 @@ class Server:
         Raises:
             ConfigError: malformed spec, or a remote location (``@ADDRESS``).
         """
-        name, type_name, provider_id, location = parse_dependency(spec)
-        if location is not None and location != (self.engine.address if self.engine else None):
+        ref = parse_dependency(spec)
+        if ref.location is not None and ref.location != (self.engine.address if self.engine else None):
             raise ConfigError(f"{spec!r}: lookup_provider takes NAME or TYPE:ID (optionally @local), not a remote one")
         for provider in self.providers.values():
-            if provider.name == name or (provider.type_name == type_name and provider.provider_id == provider_id):
+            if LocalProvider(provider.name, provider.type_name, provider.provider_id).named_by(ref):
                 return provider
         return None
 
-    async def resolve_dependencies(
-        self, spec: ProviderSpec, cls: type[Provider], *, timeout_seconds: float | None = None
-    ) -> dict[str, Any]:
-        """Resolve ``spec.dependencies`` (Bedrock's grammar) against what ``cls.DEPENDENCIES`` declares.
-
-        Local ones (``NAME``, ``TYPE:ID``, optionally ``@local``) must already run in this process:
-        providers start in list order. Remote ones (``...@ADDRESS``) are looked up on that server's admin
-        provider (``lookup_provider``, at this server's admin provider id), retried until the deadline.
-
-        Returns:
-            dependency name -> ``Provider`` (local) or ``ProviderHandle`` (remote); lists for arrays.
+    async def _resolve(self, checked: CheckedProvider, source: str, timeout_seconds: float | None) -> dict[str, Any]:
+        """The dependencies of a checked provider: name -> ``Provider`` of this process (running: the check
+        found it) or ``ProviderHandle`` of another server's, looked up on that server's admin provider (at this
+        server's admin provider id) and retried until the deadline; lists for array dependencies.
 
         Raises:
-            ConfigError: naming the dependency: undeclared, missing, not found in time, or of the wrong type.
+            ConfigError: a remote one not found in time, or of the wrong type (naming its JSON path).
         """
         assert self.engine is not None
-        where = f"provider {spec.name!r} (type {spec.type!r})"
-        declared = {d.name: d for d in cls.DEPENDENCIES} if cls.DEPENDENCIES is not None else None
-        if declared is not None:
-            unknown = sorted(set(spec.dependencies) - set(declared))
-            if unknown:
-                raise ConfigError(
-                    f"{where}: unknown dependency {', '.join(map(repr, unknown))}; "
-                    f"type {spec.type!r} declares {', '.join(map(repr, declared)) or 'none'}"
-                )
-            missing = [d.name for d in declared.values() if d.required and d.name not in spec.dependencies]
-            if missing:
-                raise ConfigError(
-                    f"{where}: missing required dependency {', '.join(map(repr, missing))} "
-                    f"(give it in 'dependencies' as NAME, TYPE:ID, optionally @local or @ADDRESS)"
-                )
         limit = self.config.admin.dependency_resolution_timeout_seconds
         if timeout_seconds is not None:
             limit = min(limit, timeout_seconds)
         deadline = asyncio.get_running_loop().time() + limit
         out: dict[str, Any] = {}
-        for key, value in spec.dependencies.items():
-            dep = declared.get(key) if declared is not None else None
-            values = value if isinstance(value, list) else [value]
-            if dep is not None and not dep.array and len(values) != 1:
-                raise ConfigError(f"{where}: dependency {key!r} takes one provider, not {len(values)}")
-            expected = dep.type if dep is not None else None
-            resolved = [await self._resolve(where, key, v, expected, deadline) for v in values]
-            out[key] = resolved if (dep.array if dep is not None else isinstance(value, list)) else resolved[0]
+        for key, (array, needed) in checked.dependencies.items():
+            found: list[Provider | ProviderHandle] = []
+            for dep in needed:
+                if dep.local is not None:
+                    found.append(self.providers[dep.local.name])
+                    continue
+                assert dep.location is not None
+                from .admin import lookup_remote
+
+                what = f"{source}: {dep.path}: {dep.text!r}"
+                info = await lookup_remote(
+                    self.engine, dep.location, dep.text.partition("@")[0],
+                    admin_provider_id=self.config.admin.provider_id, deadline=deadline, what=what,
+                )  # fmt: skip
+                if dep.expected_type is not None and info["type"] != dep.expected_type:
+                    raise ConfigError(
+                        f"{what} is a provider of type {info['type']!r}; expected type {dep.expected_type!r}"
+                    )
+                found.append(ProviderHandle(self.engine, dep.location, int(info["provider_id"])))
+            out[key] = found if array else found[0]
         return out
-
-    async def _resolve(self, where: str, key: str, value: str | int, expected: str | None, deadline: float) -> Any:
-        assert self.engine is not None
-        what = f"{where}: dependency {key!r} = {str(value)!r}"
-        try:
-            location = parse_dependency(value)[3]
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        if location is None or location == self.engine.address:
-            provider = self.lookup_provider(str(value).partition("@")[0])
-            if provider is None:
-                running = ", ".join(f"{p.name} ({p.type_name}:{p.provider_id})" for p in self.providers.values())
-                raise ConfigError(
-                    f"{what}: no such provider in this process (running: {running or 'none'}); "
-                    "providers start in list order, so list it before the providers that depend on it"
-                )
-            found: Provider | ProviderHandle = provider
-            found_type = provider.type_name
-        else:
-            from .admin import lookup_remote
-
-            info = await lookup_remote(
-                self.engine, location, str(value).partition("@")[0],
-                admin_provider_id=self.config.admin.provider_id, deadline=deadline, what=what,
-            )  # fmt: skip
-            found_type, found = info["type"], ProviderHandle(self.engine, location, int(info["provider_id"]))
-        if expected is not None and found_type != expected:
-            raise ConfigError(f"{what} is a provider of type {found_type!r}; expected type {expected!r}")
-        return found
 
     def dependents(self, name: str) -> list[str]:
         """Names of the local providers that depend on provider ``name``."""
@@ -385,10 +351,10 @@ class Server:
         Raises:
             ConfigError: the module cannot be imported.
         """
-        new = load_library(module)
+        types = load_library(module)
         if module not in self.config.libraries:
             self.config.libraries = [*self.config.libraries, module]
-        return sorted(set(new) | {t for t, cls in PROVIDER_TYPES.items() if cls.__module__ == module})
+        return types
 
     # -- configuration and lifecycle ----------------------------------------------------------------------
     def live_config(self) -> dict[str, Any]:
@@ -475,8 +441,9 @@ async def _main(
     secret: bytes | None,
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
     lifeline_fd: int | None = None,
+    source: str = "config",
 ) -> bool:
-    server = Server(config, secret=secret)
+    server = Server(config, secret=secret, source=source)
     loop = asyncio.get_running_loop()
 
     def blocked(reason: str) -> None:  # from the watchdog's thread: the loop is stuck in a provider's start-up
@@ -552,19 +519,22 @@ def run_server(
     secret: bytes | None = None,
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
     lifeline_fd: int | None = None,
+    source: str = "config",
 ) -> int:
     """A server process's main. Returns the exit code (0 after a clean shutdown, 1 on a start-up error).
 
     ``on_ready(server)`` runs as a task once the server accepts calls (cancelled at shutdown; an exception
     in it is logged and shuts the server down). ``lifeline_fd``: the read end of a pipe whose write end
-    only the launcher holds; when it closes (the launcher exited, even by SIGKILL) the server shuts down."""
+    only the launcher holds; when it closes (the launcher exited, even by SIGKILL) the server shuts down.
+    ``source``: what start-up errors name the config by (its file)."""
     if config.engine.cpu_affinity:
         os.sched_setaffinity(0, config.engine.cpu_affinity)
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.engine.event_loop)) as runner:
-            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd))
+            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd, source))
     except (SvcframeError, OSError) as exc:
-        log.error("server failed to start: %s", exc)
+        for line in str(exc).splitlines():  # one record per problem (a config check finds them all)
+            log.error("server failed to start: %s", line)
         return 1
     return 0 if ok else 1
 

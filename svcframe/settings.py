@@ -37,6 +37,7 @@ __all__ = [
     "PlumberConfig",
     "StrictModel",
     "format_validation_error",
+    "json_path",
 ]
 
 
@@ -212,13 +213,20 @@ class EngineConfig(StrictModel):
         return self
 
 
-def format_validation_error(exc: ValidationError, source: str = "config") -> str:
-    """One line per problem: ``source: path.to[3].key: message (got VALUE)``."""
+def json_path(loc: Iterable[str | int]) -> str:
+    """``("providers", 1, "config", "path")`` -> ``providers[1].config.path`` (how errors name a place)."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def format_validation_error(exc: ValidationError, source: str = "config", *, at: tuple[str | int, ...] = ()) -> str:
+    """One line per problem: ``source: path.to[3].key: message (got VALUE)``; ``at``: the JSON path of what
+    was validated in its document, put before each problem's path."""
     lines = []
     for err in exc.errors():
-        path = ""
-        for part in err["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        path = json_path((*at, *err["loc"]))
         got = err.get("input")
         shown = json.dumps(got, default=str)[:80] if err["type"] != "missing" else None
         msg = err["msg"].removeprefix("Value error, ")

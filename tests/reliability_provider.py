@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from svcframe import BulkHandle, Provider, Request, register_provider_type, rpc
+from svcframe import BulkHandle, Provider, ProviderConfig, Request, register_provider_type, rpc
 
 
 def pattern(size: int, seed: int) -> bytes:
@@ -40,9 +40,15 @@ def pattern(size: int, seed: int) -> bytes:
 class ReliabilityTestProvider(Provider):
     type_name = "reltest"
 
+    class Config(ProviderConfig):
+        journal: str | None = None
+        hold_cap_seconds: float | None = None
+
+    settings: Config
+
     def __init__(self, engine: Any, provider_id: int, **kwargs: Any) -> None:
         super().__init__(engine, provider_id, **kwargs)
-        journal = self.config.get("journal")
+        journal = self.settings.journal
         self._journal = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if journal else None
         self._events: list[list[Any]] = []
         self._exposed: dict[int, tuple[bytes, BulkHandle]] = {}
@@ -70,8 +76,8 @@ class ReliabilityTestProvider(Provider):
             raise RuntimeError("reltest provider has no journal configured")
         os.write(self._journal, rid.encode() + b"\n")
         hold = float(arg.get("hold_seconds") or 0)
-        if self.config.get("hold_cap_seconds") is not None:
-            hold = min(hold, float(self.config["hold_cap_seconds"]))
+        if self.settings.hold_cap_seconds is not None:
+            hold = min(hold, self.settings.hold_cap_seconds)
         if hold:
             await asyncio.sleep(hold)
         return rid

@@ -311,13 +311,13 @@ def test_patch_config_live_and_frozen_settings(svc: Member) -> None:
 @pytest.mark.parametrize(
     ("deps", "fragment"),
     [
-        ({"index": "nokv"}, "dependency 'index' = 'nokv': no such provider in this process (running: store (kv:1)"),
-        ({"index": "kv:7@local"}, "dependency 'index' = 'kv:7@local': no such provider"),
-        ({}, "missing required dependency 'index'"),
-        ({"index": "store", "extra": "store"}, "unknown dependency 'extra'; type 'blob' declares 'index'"),
-        ({"index": "blobs"}, "is a provider of type 'blob'; expected type 'kv'"),
-        ({"index": ["store", "store"]}, "dependency 'index' takes one provider, not 2"),
-        ({"index": "kv:"}, "expected NAME or TYPE:ID"),
+        ({"index": "nokv"}, "dependencies.index: 'nokv': no such provider in this process (running: store (kv:1)"),
+        ({"index": "kv:7@local"}, "dependencies.index: 'kv:7@local': no such provider"),
+        ({}, "dependencies: missing required dependency 'index'"),
+        ({"index": "store", "extra": "store"}, "dependencies.extra: unknown dependency 'extra'; type 'blob' declares"),
+        ({"index": "blobs"}, "dependencies.index: 'blobs' is a provider of type 'blob'; expected type 'kv'"),
+        ({"index": ["store", "store"]}, "dependencies.index: dependency 'index' takes one provider, not 2"),
+        ({"index": "kv:"}, "dependencies.index: dependency 'kv:': expected NAME or TYPE:ID"),
     ],
 )
 def test_dependency_errors_name_the_dependency(svc: Member, workdir: Path, deps: dict[str, Any], fragment: str) -> None:
@@ -342,13 +342,13 @@ def test_remote_dependency_found_checked_and_bounded(
     other = group[1][0].address  # hosts a selftest provider "st" at id 1, no kv
     desc = {"name": "rb", "type": "blob", "config": {"path": str(workdir / "rb")}}
     message = remote_config_error(svc.address, "add_provider", {**desc, "dependencies": {"index": f"st@{other}"}})
-    assert f"dependency 'index' = 'st@{other}' is a provider of type 'selftest'; expected type 'kv'" in message
+    assert f"dependencies.index: 'st@{other}' is a provider of type 'selftest'; expected type 'kv'" in message
 
     short = [{"op": "replace", "path": "/admin/dependency_resolution_timeout_seconds", "value": 0.3}]
     admin(svc.address, "patch_config", short)
     try:
         message = remote_config_error(svc.address, "add_provider", {**desc, "dependencies": {"index": f"kv:1@{other}"}})
-        assert f"dependency 'index' = 'kv:1@{other}': not found within" in message
+        assert f"dependencies.index: 'kv:1@{other}': not found within" in message
         assert f"{other} has no provider 'kv:1'" in message
         gone = f"unix://{workdir}/nobody.sock"
         message = remote_config_error(svc.address, "add_provider", {**desc, "dependencies": {"index": f"kv:1@{gone}"}})
@@ -458,7 +458,7 @@ def test_missing_dependency_at_start_is_a_clear_launch_error(workdir: Path) -> N
         "providers": [{"name": "orphan", "type": "blob", "config": {"path": str(workdir / "orphan")},
                        "dependencies": {"index": "missing_kv"}}],
     })  # fmt: skip
-    with pytest.raises(LaunchError, match=r"provider 'orphan' \(type 'blob'\): dependency 'index' = 'missing_kv'"):
+    with pytest.raises(LaunchError, match=r"providers\[0\]\.dependencies\.index: 'missing_kv': no such provider"):
         Launch(cfg, 1).start()
 
 
@@ -488,7 +488,9 @@ def test_array_and_optional_dependencies_in_process() -> None:
             assert many.dependencies == {"shards": [s1, s2]}
             assert one.dependencies == {"shards": [s1], "extra": many}  # a scalar is a one-element array
             assert server.dependents("s1") == ["many", "one"]
-            with pytest.raises(ConfigError, match="'shards' = 'one' is a provider of type 'test_fanout'"):
+            with pytest.raises(
+                ConfigError, match=r"dependencies\.shards\[0\]: 'one' is a provider of type 'test_fanout'"
+            ):
                 await server.add_provider({"name": "bad", "type": "test_fanout", "dependencies": {"shards": ["one"]}})
         finally:
             await server.close()

@@ -22,12 +22,12 @@ import pytest
 from providers.blob import BlobClient
 from providers.kv import KVClient
 from svcframe.admin import ServiceHandle
+from svcframe.composition import parse_dependency
 from svcframe.config import ServiceConfig, load_config
 from svcframe.engine import Engine
 from svcframe.errors import AppError, RemoteError
 from svcframe.launch import Launch
 from svcframe.loops import run
-from svcframe.server import parse_dependency
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 WAIT_SECONDS = 10.0
@@ -92,7 +92,7 @@ def service() -> Iterator[dict[str, Any]]:
     starter.start()
     index_job = Launch(index_cfg, 1)
     try:
-        waiting = f"dependency 'index' = 'blob_index@{index_address}': not available yet"
+        waiting = f"providers[0].dependencies.index: 'blob_index@{index_address}': not available yet"
         deadline = time.monotonic() + WAIT_SECONDS
         while waiting not in store_job.log_tail(0):  # the blob server is up and waits for its index
             assert not ready.is_set(), f"the blob server did not wait for its index: {outcome}"

@@ -268,7 +268,7 @@ def test_choices_and_schema_enums_come_from_the_registries() -> None:
     from selftest.cli.workloads import selftest
     from selftest.driver import WORKLOADS
     from selftest.provider import DIRECTIONS, STORAGE_OPS
-    from svcframe.config import config_schema
+    from svcframe.composition import service_schema
     from svcframe.errors import ConfigError
     from svcframe.loops import EVENT_LOOPS
     from svcframe.plumber import BUCKET_POLICIES, NIC_POLICIES
@@ -281,7 +281,7 @@ def test_choices_and_schema_enums_come_from_the_registries() -> None:
         "progress_mode": list(PROGRESS_MODES), "event_loop": list(EVENT_LOOPS),
     }  # fmt: skip
     assert "storage" in WORKLOADS  # issue 12: the CLI offered noop|bulk while the model had storage too
-    defs = config_schema()["$defs"]
+    defs = service_schema(())["$defs"]
     assert defs["EngineConfig"]["properties"]["progress_mode"]["enum"] == list(PROGRESS_MODES)
     assert defs["EngineConfig"]["properties"]["event_loop"]["enum"] == list(EVENT_LOOPS)
     assert defs["PlumberConfig"]["properties"]["bucket_policy"]["enum"] == list(BUCKET_POLICIES)

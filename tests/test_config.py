@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from svcframe.config import ServiceConfig, config_schema, load_config, parse_config
+from svcframe.composition import parse_dependency, service_schema
+from svcframe.config import ServiceConfig, load_config, parse_config
 from svcframe.errors import ConfigError
-from svcframe.server import parse_dependency
 
 
 def test_defaults_filled_in() -> None:
@@ -78,7 +78,7 @@ def test_shipped_configs_are_valid() -> None:
 
 
 def test_schema_exported() -> None:
-    schema = config_schema()
+    schema = service_schema(())
     assert schema["title"] == "ServiceConfig"
     assert "engine" in schema["properties"]
     json.dumps(schema)
@@ -107,3 +107,12 @@ def test_validate_assignment() -> None:
     cfg = ServiceConfig()
     with pytest.raises(ValueError):
         cfg.engine.progress_mode = "nope"  # type: ignore[assignment]
+
+
+def test_provider_ids_are_0_to_65534_and_65535_means_choose_one() -> None:
+    """Bedrock's convention: 65535 in a providers[] entry lets the server choose (the lowest free id)."""
+    cfg = parse_config({"providers": [{"name": "a", "type": "kv", "provider_id": 65535}]})
+    assert cfg.providers[0].provider_id is None
+    assert parse_config({"admin": {"provider_id": 65534}}).admin.provider_id == 65534
+    with pytest.raises(ConfigError, match=r"admin\.provider_id: Input should be less than or equal to 65534"):
+        parse_config({"admin": {"provider_id": 65535}})

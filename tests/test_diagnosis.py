@@ -40,7 +40,7 @@ LIBRARY = textwrap.dedent(
 
         @rpc
         async def fetch(self, req, n):
-            return await self.engine.call(self.config["back"], "lookup", n, provider_id=1)
+            return await self.engine.call(self.settings.back, "lookup", n, provider_id=1)
 
 
     @register_provider_type

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..errors import SvcframeError
+from ..registration import MAX_PROVIDER_ID
 from .common import describe, echo_json, fail, group_members, group_option, read_secret
 
 
@@ -43,7 +44,7 @@ def _call_argument(text: str) -> Any:
 @click.option("--rank", type=int, default=0, show_default=True, help="Which member of the group to call.")
 @click.option("--bytes", "byte_fields", multiple=True, metavar="FIELD=@FILE|base64:DATA",
               help="Set FIELD of the JSON object ARG to bytes (repeatable), e.g. --bytes value=@blob.bin.")  # fmt: skip
-@click.option("--provider-id", "-p", type=int, default=0, show_default=True)
+@click.option("--provider-id", "-p", type=click.IntRange(0, MAX_PROVIDER_ID), default=0, show_default=True)
 @click.option("--timeout-seconds", type=float, default=10.0, show_default=True)
 def call(
     words: tuple[str, ...], group: str | None, rank: int, byte_fields: tuple[str, ...], provider_id: int,

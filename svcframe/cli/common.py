@@ -27,9 +27,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """A user error: one line on stderr, then exit with ``code`` (never a traceback)."""
-    click.echo(f"svcframe: error: {message}", err=True)
+    """A user error: one line on stderr (one per problem when ``message`` has several lines), then exit with
+    ``code`` (never a traceback)."""
+    for line in message.splitlines() or [""]:
+        click.echo(f"svcframe: error: {line}", err=True)
     sys.exit(code)
+
+
+def import_from_cwd() -> None:
+    """Import provider libraries as ``python -m`` would: the current directory first (issue 15)."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def echo_json(obj: Any) -> None:

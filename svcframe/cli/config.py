@@ -8,9 +8,20 @@ from pathlib import Path
 
 import click
 
-from ..config import config_schema, load_config
+from ..composition import check_service, service_schema
+from ..config import load_config
 from ..errors import SvcframeError
-from .common import addresses_then, echo_json, fail, json_argument, resolve_targets, run_admin, target_options
+from ..provider import installed_libraries
+from .common import (
+    addresses_then,
+    echo_json,
+    fail,
+    import_from_cwd,
+    json_argument,
+    resolve_targets,
+    run_admin,
+    target_options,
+)
 
 
 @click.group()
@@ -21,24 +32,50 @@ def config() -> None:
 @config.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
 def config_check(file: str) -> None:
-    """Validate a bootstrap config offline; print it with every default filled in."""
+    """Check a bootstrap config offline as `svcframe serve` does before it starts anything: the sections,
+    the libraries (imported, from the current directory first), each provider's type, id, config (by its
+    type's Config model) and dependencies (names, types, local ones listed before).
+
+    Prints the config with every default filled in, provider configs and chosen ids included. Each problem
+    is one line on stderr naming its JSON path (exit 1); a dependency on another server is noted on stderr,
+    not checked. Mochi's margo/bedrock sections are read as engine/admin (one warning names what is ignored).
+    """
+    import_from_cwd()
     try:
         cfg = load_config(file)
     except SvcframeError as exc:
         fail(str(exc))
-    echo_json(cfg.model_dump(mode="json"))
+    checked, findings = check_service(cfg, source=file)
+    for note in findings.notes:
+        click.echo(f"svcframe: note: {note}", err=True)
+    if findings.problems:
+        fail("\n".join(findings.problems))
+    document = cfg.model_dump(mode="json")
+    document["providers"] = [
+        {**c.spec.model_dump(mode="json"), "config": c.settings.model_dump(mode="json")} for c in checked
+    ]
+    echo_json(document)
 
 
 @config.command("schema")
+@click.option("--library", "-l", "libraries", multiple=True, metavar="MODULE",
+              help="Describe the provider types of this library (repeatable). Default: the installed ones "
+              "(entry-point group svcframe.providers: svcframe's kv, blob and selftest).")  # fmt: skip
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write it to this file (the repository keeps it in configs/schema.json).")  # fmt: skip
-def config_schema_cmd(output: str | None) -> None:
-    """Print the JSON Schema of the bootstrap config (generated from the pydantic models)."""
+def config_schema_cmd(libraries: tuple[str, ...], output: str | None) -> None:
+    """Print the JSON Schema of the bootstrap config (from the pydantic models): each providers[] entry is a
+    union discriminated on `type`, with that type's Config, so an editor checks a provider's config by type."""
+    import_from_cwd()
+    try:
+        schema = service_schema(libraries or installed_libraries())
+    except SvcframeError as exc:
+        fail(str(exc))
     if output:
-        Path(output).write_text(json.dumps(config_schema(), indent=2) + "\n")
+        Path(output).write_text(json.dumps(schema, indent=2) + "\n")
         click.echo(f"schema written to {output}", err=True)
     else:
-        echo_json(config_schema())
+        echo_json(schema)
 
 
 @config.command("get")

@@ -16,7 +16,7 @@ import click
 from ..config import load_config
 from ..errors import SvcframeError
 from ..group import GROUP_ENV
-from .common import fail, read_secret
+from .common import fail, import_from_cwd, read_secret
 
 
 def _not_a_reader(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
@@ -56,8 +56,7 @@ def serve(
     Libraries are imported as ``python -m`` would: the current directory first (issue 15)."""
     from ..server import run_server
 
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_cwd()
 
     try:
         cfg = load_config(config)
@@ -88,7 +87,7 @@ def serve(
                 click.echo(f"svcframe: group of {len(members)} published to {group_file}", err=True)
 
     sys.exit(run_server(cfg, ready_fd=ready_fd, secret=read_secret(secret_file), on_ready=on_ready,
-                        lifeline_fd=lifeline_fd))  # fmt: skip
+                        lifeline_fd=lifeline_fd, source=config))  # fmt: skip
 
 
 @click.command()

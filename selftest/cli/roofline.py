@@ -17,6 +17,7 @@ from svcframe.errors import SvcframeError
 
 from ..collect import ALL_METRICS
 from ..nodes import LAUNCHERS
+from ..plotting import PlottingUnavailable
 from ..provider import STORAGE_OPS
 from .history import open_store, store_option
 
@@ -150,7 +151,7 @@ def roofline_collect(
                 hint = f"; resume with: svcframe roofline collect --resume {rid} --store {store_file}"
         click.echo(f"svcframe: interrupted, servers and clients stopped{hint}", err=True)
         sys.exit(130)
-    except SvcframeError as exc:
+    except (SvcframeError, PlottingUnavailable) as exc:
         fail(str(exc))
     finally:
         signal.signal(signal.SIGTERM, old_term)
@@ -174,5 +175,8 @@ def roofline_plot(model: str, out: str | None) -> None:
               + (f"; it is a {kind} document" if kind else ""), 2)  # fmt: skip
     dest = Path(out) if out else Path(model).parent
     dest.mkdir(parents=True, exist_ok=True)
-    for name, m in doc["metrics"].items():
-        click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))
+    try:
+        for name, m in doc["metrics"].items():
+            click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))
+    except (ValueError, PlottingUnavailable) as exc:
+        fail(f"{model}: {exc}")

@@ -26,6 +26,7 @@ from svcframe.progress import PROGRESS_MODES
 
 from ..driver import WORKLOADS
 from ..nic_dispersion import COMPARED_NIC_POLICIES, SCENARIOS
+from ..plotting import PlottingUnavailable
 from ..provider import DIRECTIONS, STORAGE_OPS
 
 
@@ -190,7 +191,10 @@ def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, 
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "bursts.json").write_text(json.dumps(results, indent=2))
-    png = plot_bursts(results, dest / "bursts.png")
+    try:
+        png = plot_bursts(results, dest / "bursts.png")
+    except PlottingUnavailable as exc:
+        fail(f"{exc}: {dest / 'bursts.json'}")
     for mode in results["modes"]:
         s = mode["summary"]
         watts = f", {s['idle_package_watts']:.1f} W" if s["idle_package_watts"] is not None else ""
@@ -245,7 +249,10 @@ def selftest_nic_dispersion(
         doc = run_dispersion(topo, opts, on_step=lambda what: click.echo(f"running {what} ...", err=True))
     except SvcframeError as exc:
         fail(str(exc))
-    js, png = save(doc, opts.out)
+    try:
+        js, png = save(doc, opts.out)
+    except PlottingUnavailable as exc:
+        fail(str(exc))
     for note in doc["notes"]:
         click.echo(f"note: {note}")
     names = [n["name"] for n in doc["nics"]]

@@ -140,10 +140,13 @@ class Workload(BaseModel):
         """A one-point workload from a self-test results document (``selftest/driver.py``, ``to_json``).
 
         Servers are the results' servers, clients ``parameters.clients``, the rate
-        ``aggregate.rate_per_client_ops_per_second``; the bytes per call are the request and response
-        buffers plus the bulk transfer of a ``bulk`` run (a ``storage`` run's block goes to the server's
-        disk, not over the network); client processes per core from ``parameters.client_cores`` when the
-        clients were pinned.
+        ``aggregate.rate_per_client_ops_per_second``. Bytes per call: an ``rpc`` run's measured
+        ``rpc.bytes_per_call`` (request and response bodies and bulk bytes, ``selftest/rpc_workload.py``);
+        otherwise the request and response buffers plus the bulk transfer of a ``bulk`` run (a ``storage``
+        run's block goes to the server's disk, not over the network). Processes per core: when every server is
+        on the driver's host (a unix address, a loopback one, or its host name), servers and clients share its
+        ``environment.usable_cores``: ``(servers + clients) / usable cores`` on both sides (a lower bound of the
+        busiest core's share); else the clients' alone, ``clients / distinct client_cores`` when pinned.
 
         Raises:
             ValueError: the document is not a self-test results document (names the missing key).
@@ -151,20 +154,32 @@ class Workload(BaseModel):
         try:
             params, agg, servers = results["parameters"], results["aggregate"], results["servers"]
             clients = int(params["clients"])
-            payload = int(params.get("req_buffer_size", 0)) + int(params.get("resp_buffer_size", 0))
-            if params.get("workload") == "bulk":
-                payload += int(params["bulk_size"])
-            cores = params.get("client_cores")
+            rpc = results.get("rpc")
+            if rpc is not None:
+                payload = int(rpc["bytes_per_call"])
+            else:
+                payload = int(params.get("req_buffer_size", 0)) + int(params.get("resp_buffer_size", 0))
+                if params.get("workload") == "bulk":
+                    payload += int(params["bulk_size"])
+            server_share, client_share = _processes_per_core(results, len(servers), clients)
             point = WorkloadPoint(
                 servers=len(servers),
                 clients=clients,
                 rate_per_client_ops_per_second=float(agg["rate_per_client_ops_per_second"]),
                 bytes_per_call=payload,
-                client_processes_per_core=clients / len(set(cores)) if cores else None,
+                server_processes_per_core=server_share,
+                client_processes_per_core=client_share,
                 label=label,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a self-test results document (no {exc})") from None
+        if rpc is not None:
+            return cls(
+                name=name or f"{rpc['type']} {rpc['name']}",
+                rpc=str(rpc.get("requested") or f"{rpc['provider_id']}:{rpc['name']}"),
+                points=[point],
+                source={"selftest": params, "rpc": rpc},
+            )
         workload = params.get("workload", "noop")
         return cls(
             name=name or f"self-test {workload}",
@@ -172,6 +187,27 @@ class Workload(BaseModel):
             points=[point],
             source={"selftest": params},
         )
+
+
+def _on_host(address: str, host: str | None) -> bool:
+    """The address is on the host of ``host`` (a unix socket, a loopback address, or that host name)."""
+    if address.startswith("unix://"):
+        return True
+    name = address.partition("://")[2].rpartition(":")[0].strip("[]")
+    return name in ("localhost", "::1", host) or name.startswith("127.")
+
+
+def _processes_per_core(results: dict[str, Any], servers: int, clients: int) -> tuple[float | None, float | None]:
+    """(server, client) processes per core of a self-test run, as far as the results tell (see
+    :meth:`Workload.from_selftest_results`)."""
+    env = results.get("environment") or {}
+    cores = env.get("usable_cores")
+    pinned = results["parameters"].get("client_cores")
+    client_share = clients / len(set(pinned)) if pinned else None
+    if cores and all(_on_host(str(s.get("address", "")), env.get("host")) for s in results["servers"]):
+        shared = (servers + clients) / int(cores)
+        return shared, max(shared, client_share or 0.0)
+    return None, client_share
 
 
 def _ceiling(rl: Roofline, point: WorkloadPoint, bound: Bound) -> float:

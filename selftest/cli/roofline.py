@@ -1,6 +1,7 @@
 """``svcframe roofline collect|plot``: the whole parameter suite of the data-service roofline over a node set,
-and its plots redrawn from a model (a plugin of the ``svcframe`` command line, registered in pyproject.toml's
-``svcframe.cli`` entry points)."""
+and its plots redrawn from a model; ``place|io|workflow`` (``models.py``) put measured workloads on the three
+rooflines (a plugin of the ``svcframe`` command line, registered in pyproject.toml's ``svcframe.cli`` entry
+points)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from ..nodes import LAUNCHERS
 from ..plotting import PlottingUnavailable
 from ..provider import STORAGE_OPS
 from .history import open_store, store_option
+from .models import io_command, place_command, workflow_command
 
 
 @click.group()
 def roofline() -> None:
-    """Measure and draw the data-service roofline."""
+    """Measure and draw the data-service roofline; place workloads on it and on the I/O and workflow
+    rooflines."""
 
 
 @roofline.command("collect")
@@ -180,3 +183,8 @@ def roofline_plot(model: str, out: str | None) -> None:
             click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))
     except (ValueError, PlottingUnavailable) as exc:
         fail(f"{model}: {exc}")
+
+
+# measured workloads on the three models (models.py)
+for _command in (place_command, io_command, workflow_command):
+    roofline.add_command(_command)

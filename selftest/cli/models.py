@@ -518,7 +518,7 @@ def _runs(runs: Sequence[str], runs_file: str | None) -> list[dict[str, Any]]:
 
 
 def _print_workflow(analysis: dict[str, Any], written: Sequence[Path]) -> None:
-    from ..report import rate_text, text_table
+    from ..report import rate_text
 
     spec, rl = analysis["spec"], analysis["roofline"]
     click.echo(wrapped(f"workflow roofline (Ding et al. eq. 1): {analysis['workflow']}, {len(spec['stages'])} "
@@ -528,7 +528,7 @@ def _print_workflow(analysis: dict[str, Any], written: Sequence[Path]) -> None:
         value = (f"{c['seconds_per_task']:.3g} s/task" if c["kind"] == "node"
                  else f"{rate_text(c['tasks_per_second'])} tasks/s")  # fmt: skip
         click.echo(f"  {c['kind']:<6}  {value:>16}  {c['name']}")
-    click.echo(f"  wall    {rl['wall']:>16}  parallel tasks (available client processes / per task)")
+    click.echo(f"  wall    {rl['wall']:>16}  parallel tasks (client processes / those of a task)")
     n = analysis["parallel_tasks"]
     line = f"at {n} parallel task(s): roof {analysis['attainable_tasks_per_second']:.3g} tasks/s"
     if analysis["beyond_wall"]:
@@ -543,11 +543,11 @@ def _print_workflow(analysis: dict[str, Any], written: Sequence[Path]) -> None:
         click.echo(wrapped(f"stage {s['name']}: {s['tasks']} tasks, roof {s['attainable_tasks_per_second']:.3g} "
                            f"tasks/s, makespan >= {s['makespan_lower_bound_seconds']:.3g} s, bound by {s['bound']}"))  # fmt: skip
     click.echo(f"makespan >= {analysis['makespan_lower_bound_seconds']:.3g} s (the stages run one after the other)")
-    if analysis["runs"]:
-        rows = [(r["label"], str(r["parallel_tasks"]), f"{r['tasks_per_second']:.3g}",
-                 f"{r['attainable_tasks_per_second']:.3g}", f"{r['headroom']:.3g}x",
-                 r["bound_kind"] + (" (beyond wall)" if r["beyond_wall"] else ""), r["zone"] or "-")
-                for r in analysis["runs"]]  # fmt: skip
-        click.echo(text_table(("run", "n", "tasks/s", "roof", "headroom", "bound", "zone"), rows))
+    for r in analysis["runs"]:
+        wall = ", beyond the wall" if r["beyond_wall"] else ""
+        zone = f", {r['zone']}" if r["zone"] else ""
+        click.echo(wrapped(f"run {r['label']}: {r['parallel_tasks']} parallel, {r['tasks_per_second']:.3g} tasks/s "
+                           f"against a roof of {r['attainable_tasks_per_second']:.3g} ({r['headroom']:.3g}x headroom), "
+                           f"{r['bound_kind']}-bound{wall}{zone}"))  # fmt: skip
     for path in written:
         click.echo(f"{'plot' if path.suffix == '.png' else 'json'}: {path}")

@@ -262,7 +262,7 @@ class Workload(BaseModel):
         completed = calls - errors
         if completed <= 0:
             raise ValueError(
-                f"no completed call of {rpc} on {len(second)} server(s) in the {window_seconds:g} s window: "
+                f"no completed call of {rpc} on {len(second)} server(s) in the {window_seconds:.3g} s window: "
                 f"is the workload running?"
             )
         bulk = 0.0

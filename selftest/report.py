@@ -78,7 +78,7 @@ per client process, attainable / measured, the limiting metric, the region, the 
 def placement_table(placement: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """The rows of a placement (``place()``'s document) under :data:`PLACEMENT_COLUMNS`; a point with more
     than one process per core has its score marked ``*`` (not claimed by the model)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in placement["points"]:
         headroom = "-" if r["headroom"] is None else f"{r['headroom']:.3g}x"
         limit = {"rpc_rate": "RPC rate", "bandwidth": "bandwidth"}.get(r["limited_by"], r["limited_by"])

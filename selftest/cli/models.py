@@ -380,7 +380,7 @@ def _print_io(doc: dict[str, Any], written: Sequence[Path]) -> None:
 
     click.echo(wrapped(f"I/O rooflines (Zhu & Neuwirth eq. 3) of {doc['platform']}, per {doc['side']} process, "
                        f"{doc['bound']} of the measured ranges"))  # fmt: skip
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name, rl in doc["rooflines"].items():
         ridge = rl["ridge_intensity_ops_per_byte"]
         rows.append((name, f"{rl['psi_ops_per_second']:,.0f}", f"{rl['kappa_bytes_per_second'] / 2**30:.3g}",
@@ -390,14 +390,14 @@ def _print_io(doc: dict[str, Any], written: Sequence[Path]) -> None:
     for name, placed in doc["points"].items():
         if not placed:
             continue
-        rows = [
+        points = [
             (r["label"], _bytes(1 / r["intensity_ops_per_byte"]), f"{r['ops_per_second']:,.0f}",
              f"{r['attainable_ops_per_second']:,.0f}", "-" if r["headroom"] is None else f"{r['headroom']:.3g}x",
              r["region"].removesuffix("-bound"), f"{r['score']:.2f}")
             for r in placed
         ]  # fmt: skip
         click.echo(f"on the {name} roofline:")
-        click.echo(text_table((name, "B/op", "ops/s", "roof", "headroom", "bound by", "score"), rows))
+        click.echo(text_table((name, "B/op", "ops/s", "roof", "headroom", "bound by", "score"), points))
     if any(doc["points"].values()):
         combined = [(label, f"{s:.2f}") for label, s in doc["application_scores"].items()]
         click.echo(wrapped("application scores (eq. 12 over the rooflines each is on): "

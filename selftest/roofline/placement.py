@@ -248,15 +248,16 @@ class Workload(BaseModel):
             old, new = _target_rows(before, rpc_name, provider_id), _target_rows(after, rpc_name, provider_id)
             served = 0
             for peer, row in new.items():
-                delta = [a - b for a, b in zip(row, old.get(peer, (0, 0, 0, 0, 0, 0)), strict=True)]
-                if delta[0] <= 0:
+                d_calls, d_errors, d_requests, d_request_bytes, d_responses, d_response_bytes = (
+                    a - b for a, b in zip(row, old.get(peer, (0, 0, 0, 0, 0, 0)), strict=True)
+                )
+                if d_calls <= 0:
                     continue
                 peers.add(peer)
-                served += delta[0]
-                calls += delta[0]
-                errors += delta[1]
-                request_count, request_sum = request_count + delta[2], request_sum + delta[3]
-                response_count, response_sum = response_count + delta[4], response_sum + delta[5]
+                served += int(d_calls)
+                calls, errors = calls + int(d_calls), errors + int(d_errors)
+                request_count, request_sum = request_count + int(d_requests), request_sum + d_request_bytes
+                response_count, response_sum = response_count + int(d_responses), response_sum + d_response_bytes
             if served:
                 serving.append(address)
         completed = calls - errors

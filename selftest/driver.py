@@ -36,6 +36,9 @@ Results document (``to_json``)::
                    "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds",
                    "server_cpu_user_seconds", "server_cpu_system_seconds", "client_cpu_user_seconds",
                    "client_cpu_system_seconds"},
+     "rpc": {"provider_id", "name", "provider", "type", "requested", "calls", "sampled_calls",
+             "request_bytes_per_call", "response_bytes_per_call", "bulk_bytes_per_call", "bytes_per_call"}
+            (the rpc workload only; each client row then has its "rpc_sizes"),
      "diagnosis": {ADDRESS: svcframe.diagnosis.diagnose(...)}}
 
 ``sample_trace`` (``trace_samples``: Quintain's ``trace``, bounded) holds each client's first N timed calls,

@@ -121,7 +121,7 @@ def write_json(path: Path, doc: Any) -> Path:
 
 
 # -- place ----------------------------------------------------------------------------------------------------------
-@click.command("place")
+@click.command("place", short_help="A workload on the data-service rooflines.")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
 @model_option
 @store_option
@@ -283,7 +283,7 @@ def placement_findings(placement: dict[str, Any]) -> list[str]:
 
 
 # -- io -------------------------------------------------------------------------------------------------------------
-@click.command("io")
+@click.command("io", short_help="The I/O rooflines (Zhu & Neuwirth).")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
 @model_option
 @store_option
@@ -416,7 +416,7 @@ _SPEC_FLAGS = ("servers", "parallel_tasks", "client_processes_per_task", "availa
 _STAGE_FLAGS = ("tasks", "rpcs_per_task", "bytes_per_task")
 
 
-@click.command("workflow")
+@click.command("workflow", short_help="The workflow roofline (Ding et al.).")
 @click.argument("workflow_file", required=False, type=click.Path(dir_okay=False), metavar="[WORKFLOW.json]")
 @model_option
 @store_option

@@ -10,8 +10,10 @@ outstanding (1 = synchronous, like Quintain). The sequence:
 4. the driver samples server CPU again and merges everything into ONE results document.
 
 Workloads: ``noop`` (the ``work`` RPC with request/response buffers), ``bulk`` (``work`` with a bulk pull or
-push of ``bulk_size`` bytes) and ``storage`` (the ``storage`` RPC: the server writes or reads
-``storage_block_size`` bytes at a random offset of a file on its own disk; ``selftest/provider.py``).
+push of ``bulk_size`` bytes), ``storage`` (the ``storage`` RPC: the server writes or reads
+``storage_block_size`` bytes at a random offset of a file on its own disk; ``selftest/provider.py``) and
+``rpc`` (any provider's RPC, ``rpc``, with a JSON argument or a generator's; ``selftest/rpc_workload.py``:
+the results then hold ``rpc``, the RPC resolved and its measured bytes per call).
 ``selftest/pool.py`` runs the same sequence on client processes started once for many runs.
 
 Rates divide by the measured elapsed time, never by the nominal duration (Quintain bug 4). Server CPU
@@ -34,6 +36,9 @@ Results document (``to_json``)::
                    "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds",
                    "server_cpu_user_seconds", "server_cpu_system_seconds", "client_cpu_user_seconds",
                    "client_cpu_system_seconds"},
+     "rpc": {"provider_id", "name", "provider", "type", "requested", "calls", "sampled_calls",
+             "request_bytes_per_call", "response_bytes_per_call", "bulk_bytes_per_call", "bytes_per_call"}
+            (the rpc workload only; each client row then has its "rpc_sizes"),
      "diagnosis": {ADDRESS: svcframe.diagnosis.diagnose(...)}}
 
 ``sample_trace`` (``trace_samples``: Quintain's ``trace``, bounded) holds each client's first N timed calls,
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -54,7 +60,7 @@ from array import array
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from svcframe.errors import SvcframeError
 from svcframe.settings import EventLoop, OneOf, ProgressMode
@@ -63,8 +69,9 @@ from .provider import DIRECTIONS, STORAGE_OPS, work_arg
 
 #: The self-test's workloads (Quintain's, and storage, the future work of Carns et al. 2025 §4.3): ``noop``
 #: calls ``work`` with request/response payloads only, ``bulk`` adds a bulk pull or push of ``bulk_size`` bytes,
-#: ``storage`` calls ``storage`` (server-local disk I/O of ``storage_block_size`` bytes).
-WORKLOADS = ("noop", "bulk", "storage")
+#: ``storage`` calls ``storage`` (server-local disk I/O of ``storage_block_size`` bytes), ``rpc`` calls any
+#: provider's RPC (issue 16: a service's own workload, ``selftest/rpc_workload.py``).
+WORKLOADS = ("noop", "bulk", "storage", "rpc")
 
 
 class SelftestError(SvcframeError):
@@ -99,6 +106,24 @@ class SelftestParams(BaseModel):
     trace_samples: int | None = Field(
         None, ge=1, description="per-sample trace: start and latency of each client's first N timed calls"
     )
+    rpc: str | None = Field(
+        None, description="rpc workload: PROVIDER_ID:NAME or PROVIDER_NAME:NAME (resolved through the admin provider)"
+    )
+    rpc_arg: Any = Field(None, description="rpc workload: the argument of every call (JSON)")
+    rpc_arg_generator: str | None = Field(
+        None, description="rpc workload: module:function(ctx, call) returning each call's argument"
+    )
+    rpc_arg_options: dict[str, Any] = Field(default_factory=dict, description="rpc workload: the generator's options")
+
+    @model_validator(mode="after")
+    def _rpc_fields(self) -> SelftestParams:
+        if (self.workload == "rpc") != (self.rpc is not None):
+            raise ValueError("the rpc workload needs rpc (PROVIDER:NAME), and rpc needs workload 'rpc'")
+        if self.rpc_arg is not None and self.rpc_arg_generator is not None:
+            raise ValueError("give rpc_arg or rpc_arg_generator, not both")
+        if self.rpc_arg_options and self.rpc_arg_generator is None:
+            raise ValueError("rpc_arg_options are options of rpc_arg_generator: give one")
+        return self
 
 
 #: Quintain's benchmark parameters that svcframe's self-test does not have, and the defaults quintain-benchmark
@@ -177,9 +202,18 @@ def _client_main(rank: int, server: str, params_json: str, barrier: Any, results
     except BaseException as exc:  # report, never hang the driver
         with contextlib.suppress(Exception):
             barrier.abort()
-        results.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        results.put({"rank": rank, "error": _one_line(exc)})
         return
     results.put(out)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line: a remote handler's error by its type and message, without the remote traceback."""
+    from svcframe.errors import RemoteError
+
+    if isinstance(exc, RemoteError):
+        return f"remote {exc.remote_type}: {exc.remote_message}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) -> dict[str, Any]:
@@ -204,8 +238,11 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
             rpc_name, arg = "storage", [params.storage_op, params.storage_block_size, params.storage_fsync]
         call = engine.call
         pid = params.provider_id
+        next_arg = itertools.repeat(arg).__next__  # the same argument every call (a C call: no cost to speak of)
+        if params.workload == "rpc":
+            pid, rpc_name, next_arg = _rpc_calls(params, rank, engine)
         for _ in range(params.warmup_iterations):
-            await call(server, rpc_name, arg, provider_id=pid)
+            await call(server, rpc_name, next_arg(), provider_id=pid)
         await engine.connection(server)
         await loop.run_in_executor(None, barrier.wait, 120.0)  # warmed up; driver samples servers
         await loop.run_in_executor(None, barrier.wait, 120.0)  # go
@@ -225,7 +262,7 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
                 t0 = perf()
                 if t0 >= end:
                     return
-                await call(server, rpc_name, arg, provider_id=pid)
+                await call(server, rpc_name, next_arg(), provider_id=pid)
                 t1 = perf()
                 append(t1 - t0)
                 if len(trace) < trace_limit:
@@ -242,10 +279,12 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
             await asyncio.gather(*(worker() for _ in range(params.depth)))
         elapsed = perf() - start
         cpu1 = os.times()
+        sizes = _rpc_sizes(engine, rpc_name, pid) if params.workload == "rpc" else None
     finally:
         await engine.close()
     ops = len(latencies)
     return {
+        **({"rpc_sizes": sizes} if sizes is not None else {}),
         "rank": rank,
         "server": server,
         "ops": ops,
@@ -259,6 +298,24 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         "latencies": latencies.tobytes(),
         "timeline": timeline if interval is not None else None,
     }
+
+
+def _rpc_calls(params: SelftestParams, rank: int, engine: Any) -> tuple[int, str, Any]:
+    """The rpc workload's (provider id, RPC name, next argument) in client ``rank`` (``params.rpc`` resolved to
+    ``PROVIDER_ID:NAME`` by :func:`run_selftest`)."""
+    from .rpc_workload import arguments, parse_rpc_spec
+
+    provider, name = parse_rpc_spec(str(params.rpc))
+    if not isinstance(provider, int):
+        raise SelftestError(f"rpc {params.rpc!r} was not resolved to PROVIDER_ID:NAME before the clients started")
+    return provider, name, arguments(params, rank, engine)
+
+
+def _rpc_sizes(engine: Any, rpc_name: str, pid: int) -> dict[str, Any]:
+    """This client's bytes per call of the rpc workload, from its engine's statistics."""
+    from .rpc_workload import call_sizes
+
+    return call_sizes(engine.statistics(), rpc_name, pid)
 
 
 # -- the driver -------------------------------------------------------------------------------------------
@@ -318,20 +375,25 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
     barrier = ctx.Barrier(params.clients + 1)
     results: Any = ctx.Queue()
     assignment = [servers[i % len(servers)] for i in range(params.clients)]
-    procs = [
-        ctx.Process(
-            target=_client_main, args=(i, assignment[i], params.model_dump_json(), barrier, results), daemon=True
-        )
-        for i in range(params.clients)
-    ]
+    procs: list[Any] = []
     runner = asyncio.Runner(loop_factory=loop_factory(params.event_loop))
     engine = Engine(None, default_timeout_seconds=params.timeout_seconds)
+    requested, target = params.rpc, None
     try:
         runner.run(engine.start())
+        if params.workload == "rpc":  # resolved once, here: the clients call PROVIDER_ID:NAME
+            target = runner.run(_resolve_rpc(engine, servers, admin_provider_id, str(params.rpc)))
+            params = params.model_copy(update={"rpc": target.spec})
         try:
             server_config = runner.run(engine.call(servers[0], "get_config", None, provider_id=admin_provider_id))
         except SvcframeError:
             server_config = None
+        procs = [
+            ctx.Process(
+                target=_client_main, args=(i, assignment[i], params.model_dump_json(), barrier, results), daemon=True
+            )
+            for i in range(params.clients)
+        ]
         for p in procs:
             p.start()
         warmup_timeout = 120.0
@@ -367,11 +429,25 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
         runner.run(engine.close())
         runner.close()
     results = summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
+    if target is not None:
+        results["rpc"] = {**vars(target), "requested": requested, **results["rpc"]}
     from svcframe.diagnosis import diagnose, rpc_names
 
     names = rpc_names(*(st for st in statistics.values() if st is not None))
     results["diagnosis"] = {a: diagnose(st, names=names) for a, st in statistics.items() if st is not None}
     return results
+
+
+async def _resolve_rpc(engine: Any, servers: list[str], admin_id: int, spec: str) -> Any:
+    """The rpc workload's :class:`~selftest.rpc_workload.RpcTarget`, checked on every server."""
+    from .rpc_workload import resolve_rpc
+
+    try:
+        return await resolve_rpc(engine, [(s, admin_id) for s in servers], spec)
+    except ValueError as exc:
+        raise SelftestError(str(exc)) from None
+    except SvcframeError as exc:
+        raise SelftestError(f"--rpc {spec}: cannot ask the servers' admin providers: {exc}") from exc
 
 
 async def _server_statistics(engine: Any, servers: list[str], admin_id: int, *, reset: bool) -> dict[str, Any]:
@@ -434,6 +510,9 @@ def summarize(
             }
         )
     bytes_per_op = {"bulk": params.bulk_size, "storage": params.storage_block_size}.get(params.workload, 0)
+    rpc = _rpc_summary(clients) if params.workload == "rpc" else None
+    if rpc is not None:
+        bytes_per_op = rpc["bytes_per_call"]
     elapsed = max(o["elapsed_seconds"] for o in outs)
     server_ops = total_ops  # warm-up calls precede the first server sample; nothing follows the loop
     return {
@@ -459,6 +538,7 @@ def summarize(
             **cpu_split(server_rows, clients),
         },
         "progress_modes": progress_modes(server_rows, clients),
+        **({"rpc": rpc} if rpc is not None else {}),
     }
 
 
@@ -480,6 +560,13 @@ def progress_modes(server_rows: list[dict[str, Any]], clients: list[dict[str, An
         "client": modes[0] if len(modes) == 1 else modes,
         "servers": {r["address"]: r["progress_mode"] for r in server_rows},
     }
+
+
+def _rpc_summary(clients: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rpc workload's bytes per call over every client (``selftest.rpc_workload.merge_call_sizes``)."""
+    from .rpc_workload import merge_call_sizes
+
+    return merge_call_sizes([c["rpc_sizes"] for c in clients])
 
 
 def save_results(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:

@@ -5,9 +5,13 @@ HTML file with no external resource: every plot is a PNG embedded as a base64 ``
 plain HTML. It holds the rooflines of each metric (Carns et al. 2025, Figures 13 and 14), the
 server-process sweep (Figures 9 and 10), the validation scores per sample and per region (Zhu, Neuwirth
 et al. eqs. 10-12), the cross-metric combined score, the "is that normal?" comparison against the
-history of the same service and platform (UMAMI, ``papers/darshan-tokio-slides.txt``), the split of wall
-time between measurement and everything else, every raw measurement, and the parameters, environment,
+history of the same service and platform (UMAMI, ``papers/darshan-tokio-slides.txt``), the workloads placed
+on the run's model (``svcframe roofline place``: each point's score, region, headroom and limit), the split of
+wall time between measurement and everything else, every raw measurement, and the parameters, environment,
 hardware and software versions of the run.
+
+:func:`placement_table` and :func:`text_table` give ``svcframe roofline place`` its terminal table: plain text
+columns that never cut a value, readable in a pipe and, for a handful of points, in 80 columns.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .roofline import REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Roofline, plot
+from .roofline import REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Platform, Roofline, plot, plot_placement
 from .store import compare, plot_history
 from .sweep import plot_sweep
 
@@ -52,6 +56,50 @@ def _pct(v: float | None) -> str:
 
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _ratio(x: float) -> str:
+    # 0.25 -> "1/4", 2.0 -> "2", 0.4 -> "0.4"
+    if x < 1 and abs(1 / x - round(1 / x)) < 1e-9:
+        return f"1/{round(1 / x)}"
+    return f"{x:.3g}"
+
+
+def rate_text(v: float) -> str:
+    """A rate for a table: 12,309 from 100 up, three significant digits below."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+PLACEMENT_COLUMNS = ("SxC", "X", "calls/s", "roof", "headroom", "limit", "region", "score")
+"""The columns of a placement table: servers x clients, service ratio, measured and attainable calls per second
+per client process, attainable / measured, the limiting metric, the region, the score."""
+
+
+def placement_table(placement: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The rows of a placement (``place()``'s document) under :data:`PLACEMENT_COLUMNS`; a point with more
+    than one process per core has its score marked ``*`` (not claimed by the model)."""
+    rows: list[tuple[str, ...]] = []
+    for r in placement["points"]:
+        headroom = "-" if r["headroom"] is None else f"{r['headroom']:.3g}x"
+        limit = {"rpc_rate": "RPC rate", "bandwidth": "bandwidth"}.get(r["limited_by"], r["limited_by"])
+        score = f"{r['score']:.2f}" + ("*" if r["oversubscribed"] else "")
+        rows.append((f"{r['servers']}x{r['clients']}", _ratio(r["service_ratio"]),
+                     rate_text(r["rate_per_client_ops_per_second"]), rate_text(r["attainable_ops_per_second"]), headroom,
+                     limit, r["region"], score))  # fmt: skip
+    return rows
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """Plain-text columns, two spaces apart, the first ``left`` aligned left and the others right; nothing
+    is ever cut (a long value widens its column)."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -363,6 +411,9 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         parts.append(_table(["metric", "servers", "clients", "X", "measured per client", "R(X)", "efficiency",
                              "rel. error", "score", "region", "server procs/core", "client procs/core",
                              ">1 process/core"], vrows))  # fmt: skip
+        placements = run.get("placements") or []
+        if placements:
+            parts.append(_placements_html(Platform.from_document(run), placements, workdir))
         if history:
             rows_c = compare(run, history)
             png = plot_history(run, history, workdir / "history.png")
@@ -402,6 +453,29 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
     parts.append("<h2>Software</h2>" + _kv(run.get("software") or {}))
     parts.append("<h2>Environment</h2>" + _kv(run.get("environment") or {}))
     parts.append(f"<p class='note'>Generated by svcframe report at {_when(time.time())}.</p></body></html>")
+    return "\n".join(parts)
+
+
+def _placements_html(platform: Platform, placements: Sequence[Mapping[str, Any]], workdir: Path) -> str:
+    """The report's section of workloads placed on this run's model: per placement, its plot and table."""
+    parts = ["<h2>Workloads placed on this platform</h2><p class='note'>Each workload's points over the RPC rate "
+             "ceiling R(X) and the bandwidth ceiling per call (svcframe roofline place): calls/s per client process "
+             "measured and attainable (roof), headroom = roof / measured, the metric that limits it, the region "
+             "(server-bound below the ridge: more servers help; client-bound: each client is at its peak) and "
+             "the score 1/(1+|log10(roof/measured)|) (Zhu, Neuwirth et al. eqs. 10-11). * : more than one "
+             "process per core, not claimed by the model.</p>"]  # fmt: skip
+    for i, placement in enumerate(placements):
+        png = plot_placement(platform, placement, workdir / f"placement-{i}.png")
+        summary = placement["summary"]
+        score = "-" if summary["score"] is None else f"{summary['score']:.3f}"
+        parts.append(
+            f"<h3>{html.escape(placement['workload'])} ({html.escape(str(placement.get('rpc') or '-'))}), placed "
+            f"{_when(placement.get('created'))}</h3>" + _img(png, f"{placement['workload']} placement")
+            + _table(PLACEMENT_COLUMNS, placement_table(placement))
+            + f"<p>score (points claimed, eq. 12): {score}; excluded (shared cores): {summary['excluded']}; "
+            f"{placement['bound']} ceilings.</p>"
+            + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in placement.get("notes") or [])
+        )  # fmt: skip
     return "\n".join(parts)
 
 

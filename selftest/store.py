@@ -13,9 +13,12 @@ Schema (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`)::
          model JSON NULL, summary JSON NULL, nodes JSON NULL)
     samples(id INTEGER PRIMARY KEY, run_id -> runs.id, key, stage, metric, servers, clients,
             value, row JSON, result JSON, created;  UNIQUE(run_id, key))
+    placements(id INTEGER PRIMARY KEY, run_id -> runs.id, workload, created, document JSON)
 
 ``status`` is ``running``, ``interrupted``, ``failed`` or ``complete``. A sample's ``key`` names one
-measurement of the plan (``"Pc/rpc_rate/s1/c1#0"``), so resuming skips exactly the stored ones.
+measurement of the plan (``"Pc/rpc_rate/s1/c1#0"``), so resuming skips exactly the stored ones. A
+*placement* is a workload placed on a run's model (``svcframe roofline place``,
+:func:`selftest.roofline.placement.place`), kept with that run so its report shows it.
 
 History (the UMAMI view of Lockwood et al., ``papers/darshan-tokio-slides.txt``: "is that normal?"): the
 complete runs of the same ``service`` and ``platform`` give, per quantity (each metric's ``Pc`` and
@@ -40,9 +43,9 @@ from typing import Any
 
 from svcframe.errors import SvcframeError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the tables below, kept in ``PRAGMA user_version``; older files are migrated on open
-(1 -> 2: ``runs.nodes``)."""
+(1 -> 2: ``runs.nodes``; 2 -> 3: the ``placements`` table)."""
 
 STATUSES = ("running", "interrupted", "failed", "complete")
 
@@ -82,6 +85,13 @@ CREATE TABLE IF NOT EXISTS samples (
     result   TEXT,
     created  REAL NOT NULL,
     UNIQUE (run_id, key)
+);
+CREATE TABLE IF NOT EXISTS placements (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id   INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    workload TEXT NOT NULL,
+    created  REAL NOT NULL,
+    document TEXT NOT NULL
 );
 """
 
@@ -222,7 +232,8 @@ class ResultsStore:
         return int(row[0])
 
     def run(self, ref: str | int, *, with_samples: bool = True) -> dict[str, Any]:
-        """One run as a dict: every column (JSON decoded) and, by default, ``samples`` (see :meth:`samples`).
+        """One run as a dict: every column (JSON decoded) and, by default, ``samples`` (see :meth:`samples`)
+        and ``placements`` (see :meth:`placements`).
 
         Raises:
             StoreError: no such run.
@@ -232,6 +243,7 @@ class ResultsStore:
         doc = self._decode_run(row)
         if with_samples:
             doc["samples"] = self.samples(run_id)
+            doc["placements"] = self.placements(run_id)
         return doc
 
     @staticmethod
@@ -307,6 +319,30 @@ class ResultsStore:
     def sample_keys(self, run_id: int) -> set[str]:
         """Keys of the measurements a run has stored."""
         return {r[0] for r in self._db.execute("SELECT key FROM samples WHERE run_id = ?", (run_id,))}
+
+    # -- placements ----------------------------------------------------------------------------------------
+    def add_placement(self, run_id: int, placement: Mapping[str, Any]) -> int:
+        """Keep a workload placed on run ``run_id``'s model (``place()``'s document); returns its id.
+
+        Raises:
+            StoreError: no such run.
+        """
+        try:
+            with self._tx() as db:
+                cur = db.execute(
+                    "INSERT INTO placements (run_id, workload, created, document) VALUES (?, ?, ?, ?)",
+                    (run_id, str(placement.get("workload", "")), time.time(), _dumps(placement)),
+                )
+                return int(cur.lastrowid or 0)
+        except sqlite3.IntegrityError:
+            raise StoreError(f"no run {run_id} in {self.path} to keep the placement with") from None
+
+    def placements(self, run_id: int) -> list[dict[str, Any]]:
+        """The placements kept with a run, oldest first: ``{"id", "created", **document}``."""
+        return [
+            {"id": r["id"], "created": r["created"], **json.loads(r["document"])}
+            for r in self._db.execute("SELECT * FROM placements WHERE run_id = ? ORDER BY id", (run_id,))
+        ]
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -366,7 +366,7 @@ def test_platform_load_of_a_file_that_is_not_json(tmp_path: Path) -> None:
 
 
 def test_the_models_work_on_json_files_alone_without_the_engine(tmp_path: Path) -> None:
-    # a fresh interpreter: every model on JSON files, and not one svcframe module imported (no engine)
+    # a fresh interpreter: every model and a plot on JSON files, and not one svcframe module imported (no engine)
     doc = platform_doc({"rpc_rate": (20.0, 80.0), "bandwidth": (2.0, 1.0), "storage_iops": (3.0, 6.0),
                         "storage_bandwidth": (0.5, 0.25)})  # fmt: skip
     (tmp_path / "platform.json").write_text(json.dumps(doc))
@@ -383,11 +383,13 @@ def test_the_models_work_on_json_files_alone_without_the_engine(tmp_path: Path) 
     code = f"""
 import json, sys
 from pathlib import Path
-from selftest.roofline import Platform, Workload, WorkflowSpec, io_rooflines, place
+from selftest.roofline import Platform, Workload, WorkflowSpec, io_rooflines, place, plot_placement
 from selftest.roofline.workflow import analyse
 d = Path({str(tmp_path)!r})
 platform = Platform.load(d / "platform.json")
-out = {{"place": place(platform, Workload.load(d / "workload.json"))["points"][0]["headroom"],
+placed = place(platform, Workload.load(d / "workload.json"))
+plot_placement(platform, placed, d / "placed.png")  # the plots too: matplotlib, not the engine
+out = {{"place": placed["points"][0]["headroom"],
         "io": sorted(io_rooflines(platform)),
         "workflow": analyse(platform, WorkflowSpec.load(d / "workflow.json"))["roofline"]["wall"],
         "svcframe": sorted(m for m in sys.modules if m.split(".")[0] == "svcframe")}}
@@ -396,3 +398,4 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     out = json.loads(proc.stdout)
     assert out == {"place": pytest.approx(4.0), "io": ["network", "storage"], "workflow": 8, "svcframe": []}
+    assert_png(tmp_path / "placed.png")

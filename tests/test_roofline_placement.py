@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,71 @@ def test_workload_points_on_the_network_io_roofline() -> None:
     network = io_rooflines(PLATFORM)["network"]  # psi 80k ops/s, kappa 1 GiB/s: 1 KiB calls are IOPS-bound
     placed = network.place(p)
     assert placed["region"] == "IOPS-bound" and placed["headroom"] == pytest.approx(20.0)
+
+
+def _stats(since: float, target: list[tuple[str, str, int, int, int, int]], bulk: dict[str, int]) -> dict:
+    """Engine statistics as the admin ``statistics`` RPC returns them (the keys from_statistics reads): target
+    rows (rpc, peer, calls, errors, sampled calls, request bytes of those; responses are 8 bytes each) and
+    bulk bytes per peer."""
+    rows = [{"parent_rpc": "", "parent_provider_id": None, "rpc": rpc, "provider_id": 1, "peer": peer, "calls": calls,
+             "errors": errors, "request_bytes": {"count": sampled, "sum": nbytes},
+             "response_bytes": {"count": sampled, "sum": 8 * sampled}}
+            for rpc, peer, calls, errors, sampled, nbytes in target]  # fmt: skip
+    return {"rpcs": {"enabled": True, "since": since, "target": rows,
+                     "bulk": [{"direction": "pull", "peer": p, "bytes": {"sum": n}} for p, n in bulk.items()]}}  # fmt: skip
+
+
+def test_a_workload_from_two_statistics_reads() -> None:
+    first = {
+        "tcp://a:1": _stats(5.0, [("put", "clients@h1", 100, 0, 64, 64_000), ("get", "clients@h1", 7, 0, 7, 70)],
+                            {"clients@h1": 10_000, "clients@h9": 5}),
+        "tcp://b:2": _stats(6.0, [], {}),
+        "tcp://c:3": _stats(7.0, [("put", "clients@h3", 10, 0, 10, 10_000)], {}),
+    }  # fmt: skip
+    second = {
+        "tcp://a:1": _stats(5.0, [("put", "clients@h1", 1_100, 4, 124, 124_000), ("get", "clients@h1", 900, 0, 70, 700),
+                                  ("put", "tcp://peer:9", 50, 0, 50, 50_000)],
+                            {"clients@h1": 1_010_000, "clients@h9": 999_999}),
+        "tcp://b:2": _stats(6.0, [("put", "clients@h2", 500, 0, 80, 80_000)], {}),
+        "tcp://c:3": _stats(7.0, [("put", "clients@h3", 10, 0, 10, 10_000)], {}),  # no call in the window
+    }  # fmt: skip
+    w = Workload.from_statistics(first, second, rpc="store:put", name="kv put", rpc_name="put", provider_id=1,
+                                 window_seconds=10.0)  # fmt: skip
+    (p,) = w.points
+    # 1000 + 50 + 500 calls, 4 failed; peers h1, peer:9, h2 (3 client processes at least); servers a and b
+    assert (p.servers, p.clients) == (2, 3)
+    assert p.rate_per_client_ops_per_second == pytest.approx(1546 / 10 / 3)
+    # requests: (60,000 + 50,000 + 80,000) bytes over 60 + 50 + 80 sampled calls = 1,000; responses 8; bulk of
+    # the calling peers only: 1,000,000 over 1546 calls
+    assert p.bytes_per_call == round(1000 + 8 + 1_000_000 / 1546)
+    assert p.server_processes_per_core is None and not p.sample().oversubscribed
+    stats = w.source["statistics"]
+    assert stats["calls"] == 1550 and stats["errors"] == 4 and stats["servers"] == ["tcp://a:1", "tcp://b:2"]
+    assert stats["peers"] == ["clients@h1", "clients@h2", "tcp://peer:9"]
+    notes = " ".join(w.source["notes"])
+    assert "client processes: 3, the distinct calling peers, a lower bound (clients@h1, clients@h2" in notes
+    assert "servers: the 2 of 3 read that served store:put" in notes and "4 of 1550 calls failed" in notes
+    assert "bulk bytes: 1,000,000 moved with the calling peers" in notes
+    given = Workload.from_statistics(first, second, rpc="1:put", name="kv put", rpc_name="put", provider_id=1,
+                                     window_seconds=10.0, clients=8)  # fmt: skip
+    assert given.points[0].clients == 8 and "lower bound" not in " ".join(given.source["notes"])
+    assert place(PLATFORM, w)["notes"][: len(w.source["notes"])] == w.source["notes"]  # placed with its notes
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"since": 99.0}, "tcp://a:1's statistics were reset during the window: read again"),
+        ({"enabled": False}, "tcp://a:1 has monitoring off"),
+        ({"calls": 100}, "no completed call of 1:put on 1 server(s) in the 2 s window: is the workload running?"),
+        ({"first": {}}, "tcp://a:1 answered the second statistics read but not the first"),
+        ({"window": 0.0}, "the window must be > 0 seconds"),
+    ],
+)
+def test_statistics_that_cannot_give_a_workload(change: dict, expected: str) -> None:
+    first = {"tcp://a:1": _stats(5.0, [("put", "clients@h", 100, 0, 64, 6400)], {})}
+    after = _stats(change.get("since", 5.0), [("put", "clients@h", change.get("calls", 300), 0, 80, 8000)], {})
+    after["rpcs"]["enabled"] = change.get("enabled", True)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        Workload.from_statistics(change.get("first", first), {"tcp://a:1": after}, rpc="1:put", name="kv put",
+                                 rpc_name="put", provider_id=1, window_seconds=change.get("window", 2.0))  # fmt: skip

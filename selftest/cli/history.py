@@ -13,6 +13,8 @@ import click
 from svcframe.cli.common import fail
 from svcframe.errors import SvcframeError
 
+from ..plotting import PlottingUnavailable
+
 
 def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
@@ -67,7 +69,7 @@ def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: 
         dest = Path(out) if out else Path("out/history") / f"run-{run['id']}.png"
         dest.parent.mkdir(parents=True, exist_ok=True)
         png = plot_history(run, hist, dest)
-    except SvcframeError as exc:
+    except (SvcframeError, PlottingUnavailable) as exc:
         fail(str(exc))
     print_comparison(run, rows)
     click.echo(f"plot: {png}")
@@ -89,6 +91,6 @@ def report(run_ref: str, store_path: str | None, out: str | None) -> None:
         dest = Path(out) if out else Path("out/report") / f"run-{run['id']}.html"
         dest.parent.mkdir(parents=True, exist_ok=True)
         write_report(run, hist, dest)
-    except SvcframeError as exc:
+    except (SvcframeError, PlottingUnavailable) as exc:
         fail(str(exc))
     click.echo(f"report: {dest}")

@@ -1,6 +1,7 @@
 """``svcframe roofline collect|plot``: the whole parameter suite of the data-service roofline over a node set,
-and its plots redrawn from a model (a plugin of the ``svcframe`` command line, registered in pyproject.toml's
-``svcframe.cli`` entry points)."""
+and its plots redrawn from a model; ``place|io|workflow`` (``models.py``) put measured workloads on the three
+rooflines (a plugin of the ``svcframe`` command line, registered in pyproject.toml's ``svcframe.cli`` entry
+points)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ from svcframe.errors import SvcframeError
 
 from ..collect import ALL_METRICS
 from ..nodes import LAUNCHERS
+from ..plotting import PlottingUnavailable
 from ..provider import STORAGE_OPS
 from .history import open_store, store_option
+from .models import io_command, place_command, workflow_command
 
 
 @click.group()
 def roofline() -> None:
-    """Measure and draw the data-service roofline."""
+    """Measure and draw the data-service roofline; place workloads on it and on the I/O and workflow
+    rooflines."""
 
 
 @roofline.command("collect")
@@ -150,7 +154,7 @@ def roofline_collect(
                 hint = f"; resume with: svcframe roofline collect --resume {rid} --store {store_file}"
         click.echo(f"svcframe: interrupted, servers and clients stopped{hint}", err=True)
         sys.exit(130)
-    except SvcframeError as exc:
+    except (SvcframeError, PlottingUnavailable) as exc:
         fail(str(exc))
     finally:
         signal.signal(signal.SIGTERM, old_term)
@@ -174,5 +178,13 @@ def roofline_plot(model: str, out: str | None) -> None:
               + (f"; it is a {kind} document" if kind else ""), 2)  # fmt: skip
     dest = Path(out) if out else Path(model).parent
     dest.mkdir(parents=True, exist_ok=True)
-    for name, m in doc["metrics"].items():
-        click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))
+    try:
+        for name, m in doc["metrics"].items():
+            click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))
+    except (ValueError, PlottingUnavailable) as exc:
+        fail(f"{model}: {exc}")
+
+
+# measured workloads on the three models (models.py)
+for _command in (place_command, io_command, workflow_command):
+    roofline.add_command(_command)

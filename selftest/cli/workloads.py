@@ -26,6 +26,7 @@ from svcframe.progress import PROGRESS_MODES
 
 from ..driver import WORKLOADS
 from ..nic_dispersion import COMPARED_NIC_POLICIES, SCENARIOS
+from ..plotting import PlottingUnavailable
 from ..provider import DIRECTIONS, STORAGE_OPS
 
 
@@ -61,14 +62,25 @@ def selftest() -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
 @click.option("--keep-provider", is_flag=True,
               help="Keep a self-test provider this command added (default: remove it after the run).")  # fmt: skip
+@click.option("--rpc", default=None, metavar="PROVIDER:NAME",
+              help="The rpc workload: call RPC NAME of a provider, by id (1:put) or by name (store:put).")  # fmt: skip
+@click.option("--arg", "rpc_arg", default=None, metavar="JSON|@FILE", help="--rpc: the argument of every call.")
+@click.option("--arg-generator", "rpc_arg_generator", default=None, metavar="MODULE:FUNCTION",
+              help="--rpc: function(ctx, call) returning each call's argument, e.g. selftest.generators:kv_put.")  # fmt: skip
+@click.option("--arg-option", "rpc_arg_options", multiple=True, metavar="KEY=VALUE",
+              help="--arg-generator: an option (repeatable; VALUE is JSON when it parses), e.g. value_bytes=1024.")  # fmt: skip
 def selftest_run(
     group: str | None, ranks: list[int] | None, target: tuple[str, ...], params_file: str | None, output: str | None,
-    keep_provider: bool, **flags: Any,
+    keep_provider: bool, rpc_arg: str | None, rpc_arg_options: tuple[str, ...], **flags: Any,
 ) -> None:  # fmt: skip
     """Run one self-test; print the results JSON (or a summary when -o is given).
 
     Servers without a self-test provider get one through their admin provider (library selftest.provider,
-    type selftest) for the run; it is removed afterwards unless --keep-provider.
+    type selftest) for the run; it is removed afterwards unless --keep-provider (it samples the servers' CPU).
+
+    --rpc runs any provider's RPC the same way (processes, depth, warm-up, barrier, timed loop), with the
+    argument of --arg, or of --arg-generator called per call as function(ctx, call): ctx.client is the client
+    process's index, call the call's index in it, ctx.options the --arg-option values (selftest/rpc_workload.py).
     """
     from pydantic import ValidationError
 
@@ -86,6 +98,7 @@ def selftest_run(
     for key, value in flags.items():
         if value is not None:
             values[key] = [int(c) for c in value.split(",")] if key == "client_cores" else value
+    _rpc_values(values, rpc_arg, rpc_arg_options, workload_given=flags.get("workload") is not None)
     try:
         params = SelftestParams.model_validate(values)
     except ValidationError as exc:
@@ -115,10 +128,49 @@ def selftest_run(
         modes = results["progress_modes"]
         servers_modes = ", ".join(sorted(set(map(str, modes["servers"].values()))))
         click.echo(f"progress: clients {modes['client']}, servers {servers_modes}")
+        if "rpc" in results:
+            click.echo(_rpc_line(results["rpc"]))
         for address, findings in results.get("diagnosis", {}).items():
             click.echo(f"diagnosis of {address}:\n{format_diagnosis(findings)}")
     else:
         echo_json(results)
+
+
+def _rpc_values(values: dict[str, Any], rpc_arg: str | None, options: tuple[str, ...], *, workload_given: bool) -> None:
+    """Fill the rpc workload's parameters from --rpc, --arg, --arg-option (--rpc makes it the rpc workload unless
+    --workload says otherwise); check --arg-generator imports here, before any client starts (a user error is one
+    line)."""
+    from ..rpc_workload import load_generator
+
+    if values.get("rpc") is not None and not workload_given:
+        values["workload"] = "rpc"
+    if rpc_arg is not None:
+        values["rpc_arg"] = json_argument(rpc_arg, "--arg")
+    if options:
+        parsed: dict[str, Any] = dict(values.get("rpc_arg_options") or {})
+        for option in options:
+            key, sep, text = option.partition("=")
+            if not sep or not key:
+                fail(f"--arg-option {option!r}: expected KEY=VALUE, e.g. value_bytes=1024")
+            try:
+                parsed[key] = json.loads(text)
+            except ValueError:
+                parsed[key] = text
+        values["rpc_arg_options"] = parsed
+    if values.get("rpc_arg_generator"):
+        try:
+            load_generator(values["rpc_arg_generator"])
+        except ValueError as exc:
+            fail(str(exc))
+
+
+def _rpc_line(rpc: dict[str, Any]) -> str:
+    """``store:put (kv put, provider 1): 1,053 B/call = request 1,052 + response 1 + bulk 0``."""
+    return (
+        f"{rpc['requested']} ({rpc['type']} {rpc['name']}, provider {rpc['provider_id']}): "
+        f"{rpc['bytes_per_call']:,} B/call = request {rpc['request_bytes_per_call']:,.0f} + "
+        f"response {rpc['response_bytes_per_call']:,.0f} + bulk {rpc['bulk_bytes_per_call']:,.0f}"
+    )
 
 
 def _selftest_attach(targets: list[tuple[str, int]], provider_id: int | None) -> Any:
@@ -190,7 +242,10 @@ def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, 
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "bursts.json").write_text(json.dumps(results, indent=2))
-    png = plot_bursts(results, dest / "bursts.png")
+    try:
+        png = plot_bursts(results, dest / "bursts.png")
+    except PlottingUnavailable as exc:
+        fail(f"{exc}: {dest / 'bursts.json'}")
     for mode in results["modes"]:
         s = mode["summary"]
         watts = f", {s['idle_package_watts']:.1f} W" if s["idle_package_watts"] is not None else ""
@@ -245,7 +300,10 @@ def selftest_nic_dispersion(
         doc = run_dispersion(topo, opts, on_step=lambda what: click.echo(f"running {what} ...", err=True))
     except SvcframeError as exc:
         fail(str(exc))
-    js, png = save(doc, opts.out)
+    try:
+        js, png = save(doc, opts.out)
+    except PlottingUnavailable as exc:
+        fail(str(exc))
     for note in doc["notes"]:
         click.echo(f"note: {note}")
     names = [n["name"] for n in doc["nics"]]

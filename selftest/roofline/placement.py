@@ -32,6 +32,7 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -140,10 +141,13 @@ class Workload(BaseModel):
         """A one-point workload from a self-test results document (``selftest/driver.py``, ``to_json``).
 
         Servers are the results' servers, clients ``parameters.clients``, the rate
-        ``aggregate.rate_per_client_ops_per_second``; the bytes per call are the request and response
-        buffers plus the bulk transfer of a ``bulk`` run (a ``storage`` run's block goes to the server's
-        disk, not over the network); client processes per core from ``parameters.client_cores`` when the
-        clients were pinned.
+        ``aggregate.rate_per_client_ops_per_second``. Bytes per call: an ``rpc`` run's measured
+        ``rpc.bytes_per_call`` (request and response bodies and bulk bytes, ``selftest/rpc_workload.py``);
+        otherwise the request and response buffers plus the bulk transfer of a ``bulk`` run (a ``storage``
+        run's block goes to the server's disk, not over the network). Processes per core: when every server is
+        on the driver's host (a unix address, a loopback one, or its host name), servers and clients share its
+        ``environment.usable_cores``: ``(servers + clients) / usable cores`` on both sides (a lower bound of the
+        busiest core's share); else the clients' alone, ``clients / distinct client_cores`` when pinned.
 
         Raises:
             ValueError: the document is not a self-test results document (names the missing key).
@@ -151,20 +155,32 @@ class Workload(BaseModel):
         try:
             params, agg, servers = results["parameters"], results["aggregate"], results["servers"]
             clients = int(params["clients"])
-            payload = int(params.get("req_buffer_size", 0)) + int(params.get("resp_buffer_size", 0))
-            if params.get("workload") == "bulk":
-                payload += int(params["bulk_size"])
-            cores = params.get("client_cores")
+            rpc = results.get("rpc")
+            if rpc is not None:
+                payload = int(rpc["bytes_per_call"])
+            else:
+                payload = int(params.get("req_buffer_size", 0)) + int(params.get("resp_buffer_size", 0))
+                if params.get("workload") == "bulk":
+                    payload += int(params["bulk_size"])
+            server_share, client_share = _processes_per_core(results, len(servers), clients)
             point = WorkloadPoint(
                 servers=len(servers),
                 clients=clients,
                 rate_per_client_ops_per_second=float(agg["rate_per_client_ops_per_second"]),
                 bytes_per_call=payload,
-                client_processes_per_core=clients / len(set(cores)) if cores else None,
+                server_processes_per_core=server_share,
+                client_processes_per_core=client_share,
                 label=label,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a self-test results document (no {exc})") from None
+        if rpc is not None:
+            return cls(
+                name=name or f"{rpc['type']} {rpc['name']}",
+                rpc=str(rpc.get("requested") or f"{rpc['provider_id']}:{rpc['name']}"),
+                points=[point],
+                source={"selftest": params, "rpc": rpc},
+            )
         workload = params.get("workload", "noop")
         return cls(
             name=name or f"self-test {workload}",
@@ -172,6 +188,179 @@ class Workload(BaseModel):
             points=[point],
             source={"selftest": params},
         )
+
+    @classmethod
+    def from_statistics(
+        cls,
+        first: Mapping[str, Any],
+        second: Mapping[str, Any],
+        *,
+        rpc: str,
+        name: str,
+        rpc_name: str,
+        provider_id: int,
+        window_seconds: float,
+        clients: int | None = None,
+    ) -> Workload:
+        """A one-point workload from a running service's statistics read twice (``Engine.statistics()`` per
+        server address, e.g. from the admin ``statistics`` RPC), ``window_seconds`` apart.
+
+        From the target side of RPC ``rpc_name`` at ``provider_id`` (svcframe/monitoring.py), counted over the
+        window (second read minus first):
+
+        * calls: completed calls (calls - errors, exact) over every server and calling peer;
+        * servers: the servers that served at least one call of it;
+        * client processes: ``clients`` if given, else the distinct calling peers: a *lower bound*, because
+          the statistics keep one label per client host for client-only engines (``clients@HOST``), however
+          many processes run there (the notes say so);
+        * rate per client process: calls / window / client processes;
+        * bytes per call: mean request and response bodies of the calls the engine timed (sampled), plus every
+          bulk byte the servers moved with the calling peers over the window divided by the calls (bulk
+          transfers are counted per peer, not per RPC: exact when no other RPC of those peers moves bulk data);
+        * processes per core: unknown (the point is not checked for shared cores).
+
+        Args:
+            first, second: ``{server address: statistics}``, the earlier and the later read.
+            rpc: how the user named the RPC (``"store:put"``), kept in the workload.
+            name: the workload's name (``"kv put"``).
+            window_seconds: time between the two reads (measured by the reader), > 0.
+            clients: the client processes, when the user knows them.
+
+        Raises:
+            ValueError: no call of the RPC in the window, statistics reset or switched off in between, a
+                server missing from a read, or a window that is not > 0.
+        """
+        if not window_seconds > 0:
+            raise ValueError(f"the window must be > 0 seconds, got {window_seconds!r}")
+        calls = errors = request_count = response_count = 0
+        request_sum = response_sum = 0.0
+        peers: set[str] = set()
+        serving: list[str] = []
+        for address, after in second.items():
+            before = first.get(address)
+            if before is None:
+                raise ValueError(f"{address} answered the second statistics read but not the first")
+            for doc in (before, after):
+                if not (doc.get("rpcs") or {}).get("enabled", False):
+                    raise ValueError(f"{address} has monitoring off: no statistics to read (engine.monitoring)")
+            if after["rpcs"].get("since") != before["rpcs"].get("since"):
+                raise ValueError(f"{address}'s statistics were reset during the window: read again")
+            old, new = _target_rows(before, rpc_name, provider_id), _target_rows(after, rpc_name, provider_id)
+            served = 0
+            for peer, row in new.items():
+                d_calls, d_errors, d_requests, d_request_bytes, d_responses, d_response_bytes = (
+                    a - b for a, b in zip(row, old.get(peer, (0, 0, 0, 0, 0, 0)), strict=True)
+                )
+                if d_calls <= 0:
+                    continue
+                peers.add(peer)
+                served += int(d_calls)
+                calls, errors = calls + int(d_calls), errors + int(d_errors)
+                request_count, request_sum = request_count + int(d_requests), request_sum + d_request_bytes
+                response_count, response_sum = response_count + int(d_responses), response_sum + d_response_bytes
+            if served:
+                serving.append(address)
+        completed = calls - errors
+        if completed <= 0:
+            raise ValueError(
+                f"no completed call of {rpc} on {len(second)} server(s) in the {window_seconds:.3g} s window: "
+                f"is the workload running?"
+            )
+        bulk = 0.0
+        for address in serving:
+            old_bulk, new_bulk = _bulk_bytes(first[address], peers), _bulk_bytes(second[address], peers)
+            bulk += new_bulk - old_bulk
+        host_labels = sorted(p for p in peers if p.startswith("clients@"))
+        notes = []
+        if clients is None:
+            clients = len(peers)
+            notes.append(
+                f"client processes: {clients}, the distinct calling peers, a lower bound"
+                + (f" ({', '.join(host_labels)} count each host's client-only processes as one)" if host_labels else "")
+                + ": give the number if you know it (--clients)"
+            )
+        notes.append(f"servers: the {len(serving)} of {len(second)} read that served {rpc} in the window")
+        notes.append(
+            f"request and response bytes: means of the {request_count} calls the servers timed (sampled); "
+            "processes per core are unknown from statistics (not checked for shared cores)"
+        )
+        if bulk > 0:
+            notes.append(
+                f"bulk bytes: {bulk:,.0f} moved with the calling peers in the window, all attributed to {rpc} "
+                "(counted per peer, not per RPC: exact if no other RPC of theirs moves bulk data)"
+            )
+        if errors:
+            notes.append(f"{errors} of {calls} calls failed in the window and are not counted in the rate")
+        request = request_sum / request_count if request_count else 0.0
+        response = response_sum / response_count if response_count else 0.0
+        point = WorkloadPoint(
+            servers=len(serving),
+            clients=clients,
+            rate_per_client_ops_per_second=completed / window_seconds / clients,
+            bytes_per_call=round(request + response + bulk / completed),
+            label=f"live {window_seconds:g} s",
+        )
+        return cls(
+            name=name,
+            rpc=rpc,
+            points=[point],
+            source={
+                "statistics": {
+                    "window_seconds": window_seconds,
+                    "calls": calls,
+                    "errors": errors,
+                    "peers": sorted(peers),
+                    "servers": serving,
+                    "servers_read": sorted(second),
+                    "request_bytes_per_call": request,
+                    "response_bytes_per_call": response,
+                    "bulk_bytes": bulk,
+                },
+                "notes": notes,
+            },
+        )
+
+
+def _target_rows(stats: Mapping[str, Any], rpc_name: str, provider_id: int) -> dict[str, tuple[float, ...]]:
+    """Per calling peer: (calls, errors, request sampled count, request bytes sum, response count, response sum)
+    of the RPC, over every callpath that ends in it."""
+    out: dict[str, tuple[float, ...]] = {}
+    for row in (stats.get("rpcs") or {}).get("target") or []:
+        if row["rpc"] != rpc_name or row["provider_id"] != provider_id:
+            continue
+        values = (row["calls"], row["errors"], row["request_bytes"]["count"], row["request_bytes"]["sum"],
+                  row["response_bytes"]["count"], row["response_bytes"]["sum"])  # fmt: skip
+        old = out.get(row["peer"], (0, 0, 0, 0, 0, 0))
+        out[row["peer"]] = tuple(a + b for a, b in zip(old, values, strict=True))
+    return out
+
+
+def _bulk_bytes(stats: Mapping[str, Any], peers: set[str]) -> float:
+    """Bulk bytes moved with ``peers``, every direction."""
+    return float(
+        sum(row["bytes"]["sum"] for row in (stats.get("rpcs") or {}).get("bulk") or [] if row["peer"] in peers)
+    )
+
+
+def _on_host(address: str, host: str | None) -> bool:
+    """The address is on the host of ``host`` (a unix socket, a loopback address, or that host name)."""
+    if address.startswith("unix://"):
+        return True
+    name = address.partition("://")[2].rpartition(":")[0].strip("[]")
+    return name in ("localhost", "::1", host) or name.startswith("127.")
+
+
+def _processes_per_core(results: dict[str, Any], servers: int, clients: int) -> tuple[float | None, float | None]:
+    """(server, client) processes per core of a self-test run, as far as the results tell (see
+    :meth:`Workload.from_selftest_results`)."""
+    env = results.get("environment") or {}
+    cores = env.get("usable_cores")
+    pinned = results["parameters"].get("client_cores")
+    client_share = clients / len(set(pinned)) if pinned else None
+    if cores and all(_on_host(str(s.get("address", "")), env.get("host")) for s in results["servers"]):
+        shared = (servers + clients) / int(cores)
+        return shared, max(shared, client_share or 0.0)
+    return None, client_share
 
 
 def _ceiling(rl: Roofline, point: WorkloadPoint, bound: Bound) -> float:
@@ -202,14 +391,15 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
              "notes": [str]}
 
         ``score`` and ``median_headroom`` in the summary are over the points the model claims (not
-        oversubscribed; Zhu eq. 12 with equal weights); ``excluded`` counts the others.
+        oversubscribed; Zhu eq. 12 with equal weights); ``excluded`` counts the others. ``notes`` start
+        with the workload's own (``source.notes``: what its statistics could not tell).
 
     Raises:
         ValueError: the platform has no ``rpc_rate`` roofline, or ``bound`` is invalid.
     """
     rpc = platform.roofline("rpc_rate")
     bandwidth = platform.rooflines.get("bandwidth")
-    notes = []
+    notes = [str(n) for n in workload.source.get("notes") or []]
     if bandwidth is None and any(p.bytes_per_call for p in workload.points):
         notes.append("the platform model has no bandwidth roofline: points are placed on the RPC rate alone")
     rows: list[dict[str, Any]] = []
@@ -271,7 +461,7 @@ def io_points(workload: Workload, side: Side = "server") -> list[IOPoint]:
     """
     return [
         IOPoint(
-            p.label or f"{workload.name} {p.servers}x{p.clients}",
+            f"{workload.name} {p.servers}x{p.clients}" + (f" ({p.label})" if p.label else ""),
             1.0 / p.bytes_per_call,
             p.rate_per_client_ops_per_second * (p.clients / p.servers if side == "server" else 1.0),
         )

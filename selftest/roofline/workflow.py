@@ -451,7 +451,8 @@ def analyse(platform: Platform, spec: WorkflowSpec, bound: Bound = "max") -> dic
     Returns:
         ``{"kind": "svcframe-workflow-roofline", "workflow", "platform", "bound", "roofline":
         WorkflowRoofline.to_dict(), "parallel_tasks", "beyond_wall", "attainable_tasks_per_second" (at the
-        spec's parallel tasks), "stages": [{"name", "tasks", "attainable_tasks_per_second", "bound",
+        spec's parallel tasks), "attainable_zone" (the zone of Fig. 2a the roof reaches there, None without
+        both targets), "stages": [{"name", "tasks", "attainable_tasks_per_second", "bound",
         "makespan_lower_bound_seconds"}],
         "makespan_lower_bound_seconds" (the stages' sum: they run one after the other), "runs": [place()]}``.
 
@@ -488,6 +489,7 @@ def analyse(platform: Platform, spec: WorkflowSpec, bound: Bound = "max") -> dic
         "parallel_tasks": spec.parallel_tasks,
         "beyond_wall": spec.parallel_tasks > roofline.wall,
         "attainable_tasks_per_second": roofline.attainable(n),
+        "attainable_zone": roofline.zone(n, roofline.attainable(n)),
         "stages": stages,
         "makespan_lower_bound_seconds": math.fsum(s["makespan_lower_bound_seconds"] for s in stages),
         "runs": [

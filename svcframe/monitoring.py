@@ -42,6 +42,11 @@ SUB_BUCKETS = 32
 FOLD_AT = 4096 * 5  # values buffered before folding (about 1.4 MB of small ints at most)
 #: The first calls of every callpath are always timed; after that one call in ``sample_every``.
 ALWAYS_TIMED = 64
+#: Served-callpath records kept before callers' claimed parents share records (``Monitor.target_record``).
+MAX_TARGET_RECORDS = 4096
+#: The parent fields of a record that stands for many claimed parents (not a CRC-32 an RPC name can have:
+#: -1 is no 32-bit unsigned value).
+OTHER_PARENT = -1
 
 
 def _bucket_bounds() -> list[int]:
@@ -100,36 +105,47 @@ class Summary:
 
     def percentile(self, q: float) -> float:
         """Approximate q-th percentile (0..100) from the histogram (bucket middle, clamped to min/max)."""
+        return self.percentiles((q,))[0]
+
+    def percentiles(self, qs: tuple[float, ...]) -> list[float]:
+        """Several percentiles (ascending ``qs``) in one walk of the histogram."""
         if self.count == 0:
-            return 0.0
-        rank = max(q / 100.0 * self.count, 1)
+            return [0.0] * len(qs)
+        ranks = [max(q / 100.0 * self.count, 1) for q in qs]
+        out: list[float] = []
         cumulative = 0
-        for index in sorted(self.hist):
-            cumulative += self.hist[index]
-            if cumulative >= rank:
+        hist = self.hist
+        for index in sorted(hist):
+            cumulative += hist[index]
+            while len(out) < len(ranks) and cumulative >= ranks[len(out)]:
+                out.append(float(min(max(bucket_value(index), self.min), self.max)))
+            if len(out) == len(ranks):
                 break
-        return float(min(max(bucket_value(index), self.min), self.max))
+        while len(out) < len(ranks):  # rounding: the last bucket holds the top ranks
+            out.append(float(self.max))
+        return out
 
     def to_dict(self, scale: float = 1.0) -> dict[str, float]:
         """Values multiplied by ``scale`` (1e-3 turns nanoseconds into microseconds)."""
         if self.count == 0:
             return {"count": 0, "sum": 0.0, "min": 0.0, "max": 0.0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+        p50, p90, p99 = self.percentiles((50, 90, 99))
         return {
             "count": self.count,
             "sum": self.sum * scale,
             "min": self.min * scale,
             "max": self.max * scale,
             "mean": self.sum / self.count * scale,
-            "p50": self.percentile(50) * scale,
-            "p90": self.percentile(90) * scale,
-            "p99": self.percentile(99) * scale,
+            "p50": p50 * scale,
+            "p90": p90 * scale,
+            "p99": p99 * scale,
         }
 
 
 class Record:
     """One key's buffered samples and folded summaries."""
 
-    __slots__ = ("buffer", "calls", "errors", "steps", "summaries")
+    __slots__ = ("_shown", "_shown_at", "buffer", "calls", "errors", "steps", "summaries")
 
     def __init__(self, steps: tuple[str, ...]) -> None:
         self.steps = steps
@@ -137,12 +153,15 @@ class Record:
         self.summaries = {s: Summary() for s in steps}
         self.calls = 0  # exact
         self.errors = 0  # exact
+        self._shown: dict[str, Any] | None = None  # the last to_dict, while calls and errors are as then
+        self._shown_at = (-1, -1)
 
     def reset(self) -> None:
         self.buffer = []
         self.summaries = {s: Summary() for s in self.steps}
         self.calls = 0
         self.errors = 0
+        self._shown = None
 
     @property
     def empty(self) -> bool:
@@ -158,6 +177,10 @@ class Record:
             self.summaries[step].add_many(buffer[i::width])
 
     def to_dict(self) -> dict[str, Any]:
+        """The record's figures; kept until it changes, so reading the statistics of many idle callpaths and
+        peers costs a lookup each (issue 13: a read of 1,024 peers' records took ~300 ms of event loop)."""
+        if self._shown is not None and not self.buffer and self._shown_at == (self.calls, self.errors):
+            return self._shown
         self.fold()
         out: dict[str, Any] = {"calls": self.calls, "errors": self.errors}
         for step, summary in self.summaries.items():
@@ -165,6 +188,7 @@ class Record:
                 out[f"{step}_usec"] = summary.to_dict(1e-3)
             else:
                 out[step] = summary.to_dict()
+        self._shown, self._shown_at = out, (self.calls, self.errors)
         return out
 
 
@@ -187,9 +211,21 @@ class Monitor:
         return rec
 
     def target_record(self, key: tuple[Any, ...]) -> Record:
+        """The record of a served callpath. Its parent fields come from the caller's header (a claim): past
+        MAX_TARGET_RECORDS records, new parents share one record per RPC, provider and peer (parent shown as
+        "other"), and past twice that, one per RPC and provider (peer "other") (issue 13: 5,000 claimed
+        parents made 5,000 records, +56 MiB)."""
         rec = self.target.get(key)
         if rec is None:
-            rec = self.target[key] = Record(TARGET_STEPS)
+            table = self.target
+            if len(table) >= MAX_TARGET_RECORDS:
+                _, _, rpc, provider_id, peer = key
+                key = (OTHER_PARENT, OTHER_PARENT, rpc, provider_id, peer)
+                if key not in table and len(table) >= 2 * MAX_TARGET_RECORDS:
+                    key = (OTHER_PARENT, OTHER_PARENT, rpc, provider_id, "other")
+                rec = table.get(key)
+            if rec is None:
+                rec = table[key] = Record(TARGET_STEPS)
         return rec
 
     def record_bulk(self, direction: str, peer: str, nbytes: int, duration_ns: int) -> None:
@@ -210,6 +246,8 @@ class Monitor:
         self.started = time.time()
 
     def _name(self, rpc: int) -> str:
+        if rpc == OTHER_PARENT:
+            return "other"
         return self.names.get(rpc, f"#{rpc:08x}") if rpc else ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -231,7 +269,7 @@ class Monitor:
                 out.append(
                     {
                         "parent_rpc": self._name(parent_rpc),
-                        "parent_provider_id": parent_provider if parent_rpc else None,
+                        "parent_provider_id": parent_provider if parent_rpc and parent_rpc != OTHER_PARENT else None,
                         "rpc": self._name(rpc),
                         "provider_id": provider_id,
                         "peer": peer,

@@ -43,6 +43,7 @@ import pytest
 
 from svcframe import Engine
 from svcframe.errors import AuthenticationFailed, ConfigError, ConnectionLost, DeadlineExceeded, Status
+from svcframe.monitoring import MAX_TARGET_RECORDS
 from svcframe.testing import RawPeer, ServerProcess
 from svcframe.wire import (
     HEADER,
@@ -997,17 +998,11 @@ async def test_short_query_expressions_cannot_stall_the_server(farm: dict[str, S
     assert good.result["max_ms"] <= 100.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="target statistics are keyed by the caller's parent_rpc_id and parent_provider_id header fields "
-    "(handlers._target_record and _count_error: key (parent_rpc_id, parent_provider_id, rpc, provider, peer)) "
-    "with no cap: each distinct value adds a ~12 KiB record (20,000 calls: +236 MiB, and the 'statistics' answer "
-    "outgrows the frame limit, so nobody can read the statistics any more)",
-)
 @uvloop_test
 async def test_statistics_do_not_grow_with_caller_chosen_parents(farm: dict[str, ServerProcess], figures: Any) -> None:
     """5,000 calls of one RPC, each claiming another parent RPC id and parent provider id: the server keeps at
-    most 1,025 records and grows by at most 16 MiB, and its statistics stay readable."""
+    most svcframe.monitoring.MAX_TARGET_RECORDS (4,096) records and their "other" records, grows by at most
+    16 MiB, and its statistics stay readable."""
     server = farm["stats_parent"]
     n = scaled(5000, 20000)
     before = await settled_rss(server)
@@ -1025,7 +1020,7 @@ async def test_statistics_do_not_grow_with_caller_chosen_parents(farm: dict[str,
     records = len(stats["rpcs"]["target"]) if frame.status == Status.OK else -1
     figures.record(f"outside: {n} calls with chosen parents, server growth", growth / MIB, "MiB")
     figures.record(f"outside: {n} calls with chosen parents, statistics records", records, "")
-    assert 0 <= records <= 1025
+    assert 0 <= records <= MAX_TARGET_RECORDS + 2
     assert growth <= 16 * MIB
 
 
@@ -1076,12 +1071,6 @@ async def claim_peer_labels(server: ServerProcess, n: int = 1100) -> None:
         await asyncio.gather(*(claim(base + k) for k in range(50)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="'statistics' (read-only, any caller) folds and serialises every record on the event loop "
-    "(monitoring.Monitor.to_dict: numpy percentiles per step, ~0.3 ms a record): once a peer has filled the "
-    "1,024 peer labels by claiming addresses in its HELLOs, each 30-byte call costs ~330 ms of loop",
-)
 @uvloop_test
 async def test_statistics_reads_are_cheap_after_peers_fill_the_labels(
     farm: dict[str, ServerProcess], figures: Any

@@ -19,9 +19,9 @@ import json
 import logging
 import os
 import signal
+import stat
 import threading
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -59,6 +59,10 @@ def read_secret(auth: Any) -> bytes | None:
     return None if value is None else check_secret(value.encode(), f"the {auth.secret_env} variable")
 
 
+#: A secret file holds a key, not a document: anything larger is refused before it is read whole.
+MAX_SECRET_FILE_BYTES = 4096
+
+
 def read_secret_file(path: str, what: str = "--secret-file") -> bytes:
     """The shared secret in the file at ``path`` (surrounding whitespace stripped). Warns when other users
     may read the file.
@@ -67,10 +71,16 @@ def read_secret_file(path: str, what: str = "--secret-file") -> bytes:
         ConfigError: the file cannot be read, or holds an empty, blank or short secret.
     """
     try:
-        secret = Path(path).read_bytes().strip()
         mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # a FIFO or a device would block or never end (a secret is a small file)
+            raise ConfigError(f"{what} {path!r}: not a regular file")
+        with open(path, "rb") as f:
+            secret = f.read(MAX_SECRET_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{what} {path!r}: cannot read: {exc.strerror}") from None
+    if len(secret) > MAX_SECRET_FILE_BYTES:
+        raise ConfigError(f"{what} {path!r}: larger than {MAX_SECRET_FILE_BYTES} bytes: not a shared secret")
+    secret = secret.strip()
     check_secret(secret, f"{what} {path}")
     if mode & 0o077:
         log.warning("%s %s can be read by other users (mode %o): chmod 600 it", what, path, mode & 0o777)

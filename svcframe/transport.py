@@ -474,7 +474,9 @@ def _remove_stale_socket(path: str) -> None:
     except OSError as exc:
         raise ConnectionLost(f"cannot listen on unix://{path}: {exc.strerror}") from None
     if not stat.S_ISSOCK(mode):
-        kind = "directory" if stat.S_ISDIR(mode) else "symbolic link" if stat.S_ISLNK(mode) else "file"
+        kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link"), (stat.S_ISFIFO, "FIFO"),
+                 (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))  # fmt: skip
+        kind = next((name for test, name in kinds if test(mode)), "file")
         raise ConnectionLost(f"cannot listen on unix://{path}: a {kind} is there, not a stale socket (left as it is)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

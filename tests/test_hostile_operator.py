@@ -197,3 +197,23 @@ async def test_claimed_addresses_cannot_grow_the_statistics(procs: Procs, tmp_pa
     peers = {r["peer"] for r in stats["rpcs"]["target"]}
     figures.record(f"operator: {MAX_PEER_LABELS + 76} claimed peer addresses, statistics peers", len(peers), "")
     assert len(peers) <= MAX_PEER_LABELS + 2 and "other" in peers  # + "other" + our own client host
+
+
+def test_a_secret_file_that_is_a_fifo_or_a_device_or_huge_is_refused_at_once(tmp_path: Path) -> None:
+    """A --secret-file that is a FIFO, a device or a large file is one clear error, never a read that blocks or
+    never ends."""
+    from svcframe.errors import ConfigError
+    from svcframe.server import read_secret_file
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_bytes(b"k" * 1_000_000)
+    for path, why in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"), (big, "larger than 4096")):
+        with pytest.raises(ConfigError, match=why):
+            read_secret_file(str(path))
+    cli = subprocess.run(
+        [sys.executable, "-m", "svcframe", "serve", "configs/kv.json", "--secret-file", str(fifo)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert cli.returncode != 0 and len(cli.stderr.strip().splitlines()) == 1 and "not a regular file" in cli.stderr

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import select
@@ -180,6 +181,7 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         wait: bool = True,
         timeout_seconds: float = 30.0,
+        die_with_parent: bool = True,
     ) -> ServerProcess:
         """Start ``svcframe serve`` on ``config`` (written to ``workdir/NAME.json``; stderr to ``NAME.log``).
 
@@ -187,6 +189,8 @@ class ServerProcess:
             prefix: a wrapper command (``ip netns exec NS``, ``strace -f ...``).
             env: the process environment (default: this process's).
             wait: return once it reported readiness (else call ``wait_ready``).
+            die_with_parent: the server is killed when this process dies, however it dies (Linux
+                ``PR_SET_PDEATHSIG``): a test run that crashes leaves no server behind.
 
         Raises:
             AssertionError: it did not report ready in time, or reported a failure (with its log tail).
@@ -203,6 +207,7 @@ class ServerProcess:
             proc = subprocess.Popen(
                 cmd, pass_fds=(w,), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                 env=dict(env) if env is not None else None, start_new_session=True,
+                preexec_fn=_die_with_parent if die_with_parent else None,
             )  # fmt: skip
         os.close(w)
         server = cls(proc, config_path, log_path, ready_fd=r, started=time.monotonic())
@@ -449,6 +454,11 @@ class RawPeer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _die_with_parent() -> None:  # in the child, between fork and exec
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _endpoint(name: Any) -> str:

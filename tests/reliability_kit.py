@@ -23,7 +23,6 @@ import ctypes
 import functools
 import json
 import os
-import select
 import signal
 import socket
 import ssl
@@ -38,6 +37,7 @@ from typing import Any
 import msgpack
 import psutil
 
+from svcframe import testing
 from svcframe.wire import (
     HEADER,
     HEADER_SIZE,
@@ -138,44 +138,9 @@ sys.exit(run_server(config, ready_fd=ready_fd))
 """
 
 
-@dataclass
-class ServerProcess:
-    """One server process. ``pid`` is the server's own (it may differ from ``proc.pid`` under a wrapper)."""
-
-    proc: subprocess.Popen[bytes]
-    config_path: Path
-    log_path: Path
-    ready_fd: int | None = None
-    pid: int = 0
-    address: str = ""
-    started: float = 0.0  # time.monotonic() when the process was spawned (or released from standby)
-    ready_at: float = 0.0  # time.monotonic() when it reported readiness
-
-    def wait_ready(self, timeout_seconds: float = 30.0) -> ServerProcess:
-        assert self.ready_fd is not None
-        buf = b""
-        deadline = time.monotonic() + timeout_seconds
-        try:
-            while b"\n" not in buf:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"server not ready within {timeout_seconds:g} s\n{self.log_tail()}")
-                ready, _, _ = select.select([self.ready_fd], [], [], left)
-                if ready:
-                    chunk = os.read(self.ready_fd, 4096)
-                    if not chunk:
-                        break
-                    buf += chunk
-        finally:
-            os.close(self.ready_fd)
-            self.ready_fd = None
-        self.ready_at = time.monotonic()
-        msg = json.loads(buf.split(b"\n")[0]) if buf.strip() else {"ok": False, "error": "exited before readiness"}
-        if not msg.get("ok"):
-            self.kill()
-            raise AssertionError(f"server failed to start: {msg.get('error')}\n{self.log_tail()}")
-        self.pid, self.address = int(msg["pid"]), str(msg["address"])
-        return self
+class ServerProcess(testing.ServerProcess):
+    """A server process of the public kit (svcframe.testing), with what the reliability tests measure, and a
+    standby start (imports done, waiting for ``go``)."""
 
     def go(self) -> ServerProcess:
         """Release a standby server (it binds and serves); returns once it is ready."""
@@ -183,7 +148,8 @@ class ServerProcess:
         self.started = time.monotonic()
         self.proc.stdin.write(b"g")
         self.proc.stdin.close()
-        return self.wait_ready()
+        self.wait_ready()
+        return self
 
     # -- measurements --------------------------------------------------------------------------------------
     @property
@@ -207,44 +173,18 @@ class ServerProcess:
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmHWM in /proc/PID/status")
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "--- server log tail ---\n" + "\n".join(self.log().splitlines()[-lines:])
-
-    # -- life and death ------------------------------------------------------------------------------------
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
-
     def kill(self) -> None:
-        """SIGKILL (if still running) and reap."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid or self.proc.pid, signal.SIGKILL)
-            if self.pid and self.pid != self.proc.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-        self.proc.wait(timeout=30)
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
+        super().kill()
+        self._close_stdin()
 
     def stop(self, grace_seconds: float = 15.0) -> int:
-        """SIGTERM, wait up to ``grace_seconds``, then SIGKILL; returns the exit code."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid or self.proc.pid, signal.SIGCONT)
-                os.kill(self.pid or self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_seconds)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        code = super().stop(grace_seconds)
+        self._close_stdin()
+        return code
+
+    def _close_stdin(self) -> None:  # a standby server never released still has its go pipe
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()
-        return int(self.proc.returncode)
 
 
 def server_env(extra: dict[str, str] | None = None, *, secret: bool = True) -> dict[str, str]:
@@ -267,41 +207,37 @@ def spawn_server(
     standby: bool = False,
     wait: bool = True,
 ) -> ServerProcess:
-    """Start a server process from ``config`` (written to ``workdir/NAME.json``, log in ``workdir/NAME.log``).
+    """Start a server process from ``config`` (written to ``workdir/NAME.json``, log in ``workdir/NAME.log``)
+    with the public kit (``svcframe.testing.ServerProcess.start``).
 
     ``prefix``: a wrapper command (``ip netns exec NS``, ``strace ...``). ``standby``: import everything, then
-    wait for ``go()``. ``wait``: return only once it reported readiness (ignored for standby).
+    wait for ``go()`` (the cold-restart tests time the start itself). ``wait``: return only once it reported
+    readiness (ignored for standby).
     """
+    if not standby:
+        return ServerProcess.start(
+            config, workdir, name=name, verbose=verbose, prefix=prefix, env=env or server_env(), wait=wait
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / f"{name}.json"
     config_path.write_text(json.dumps(config))
     log_path = workdir / f"{name}.log"
     r, w = os.pipe()
-    if standby:
-        level = "10" if verbose else "30"
-        cmd = [*prefix, sys.executable, "-c", _STANDBY, str(config_path), str(w), level]
-    else:
-        cmd = [*prefix, sys.executable, "-m", "svcframe", *(["-vv"] if verbose else []), "serve", str(config_path),
-               "--ready-fd", str(w)]  # fmt: skip
+    cmd = [*prefix, sys.executable, "-c", _STANDBY, str(config_path), str(w), "10" if verbose else "30"]
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            cmd, pass_fds=(w,), stdout=subprocess.PIPE if standby else log, stderr=log,
-            stdin=subprocess.PIPE if standby else subprocess.DEVNULL, env=env or server_env(),
+            cmd, pass_fds=(w,), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, env=env or server_env(),
             start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
     os.close(w)
     server = ServerProcess(proc, config_path, log_path, ready_fd=r, started=time.monotonic())
-    if standby:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        proc.stdout.close()
-        if line.strip() != b"standby":
-            server.kill()
-            os.close(r)
-            raise AssertionError(f"standby server did not come up\n{server.log_tail()}")
-        return server
-    if wait:
-        server.wait_ready()
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    proc.stdout.close()
+    if line.strip() != b"standby":
+        server.kill()
+        os.close(r)
+        raise AssertionError(f"standby server did not come up\n{server.log_tail()}")
     return server
 
 

@@ -412,7 +412,8 @@ class BulkTransfers:
         if dest is not None:
             conn.protocol.pulls[request_id] = IncomingPull(dest)
         self.progress.inflight += 1
-        self.progress.activity()
+        if not self.progress.blocking:
+            self.progress.activity()
         self._deadlines.add(start + timeout, future)
         deadline_usec = wire_deadline(timeout - (loop.time() - start))
         if by_cma:  # a pull asks for the range's address; a push gives its source's (kept until answered)
@@ -445,7 +446,8 @@ class BulkTransfers:
             conn.pending.pop(request_id, None)
             conn.protocol.pulls.pop(request_id, None)
             self.progress.inflight -= 1
-            self.progress.activity()
+            if not self.progress.blocking:
+                self.progress.activity()
             if not (by_cma and kind == Kind.BULK_PULL):  # a cross-memory pull is recorded with its copy
                 what = ("cma_" if by_cma else "") + ("pull" if kind == Kind.BULK_PULL else "push")
                 self.monitor.record_bulk(what, conn.peer_label, size, int((loop.time() - start) * 1e9))

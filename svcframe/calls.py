@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .bulk import as_byte_view
-from .deadlines import DeadlineExpired, Deadlines, wire_deadline
+from .deadlines import DeadlineExpired, Deadlines
 from .errors import (
     AuthenticationFailed,
     ConnectionLost,
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .transport import Connection
 
 perf_ns = time.perf_counter_ns
+_NIL = pack_body(None)  # the body of a call without an argument (a pack_body call per such call saved)
 
 
 class Calls:
@@ -163,7 +164,7 @@ class Calls:
         if conn is None or conn.closed:
             conn = await self.connection(address, timeout)
             remaining = timeout - (loop.time() - start)
-        body = pack_body(arg)
+        body = _NIL if arg is None else pack_body(arg)
         if into is not None:
             into = as_byte_view(into, writable=True)
             flags |= F_INTO
@@ -203,6 +204,8 @@ class Calls:
         t0 = perf_ns() if timed or flags & F_TRACED else 0
         if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
             raise conn.close_reason or ConnectionLost(f"connection to {address} is closed")
+        usec = int(remaining * 1_000_000)  # deadlines.wire_deadline, inlined (a call per RPC saved)
+        deadline_usec = (usec if usec > 0 else 1) if usec <= 0xFFFF_FFFF else 0
         request_id = conn.next_request_id()
         future: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
         pending = conn.pending
@@ -211,7 +214,7 @@ class Calls:
             conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
         conn.send_request(
             pack_request_header(
-                flags, provider_id, rid, len(body), request_id, wire_deadline(remaining), 0, parent_provider,
+                flags, provider_id, rid, len(body), request_id, deadline_usec, 0, parent_provider,
                 parent_rpc, 0, callpath, trace_id, span_id, lamport,
             )
             + body,
@@ -220,7 +223,8 @@ class Calls:
         t1 = perf_ns() if t0 else 0
         progress = self.progress
         progress.inflight += 1
-        progress.activity()
+        if not progress.blocking:
+            progress.activity()
         self._deadlines.add(start + timeout, future)
         status = -1
         payload_bytes = 0
@@ -241,7 +245,8 @@ class Calls:
             if into is not None:
                 conn.protocol.pulls.pop(request_id, None)
             progress.inflight -= 1
-            progress.activity()
+            if not progress.blocking:
+                progress.activity()
             if rec is not None:
                 if status != S_OK:
                     rec.errors += 1

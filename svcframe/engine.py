@@ -85,6 +85,7 @@ perf_ns = time.perf_counter_ns
 #: The environment variable engines take their shared secret from unless given one explicitly.
 SECRET_ENV = "SVCFRAME_SECRET"
 FROM_ENVIRONMENT = object()
+_NIL = b"\xc0"  # msgpack's nil: the body of a None result
 
 
 class Engine(Calls, Handlers, BulkTransfers):
@@ -512,7 +513,8 @@ class Engine(Calls, Handlers, BulkTransfers):
                 waiter.set_exception(error)
 
     def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
-        self.progress.activity()
+        if not self.progress.blocking:
+            self.progress.activity()
         arrival_ns = perf_ns()
         arrival = self._loop.time()  # type: ignore[union-attr]  # the batch's arrival, in loop time (deadlines)
         for frame in frames:
@@ -526,6 +528,8 @@ class Engine(Calls, Handlers, BulkTransfers):
                     body = frame[13]
                     if frame[6]:
                         waiter.set_result((frame[6], decode_status_body(body), len(body)))
+                    elif body == _NIL:  # None, the commonest result: no decoder call
+                        waiter.set_result((0, None, 1))
                     else:
                         try:
                             waiter.set_result((0, unpack_body(body), len(body)))

@@ -414,7 +414,8 @@ class Handlers:
         if conn.reading_paused and len(conn.serving) <= self.max_inflight_per_connection // 2:
             conn.resume_reading()
         self.progress.inflight -= 1
-        self.progress.activity()
+        if not self.progress.blocking:
+            self.progress.activity()
 
     async def _run_async(
         self,

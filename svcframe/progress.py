@@ -32,8 +32,8 @@ PROGRESS_MODES = ("block", "busy", "spindown")
 class Progress:
     """Drives polling vs blocking for one engine's loop.
 
-    The engine calls ``activity()`` whenever work starts or completes and keeps ``inflight`` (operations
-    in progress: outgoing calls, running handlers, bulk transfers) up to date.
+    The engine calls ``activity()`` whenever work starts or completes (unless ``blocking``) and keeps
+    ``inflight`` (operations in progress: outgoing calls, running handlers, bulk transfers) up to date.
 
     Args:
         mode: one of PROGRESS_MODES.
@@ -63,6 +63,9 @@ class Progress:
         if spindown_msec < 0 or timeout_ub_msec < 0:
             raise ValueError("progress_spindown_msec and progress_timeout_ub_msec must be >= 0")
         self.mode = mode
+        #: block mode: work starting or finishing changes nothing (callers skip ``activity()``: a call saved
+        #: per RPC on a client-only engine, which blocks by default)
+        self.blocking = mode == "block"
         self.spindown_seconds = spindown_msec / 1000.0
         self.timeout_ub_seconds = timeout_ub_msec / 1000.0
         if self._loop is not None:

@@ -131,6 +131,8 @@ class Connection(asyncio.BufferedProtocol):
         self.pending = proto.pending
         self.serving = proto.serving
         self.next_request_id = proto.next_request_id
+        # the loop asks for a buffer before every read: straight to the decoder, two Python calls fewer
+        self.get_buffer = proto.decoder.get_buffer  # type: ignore[method-assign]
         self.max_output_bytes = max_output_bytes
         self.handshake_timeout_seconds = handshake_timeout_seconds
         self.transport: asyncio.Transport | None = None
@@ -202,7 +204,7 @@ class Connection(asyncio.BufferedProtocol):
             self.abort(RemoteProtocolError(f"no handshake within {self.handshake_timeout_seconds:g} s"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.protocol.get_buffer()
+        return self.protocol.get_buffer()  # (replaced per instance by the decoder's own: see __init__)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
@@ -218,7 +220,7 @@ class Connection(asyncio.BufferedProtocol):
                 return
             # activity = a frame completed, not a byte received; a frame begun behind it is timed from now
             self.last_activity = now = time.monotonic()
-            self.frame_started = 0.0 if proto.idle else now
+            self.frame_started = 0.0 if proto.decoder.idle else now
             self._batch = batch = []
             self._batch_bytes = 0
             try:
@@ -326,17 +328,19 @@ class Connection(asyncio.BufferedProtocol):
             if self._batch_bytes > BATCH_FLUSH_BYTES:
                 self._flush_batch()
         elif not self.closed:
-            assert self.transport is not None
+            transport = self.transport
+            assert transport is not None
             self.writes += 1
-            self.transport.write(data)
-            self._check_output()
+            transport.write(data)
+            if transport.get_write_buffer_size() > self.max_output_bytes:  # the slow-reader cap (see _write)
+                self._slow_reader()
 
     def send_request(self, data: bytes, corked: bool) -> None:
         """Send a request. ``corked`` (other requests of ours are in flight here): hold it until the loop's
         next turn, so the requests a batch of responses sets off leave in one write (one system call where
         there were as many as requests: the client's largest cost per call at depth > 1)."""
         if not corked or self._batch is not None or self.closed:
-            self.send(data)
+            self.send(data)  # (one call deeper than a direct write: measured, not worth a second copy of send)
             return
         cork = self._cork
         if cork is None:
@@ -369,25 +373,25 @@ class Connection(asyncio.BufferedProtocol):
             self._write(parts)
 
     def _write(self, parts: Sequence[bytes | memoryview]) -> None:
-        assert self.transport is not None
+        transport = self.transport
+        assert transport is not None
         self.writes += 1
         if len(parts) == 1:
-            self.transport.write(parts[0])
+            transport.write(parts[0])
         elif self._writelines_pauses:
-            self.transport.writelines(parts)
+            transport.writelines(parts)
         else:  # each write() checks the high-water mark (the stdlib's writelines may not: CPython gh-127655)
-            write = self.transport.write
+            write = transport.write
             for part in parts:
                 write(part)
-        self._check_output()
+        # The slow-reader cap, checked on the buffer's size after every write: it does not depend on the loop
+        # calling pause_writing (CPython gh-127655: the stdlib's writelines did not, on 3.12.0-3.12.8 and
+        # 3.13.0-3.13.1). One C call per write: a batch's replies make one write.
+        if transport.get_write_buffer_size() > self.max_output_bytes:
+            self._slow_reader()
 
-    def _check_output(self) -> None:
-        """The slow-reader cap, checked on the buffer's size after every write: it does not depend on the loop
-        calling pause_writing (CPython gh-127655: the stdlib's writelines did not, on 3.12.0-3.12.8 and
-        3.13.0-3.13.1). One C call per write: a batch's replies make one write."""
-        transport = self.transport
-        if transport is not None and transport.get_write_buffer_size() > self.max_output_bytes:
-            self.abort(ConnectionLost(f"peer {self.peername} does not read its data (slow reader)"))
+    def _slow_reader(self) -> None:
+        self.abort(ConnectionLost(f"peer {self.peername} does not read its data (slow reader)"))
 
     async def drain(self) -> None:
         """Wait until the output buffer is below its high-water mark (write-side backpressure).

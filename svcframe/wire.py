@@ -454,8 +454,9 @@ class FrameDecoder:
         self.legal_kinds = ALL_KINDS_MASK
 
     # -- receive interface --------------------------------------------------------------------------
-    def get_buffer(self) -> memoryview:
-        """Where the next received bytes should be written (never empty)."""
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes should be written (never empty). ``sizehint`` is ignored (asyncio's
+        ``BufferedProtocol.get_buffer`` passes one: the pump calls this directly)."""
         direct = self._direct
         if direct is not None:
             return direct[self._direct_pos :]

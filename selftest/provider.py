@@ -155,7 +155,7 @@ class SelftestProvider(Provider):
         kept hold ``max_response_bytes`` at most in all."""
         entry = self._data.pop(size, None)
         if entry is None:
-            limit = self.config["max_response_bytes"]
+            limit = self.settings.max_response_bytes
             if not isinstance(size, int) or not 0 < size <= limit:
                 raise ValueError(f"read size {size!r} is outside 1..{limit}")
             while self._data and (len(self._data) >= _KEEP_READ_SIZES or size + sum(self._data) > limit):

@@ -468,7 +468,10 @@ class FrameDecoder:
                     header_end = self._start + HEADER_SIZE
                 return self._view[self._end : header_end]
             self._header_only = False
-        if self._end == len(self._buf):
+        end = self._end
+        if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages
+            return self._view[:KEEP_RECEIVE_BYTES]  # above them stay untouched unless a frame needs them
+        if end == len(self._buf):
             self._compact()
         return self._view[self._end :]
 

@@ -57,7 +57,7 @@ DIRECTIONS = (PULL, PUSH)
 STORAGE_OPS = ("write", "read")
 #: Bulk and storage buffers kept for reuse between calls, in bytes in all (a run uses one or two sizes; the
 #: default suite's largest is 4 MiB): beyond it, buffers are mapped anew per call (their pages fault in again).
-_KEEP_BUFFER_BYTES = 64 * 1024 * 1024
+_KEEP_BUFFER_BYTES = 32 * 1024 * 1024
 #: Response sizes kept ready (a run asks for one).
 _KEEP_RESPONSES = 8
 INLINE = "inline"

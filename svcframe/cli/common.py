@@ -1,20 +1,31 @@
 """What every command of the ``svcframe`` command line shares, the framework's and the plugins' alike:
-the one-line user error, JSON output, the shared secret, and the servers a verb targets.
+the one-line user error, JSON output, the shared secret, the servers a verb targets, and output that reads
+well in a terminal, in a pipe and in a log file.
 
 Targets. A verb that acts on servers takes ADDRESS arguments and/or ``-g/--group FILE`` (a group file to
 READ, ``svcframe.group``: svcframe's or Flock's); with neither, the group file named by ``$SVCFRAME_GROUP``.
 ``--ranks 0-3,5`` selects members of the group. ``-g`` given twice is an error (never silently the last).
+
+Output. Figures print in one notation (:func:`quantity`, :func:`quantity_range`: three significant digits, an
+SI prefix, binary ones for bytes, and the unit: ``8.63 k ops/s``, ``8.63-17.1 k ops/s``, ``3.60 GiB/s``,
+``24.3 µs``). Tables (:func:`print_table`) never cut a value: on a terminal they fit its width (or
+``$COLUMNS``), a value too long for its column folds onto more lines; in a pipe or a file (an sbatch log) they
+are plain columns, one line per row, no wider than ``$COLUMNS`` when it is set. Every command that prints a
+table also takes ``--json`` (:func:`json_option`). Long commands report progress (:class:`StepProgress`) on
+stderr: a rich progress bar on a terminal, one plain line per step elsewhere, so a log shows it as it happens.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -22,6 +33,10 @@ from ..config import ADMIN_PROVIDER_ID
 from ..errors import ConfigError, GroupError, RemoteError
 from ..group import GROUP_ENV, Member, read_group_file
 from ..wire import check_secret
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -175,3 +190,251 @@ def run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout: 
         echo_json({a: r for a, r in results.items() if a not in failed})
         sys.exit(1)
     return results
+
+
+# -- output -------------------------------------------------------------------------------------------------------
+#: Width of a console writing to a pipe or a file when ``$COLUMNS`` is not set: no limit, a row stays one line.
+UNLIMITED_WIDTH = 100_000
+_SI_PREFIXES = {-4: "p", -3: "n", -2: "µ", -1: "m", 0: "", 1: "k", 2: "M", 3: "G", 4: "T", 5: "P", 6: "E"}
+_BINARY_PREFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+#: Units that are bytes (scaled to bytes, printed with binary prefixes) and seconds (SI prefixes, never above s).
+_BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_SECOND_UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "usec": 1e-6, "ns": 1e-9}
+
+
+def _scale(value: float, unit: str) -> tuple[float, int, int, str, str, bool]:
+    """``value`` in ``unit`` as (value in the base unit, step, lowest exponent, base, tail, attach): bytes step
+    1024 and never below B; seconds step 1000 and never above s; other units step 1000, never below 1 (a rate
+    of 0.278 calls/s, not 278 m), with the prefix set apart (``k ops/s``)."""
+    head, slash, tail = unit.partition("/")
+    tail = slash + tail
+    if head in _BYTE_UNITS:
+        return value * _BYTE_UNITS[head], 1024, 0, "B", tail, True
+    if head in _SECOND_UNITS:
+        return value * _SECOND_UNITS[head], 1000, -4, "s", tail, True
+    return value, 1000, 0, head, tail, False
+
+
+def _exponent(magnitude: float, step: int, lowest: int, highest: int) -> int:
+    """The prefix exponent that puts ``magnitude`` in [1, 1000) (binary: [1, 1000) of 1024s), within range."""
+    if magnitude == 0:
+        return 0
+    e = math.floor(math.log(magnitude, step)) if step == 1000 else 0
+    if step == 1024:
+        while magnitude / step ** (e + 1) >= 1 and e < highest:
+            e += 1
+    e = max(lowest, min(highest, e))
+    while e < highest and abs(float(f"{magnitude / step**e:.3g}")) >= 1000:
+        e += 1  # 999.7 k rounds to 1000 k: 1.00 M
+    return e
+
+
+def _mantissa(m: float, digits: int = 3) -> str:
+    # 8.632 -> "8.63", 17.09 -> "17.1", 3.6 -> "3.60", 0.9997 -> "1.00", 512.0 -> "512", 4.0 -> "4" (exact stays exact)
+    if m == round(m) and abs(m) < 10**digits:
+        return f"{round(m):d}"
+    m = float(f"{m:.{digits}g}")
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(m))))
+    return f"{m:.{decimals}f}"
+
+
+def _prefixed(base: str, tail: str, attach: bool, step: int, e: int) -> str:
+    prefix = _BINARY_PREFIXES[e] if step == 1024 else _SI_PREFIXES[e]
+    if attach or not prefix:
+        return f"{prefix}{base}{tail}"
+    return f"{prefix} {base}{tail}".rstrip()
+
+
+def quantity(value: float | None, unit: str = "", digits: int = 3) -> str:
+    """A figure in engineering notation with its unit: three significant digits and a prefix.
+
+    Bytes (a unit ``B``, ``KiB``... ``GiB``, alone or per something: ``GiB/s``) take binary prefixes; seconds
+    (``s``, ``ms``, ``µs``, ``usec``...) SI prefixes no larger than the second; any other unit SI prefixes from
+    k up, set apart from it. An exact whole mantissa prints without decimals (a size: ``4 KiB``).
+
+    Examples: ``quantity(8632, "ops/s")`` is ``"8.63 k ops/s"``, ``quantity(3.6, "GiB/s")`` ``"3.60 GiB/s"``,
+    ``quantity(24.3, "usec")`` ``"24.3 µs"``, ``quantity(4096, "B")`` ``"4 KiB"``, None ``"-"``.
+    """
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return f"{value} {unit}".rstrip()
+    base_value, step, lowest, base, tail, attach = _scale(float(value), unit)
+    highest = 0 if base == "s" else (len(_BINARY_PREFIXES) - 1 if step == 1024 else 6)
+    e = _exponent(abs(base_value), step, lowest, highest)
+    return f"{_mantissa(base_value / step**e, digits)} {_prefixed(base, tail, attach, step, e)}".rstrip()
+
+
+def quantity_range(low: float | None, high: float | None, unit: str = "", digits: int = 3) -> str:
+    """A min-max range in one prefix, the larger bound's: ``quantity_range(8632, 17090, "ops/s")`` is
+    ``"8.63-17.1 k ops/s"``; bounds that print alike are one value (a single repeat: ``"8.56 k ops/s"``)."""
+    if low is None or high is None:
+        return quantity(low if high is None else high, unit, digits)
+    lo_text, hi_text = quantity(low, unit, digits), quantity(high, unit, digits)
+    if lo_text == hi_text or not (math.isfinite(low) and math.isfinite(high)):
+        return hi_text
+    lo_base, step, lowest, base, tail, attach = _scale(float(low), unit)
+    hi_base = _scale(float(high), unit)[0]
+    highest = 0 if base == "s" else (len(_BINARY_PREFIXES) - 1 if step == 1024 else 6)
+    e = _exponent(max(abs(lo_base), abs(hi_base)), step, lowest, highest)
+    lo_m, hi_m = _mantissa(lo_base / step**e, digits), _mantissa(hi_base / step**e, digits)
+    return f"{lo_m}-{hi_m} {_prefixed(base, tail, attach, step, e)}".rstrip()
+
+
+def percent(fraction: float | None) -> str:
+    """``0.723`` -> ``"72%"``; None -> ``"-"``."""
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def output_console(*, stderr: bool = False) -> Console:
+    """A rich console for a command's output (``stderr``: for progress and notes).
+
+    On a terminal: its width, or ``$COLUMNS`` when set. In a pipe or a file (an sbatch log): ``$COLUMNS`` when
+    set, else no width limit, so a table row stays one line; no colour, no cursor codes. No highlighting of
+    numbers: output reads the same in both.
+    """
+    from rich.console import Console
+
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else None
+    stream = sys.stderr if stderr else sys.stdout
+    if width is None and not stream.isatty():
+        width = UNLIMITED_WIDTH
+    return Console(stderr=stderr, width=width, highlight=False)
+
+
+def make_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Collection[str] = (),
+    console: Console | None = None,
+) -> Any:  # fmt: skip
+    """The rich ``Table`` of :func:`print_table` (for a live display): its layout follows ``console``."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    terminal = (console or output_console()).is_terminal
+    table = Table(box=box.SIMPLE_HEAD if terminal else None, padding=(0, 1 if terminal else 2, 0, 0), pad_edge=False,
+                  show_edge=False)  # fmt: skip
+    for h in headers:
+        table.add_column(h, justify="right" if h in numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(c if isinstance(c, Text) else Text("-" if c is None else str(c)) for c in row))
+    return table
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None,
+    numeric: Collection[str] = (), console: Console | None = None,
+) -> None:  # fmt: skip
+    """Print rows under headers, never cutting a value.
+
+    On a terminal: a rule under the header, columns fitted to the width; a value longer than its column
+    folds onto more lines (at spaces first), never ``…``. In a pipe or a file: plain columns two spaces
+    apart, one line per row when ``$COLUMNS`` is not set, no trailing blanks. The title is a line of its own
+    above (never squeezed to the table's width). Cells are text (no rich markup is read from them) or rich
+    ``Text``; None prints as ``-``.
+
+    Args:
+        headers: column names.
+        rows: one sequence of cells per row, as many as ``headers``.
+        title: a line printed above the table.
+        numeric: headers of the columns aligned right.
+        console: where to print (default :func:`output_console`).
+    """
+    from rich.text import Text
+
+    console = console or output_console()
+    if title:
+        console.print(Text(title))
+    emit(make_table(headers, rows, numeric=numeric, console=console), console)
+
+
+def emit(renderable: Any, console: Console) -> None:
+    """Print a rich renderable; in a pipe or a file without the blanks that pad its lines' ends."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
+def print_lines(*lines: str, console: Console | None = None) -> None:
+    """Plain text lines (no markup read), wrapped at spaces on a terminal, one line each in a pipe."""
+    from rich.text import Text
+
+    console = console or output_console()
+    for line in lines:
+        console.print(Text(line))
+
+
+def json_option(fn: F) -> F:
+    """``--json``: print one JSON document (or JSON lines for a stream) instead of the tables."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print one JSON document instead of tables (machine-readable)."
+    )(fn)
+
+
+def _clock(seconds: float | None) -> str:
+    # 62.4 -> "0:01:02"; None -> "-"
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(round(max(0.0, seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+class StepProgress:
+    """Progress of a long command through ``total`` steps, on stderr.
+
+    On a terminal: a rich progress bar (stage, bar, k/n, elapsed, ETA). Elsewhere (a pipe, an sbatch log):
+    one plain line when each step starts, ``COMMAND: [k/n] DESCRIPTION, elapsed H:MM:SS, ETA H:MM:SS``, and
+    one when it ends, so a log shows progress as it happens. The ETA is rich's: the steps done so far over
+    the time they took (``-`` before the first ends).
+
+    Use as a context manager; :meth:`step` when a step starts, :meth:`finish` when all are done.
+    """
+
+    def __init__(self, command: str, total: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.command, self.total = command, total
+        self._console = output_console(stderr=True)
+        self.interactive = self._console.is_terminal
+        self._progress: Progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), console=self._console, disable=not self.interactive,
+            speed_estimate_period=7 * 24 * 3600.0,
+        )  # fmt: skip
+        self._task = self._progress.add_task(command, total=total)
+
+    def __enter__(self) -> StepProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._progress.stop()
+
+    def _times(self) -> str:
+        task = self._progress.tasks[0]
+        return f"elapsed {_clock(task.elapsed)}, ETA {_clock(task.time_remaining)}"
+
+    def step(self, description: str, done: int) -> None:
+        """Step ``done + 1`` of ``total`` starts (``done`` steps are complete); ``description`` names it."""
+        self._progress.update(self._task, completed=done, description=f"{self.command}: {description}")
+        if not self.interactive:
+            print_lines(f"{self.command}: [{done + 1}/{self.total}] {description}, {self._times()}",
+                        console=self._console)  # fmt: skip
+
+    def finish(self, description: str = "done") -> None:
+        """Every step is complete."""
+        self._progress.update(self._task, completed=self.total, description=f"{self.command}: {description}")
+        if not self.interactive:
+            task = self._progress.tasks[0]
+            print_lines(f"{self.command}: {description} in {_clock(task.elapsed)}", console=self._console)

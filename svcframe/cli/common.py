@@ -114,6 +114,16 @@ def _rank_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return list(dict.fromkeys(ranks))
 
 
+def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """A click callback: ``1,2,4`` -> [1, 2, 4] (integers >= 0; a usage error naming the option otherwise)."""
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise click.BadParameter(f"{value!r}: expected integers separated by commas, such as 1,2,4", ctx, param)
+    return [int(p) for p in parts]
+
+
 def group_option(fn: F) -> F:
     """``-g/--group FILE``: a group file to read (once)."""
     return click.option(
@@ -391,7 +401,8 @@ class StepProgress:
     one when it ends, so a log shows progress as it happens. The ETA is rich's: the steps done so far over
     the time they took (``-`` before the first ends).
 
-    Use as a context manager; :meth:`step` when a step starts, :meth:`finish` when all are done.
+    Use as a context manager; :meth:`step` when a step starts, :meth:`note` for what happens between steps,
+    :meth:`finish` when all are done.
     """
 
     def __init__(self, command: str, total: int) -> None:
@@ -424,6 +435,12 @@ class StepProgress:
     def _times(self) -> str:
         task = self._progress.tasks[0]
         return f"elapsed {_clock(task.elapsed)}, ETA {_clock(task.time_remaining)}"
+
+    def note(self, description: str) -> None:
+        """What the command does before or between steps (launching, attaching...): no step is counted."""
+        self._progress.update(self._task, description=f"{self.command}: {description}")
+        if not self.interactive:
+            print_lines(f"{self.command}: {description}, {self._times()}", console=self._console)
 
     def step(self, description: str, done: int) -> None:
         """Step ``done + 1`` of ``total`` starts (``done`` steps are complete); ``description`` names it."""

@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 
 from svcframe.config import ServiceConfig, load_config
 from svcframe.launch import Launch, usable_cores
+from svcframe.units import quantity
 
 from .driver import SelftestParams, environment, save_results
 from .nodes import NodeSet
@@ -150,8 +151,6 @@ def metric_parameters(metric: str, options: Mapping[str, Any]) -> str:
         e.g. ``"1 MiB bulk pulls (the server reads the client's buffer)"``, ``"4 KiB writes at random
         offsets, no fsync"``.
     """
-    from svcframe.cli.common import quantity
-
     opts = {**CollectOptions().to_dict(), **options}
     if metric == "rpc_rate":
         return "noop RPCs (no payload)"
@@ -481,7 +480,8 @@ def collect(
         plot(model, out / f"{metric}.png", title=plot_title(metric, opts.to_dict(), where))
         models[metric] = model.to_dict()
     sweep = sweep_points(rows)
-    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}")
+    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}",
+               parameters={m: metric_parameters(m, opts.to_dict()) for m in sweep})  # fmt: skip
     combined = combined_score(models, opts.weights)
     timers["analysis"] += time.monotonic() - t_analysis
     wall = time.monotonic() - wall0

@@ -410,7 +410,7 @@ def _kv(d: Mapping[str, Any]) -> str:
 
 def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], workdir: Path) -> str:
     """The HTML text of :func:`write_report`; plots are drawn into ``workdir`` then embedded."""
-    from .collect import plot_title
+    from .collect import metric_parameters, plot_title
 
     model = run.get("model") or {}
     summary = run.get("summary") or {}
@@ -459,7 +459,8 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
             parts.append(f"<h3>{html.escape(name)}</h3>" + _img(png, f"{name} roofline"))
         sweep = model.get("sweep") or {}
         if any(sweep.values()):
-            png = plot_sweep(sweep, workdir / "sweep.png")
+            png = plot_sweep(sweep, workdir / "sweep.png",
+                             parameters={m: metric_parameters(m, run.get("options") or {}) for m in sweep})  # fmt: skip
             parts.append("<h2>Server-process sweep</h2><p class='note'>Aggregate rate of one server node against its "
                          "server processes, saturated by client processes (Carns et al. 2025, Figures 9-10).</p>"
                          + _img(png, "server-process sweep"))  # fmt: skip

@@ -58,8 +58,9 @@ def sweep_points(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, 
 
 
 def plot_sweep(
-    points: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str], title: str | None = None
-) -> Path:
+    points: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str], title: str | None = None,
+    parameters: Mapping[str, str] | None = None,
+) -> Path:  # fmt: skip
     """Draw the sweep (Carns 2025, Figures 9 and 10): one panel per metric, x = server processes on the
     node, y = the node's aggregate rate (median, with a min–max bar where the count was repeated), and a
     dashed line of perfect scaling from the one-process point.
@@ -68,6 +69,8 @@ def plot_sweep(
         points: :func:`sweep_points` output.
         path: output image (``.png``).
         title: figure title.
+        parameters: per metric, what its measurements were (``collect.metric_parameters``: sizes, operation,
+            fsync), a second line of its panel's title.
 
     Returns:
         ``path`` as a :class:`Path`.
@@ -107,7 +110,8 @@ def plot_sweep(
         ax.set_xlabel("server processes on the server node")
         lowered = name[0].lower() + name[1:] if len(name) > 1 and name[1].islower() else name
         ax.set_ylabel(f"aggregate {lowered} ({unit})")
-        ax.set_title(f"{name}: {pts[-1]['clients']} saturating client processes", fontsize="medium")
+        what = f"\n{parameters[metric]}" if parameters and metric in parameters else ""
+        ax.set_title(f"{name}: {pts[-1]['clients']} saturating client processes{what}", fontsize="medium")
         if len(pts) <= 16:
             ax.set_xticks([p["servers"] for p in pts])
         else:

@@ -128,10 +128,10 @@ def validity_lines(
     2025, section 4.3 and Figures 11-12) and their median error, how far repeated measurements of the same
     parameter spread (``Pc``, ``Ps``: max / min - 1, the machine's own repeatability), and the samples whose
     processes share cores (``scores["excluded"]``), left out of the scores and errors. A metric whose ceiling
-    lies below its own samples (:meth:`~selftest.roofline.Roofline.above_ceiling`: a noisy run) is flagged. Then why: the cores of
-    the server and client nodes when samples were excluded or none fits them. Last, a verdict: the largest
-    median error of the claimed samples, or that this machine cannot validate the model and why (no more
-    than one claimed sample per metric; other processes loading the cores beyond their number).
+    lies below its own samples (:meth:`~selftest.roofline.Roofline.above_ceiling`: a noisy run) is flagged.
+    Then why: the cores of the server and client nodes when samples were excluded or none fits them. Last, a
+    verdict: the largest median error of the claimed samples, or that this machine cannot validate the model
+    and why (no more than one claimed sample per metric; other processes loading the cores beyond their number).
 
     Args:
         models: ``Roofline.to_dict()`` per metric name.
@@ -255,8 +255,8 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
     ceilings, checks = [], []
     for name, m in doc["metrics"].items():
         unit = m["metric"]["unit"]
-        ceilings.append((name, quantity_range(m["pc"]["min"], m["pc"]["max"], unit),
-                         quantity_range(m["ps"]["min"], m["ps"]["max"], unit), _ratio_text(m["ridge"]["max"])))  # fmt: skip
+        pc, ps = (quantity_range(m[p]["min"], m[p]["max"], unit) for p in ("pc", "ps"))
+        ceilings.append((name, pc, ps, _ratio_text(m["ridge"]["max"])))
         scores = m["scores"]
         above = Roofline.from_dict(m).above_ceiling()
         checks.append((
@@ -264,8 +264,9 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
             _errors_cell(scores["regions"][REGION_SERVER_BOUND]), _errors_cell(scores["regions"][REGION_CLIENT_BOUND]),
             f"{len(above)} (+{_pct(max(e for _, e in above))})" if above else "0",
         ))  # fmt: skip
+    title = "data-service roofline of this machine: ceilings (min-max of the repeats)"
     print_table(("metric", "Pc per client", "Ps per server", "ridge X*"), ceilings, numeric=("ridge X*",),
-                title="data-service roofline of this machine: ceilings (min-max of the repeats)", console=console)  # fmt: skip
+                title=title, console=console)  # fmt: skip
     print_lines(*(f"  {name}: {metric_parameters(name, options)}" for name in doc["metrics"]), console=console)
     print_table(("metric", "score", "server-bound error", "client-bound error", "above roof"), checks,
                 title="validation: median / worst |relative error| of the samples the model claims (n); samples "
@@ -286,8 +287,9 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
                     numeric=("time", "share"), title=f"wall time {quantity(overhead['wall_seconds'], 's')}",
                     console=console)  # fmt: skip
         resumed = overhead.get("resumed_measurements")
-        print_lines(f"outside measurement intervals: {100 * overhead['outside_fraction']:.1f}%"
-                    + (f" (resumed: {resumed} measurements from the store)" if resumed else ""), console=console)  # fmt: skip
+        resumed_text = f" (resumed: {resumed} measurements from the store)" if resumed else ""
+        print_lines(f"outside measurement intervals: {100 * overhead['outside_fraction']:.1f}%{resumed_text}",
+                    console=console)  # fmt: skip
     else:
         print_lines(f"wall time {quantity(doc['wall_seconds'], 's')}, of which measuring "
                     f"{quantity(doc['measurement_seconds'], 's')}", console=console)  # fmt: skip
@@ -341,7 +343,8 @@ def print_history(runs: Sequence[Mapping[str, Any]], path: Path) -> None:
             for r in rows if (r["service"], r["platform"]) == (service, platform)
         ]  # fmt: skip
         print_table(("run", "started", "status", "measured", "metrics", "wall", "overhead", "score"), cells,
-                    numeric=("run", "wall", "overhead", "score"), title=f"{service} on {platform}:", console=console)  # fmt: skip
+                    numeric=("run", "wall", "overhead", "score"), title=f"{service} on {platform}:",
+                    console=console)  # fmt: skip
     if not runs:
         print_lines("no runs yet: svcframe roofline collect", console=console)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from svcframe.cli.common import StepProgress, echo_json, json_option
+from svcframe.cli.common import StepProgress, echo_json, json_option, output_path
 
 from ..bench import WORKLOAD_GROUPS, WORKLOADS
 
@@ -21,7 +21,9 @@ from ..bench import WORKLOAD_GROUPS, WORKLOADS
     "--workload", "workloads", multiple=True, type=click.Choice((*WORKLOADS, *WORKLOAD_GROUPS)),
     help="Repeatable; " + "; ".join(f"{k} = {', '.join(v)}" for k, v in WORKLOAD_GROUPS.items()) + ". Default: all.",
 )  # fmt: skip
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default="out/bench.json", show_default=True)
+@click.option(
+    "--output", "-o", callback=output_path, type=click.Path(dir_okay=False), default="out/bench.json", show_default=True
+)
 @json_option
 def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str, as_json: bool) -> None:
     """Measure svcframe against the raw uvloop limit (and pyzmq / grpcio when installed).

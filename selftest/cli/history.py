@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import echo_json, fail, json_option
+from svcframe.cli.common import echo_json, fail, json_option, output_path
 from svcframe.errors import SvcframeError
 
 from ..plotting import PlottingUnavailable
@@ -67,7 +67,7 @@ def history(
 @history.command("show")
 @click.argument("run_ref", metavar="RUN", default="latest")
 @store_option
-@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(dir_okay=False), default=None,
               help="Box-plot PNG (default: out/history/run-ID.png).")  # fmt: skip
 @json_option
 @click.pass_context
@@ -101,7 +101,7 @@ def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: 
 @click.command()
 @click.argument("run_ref", metavar="RUN", default="latest")
 @store_option
-@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(dir_okay=False), default=None,
               help="HTML file (default: out/report/run-ID.html).")  # fmt: skip
 def report(run_ref: str, store_path: str | None, out: str | None) -> None:
     """Write one self-contained HTML page of a run from the results store: every plot and table."""

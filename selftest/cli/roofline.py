@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import StepProgress, echo_json, fail, int_list, json_option
+from svcframe.cli.common import StepProgress, echo_json, fail, int_list, json_option, output_path
+from svcframe.config import load_config
 from svcframe.errors import SvcframeError
 
 from ..collect import ALL_METRICS
@@ -31,7 +32,15 @@ def roofline() -> None:
 
 
 @roofline.command("collect")
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/roofline", show_default=True)
+@click.option(
+    "--output",
+    "-o",
+    "out",
+    callback=output_path,
+    type=click.Path(file_okay=False),
+    default="out/roofline",
+    show_default=True,
+)
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Server config hosting the self-test provider (default: configs/selftest.json).")  # fmt: skip
 @click.option("--duration-seconds", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True)
@@ -79,8 +88,9 @@ def roofline() -> None:
 @json_option
 def roofline_collect(
     out: str, config_file: str | None, duration_seconds: float, repeats: int, paper: bool, metrics: tuple[str, ...],
-    bulk_size: int, grid_servers: list[int], grid_clients: list[int], sweep_max_servers: int | None, storage_dir: str | None,
-    storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str, storage_fsync: bool,
+    bulk_size: int, grid_servers: list[int], grid_clients: list[int], sweep_max_servers: int | None,
+    storage_dir: str | None, storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str,
+    storage_fsync: bool,
     service: str | None, platform_name: str | None, weights: tuple[str, ...], nodes_spec: str | None,
     hostfile: str | None, launcher: str, grid_server_nodes: list[int] | None, grid_client_nodes: list[int] | None,
     coordinator_host: str | None, store_path: str | None, no_store: bool, resume: str | None, as_json: bool,
@@ -134,6 +144,7 @@ def roofline_collect(
         )  # fmt: skip
     try:
         total = len(plan(opts))
+        load_config(opts.config)  # a bad config is one line before anything starts
     except (ValueError, SvcframeError) as exc:
         fail(str(exc))
 
@@ -172,7 +183,7 @@ def roofline_collect(
 
 @roofline.command("plot")
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default=None)
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(file_okay=False), default=None)
 def roofline_plot(model: str, out: str | None) -> None:
     """Redraw the plots of a roofline.json (no service needed)."""
     from ..collect import plot_title

@@ -19,6 +19,7 @@ from svcframe.cli.common import (
     json_argument,
     json_option,
     output_console,
+    output_path,
     print_lines,
     print_table,
     quantity,
@@ -66,7 +67,14 @@ def selftest() -> None:
 @click.option("--event-loop", type=click.Choice(EVENT_LOOPS), default=None)
 @click.option("--trace-samples", type=int, default=None,
               help="Record start and latency of each client's first N calls (results: sample_trace).")  # fmt: skip
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
+@click.option(
+    "--output",
+    "-o",
+    callback=output_path,
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the results JSON here.",
+)
 @click.option("--keep-provider", is_flag=True,
               help="Keep a self-test provider this command added (default: remove it after the run).")  # fmt: skip
 @click.option("--rpc", default=None, metavar="PROVIDER:NAME",
@@ -116,7 +124,6 @@ def selftest_run(
     targets = resolve_targets(target, group, ranks)
     servers = [a for a, _ in targets]
     with StepProgress("selftest run", 1) as progress:
-        progress.note(f"checking the self-test provider of {len(servers)} server(s)")
         try:
             attachment = _selftest_attach(targets, params.provider_id if "provider_id" in values else None)
         except SvcframeError as exc:
@@ -242,7 +249,15 @@ def _selftest_detach(attachment: Any, keep: bool) -> None:
 @click.option("--spindown-msec", type=float, default=10.0, show_default=True)
 @click.option("--provider-id", type=int, default=1, show_default=True)
 @click.option("--client-core", type=int, default=None, help="Pin the client to this core.")
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/bursts", show_default=True)
+@click.option(
+    "--output",
+    "-o",
+    "out",
+    callback=output_path,
+    type=click.Path(file_okay=False),
+    default="out/bursts",
+    show_default=True,
+)
 @json_option
 def selftest_bursts(
     group: str | None, rank: int, target: str | None, out: str, modes: str, as_json: bool, **kw: Any
@@ -283,7 +298,8 @@ def selftest_bursts(
         s = mode["summary"]
         rows.append((mode["mode"], quantity(s["burst_rate_ops_per_second"], "calls/s"),
                      f"{100 * (s['idle_server_cpu_utilization'] or 0):.1f}%",
-                     f"{100 * (s['burst_server_cpu_utilization'] or 0):.1f}%", quantity(s["idle_package_watts"], "W")))  # fmt: skip
+                     f"{100 * (s['burst_server_cpu_utilization'] or 0):.1f}%",
+                     quantity(s["idle_package_watts"], "W")))  # fmt: skip
     console = output_console()
     print_table(("mode", "rate in bursts", "server CPU idle", "busy", "idle power"), rows,
                 numeric=("rate in bursts", "server CPU idle", "busy", "idle power"), console=console,
@@ -307,8 +323,8 @@ def selftest_bursts(
 @click.option("--duration-seconds", type=float, default=2.0, show_default=True)
 @click.option("--server", "server_map", multiple=True, metavar="NIC=ADDRESS",
               help="Use a running server for NIC instead of launching one (repeatable).")  # fmt: skip
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/nic-dispersion",
-              show_default=True)  # fmt: skip
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(file_okay=False),
+              default="out/nic-dispersion", show_default=True)  # fmt: skip
 @json_option
 def selftest_nic_dispersion(
     from_file: str | None, loopback_aliases: bool, clients: int, scenarios: tuple[str, ...],

@@ -8,11 +8,13 @@ READ, ``svcframe.group``: svcframe's or Flock's); with neither, the group file n
 
 Output. Figures print in one notation (:func:`quantity`, :func:`quantity_range`, from ``svcframe.units``,
 where modules below the CLI find them too: three significant digits, an SI prefix, binary ones for bytes,
-and the unit: ``8.63 k ops/s``, ``8.63-17.1 k ops/s``, ``3.60 GiB/s``, ``24.3 µs``). Tables (:func:`print_table`) never cut a value: on a terminal they fit its width (or
-``$COLUMNS``), a value too long for its column folds onto more lines; in a pipe or a file (an sbatch log) they
-are plain columns, one line per row, no wider than ``$COLUMNS`` when it is set. Every command that prints a
-table also takes ``--json`` (:func:`json_option`). Long commands report progress (:class:`StepProgress`) on
-stderr: a rich progress bar on a terminal, one plain line per step elsewhere, so a log shows it as it happens.
+and the unit: ``8.63 k ops/s``, ``8.63-17.1 k ops/s``, ``3.60 GiB/s``, ``24.3 µs``). Tables
+(:func:`print_table`) never cut a value: on a terminal they fit its width (or ``$COLUMNS``), a value too long
+for its column folds onto more lines; in a pipe or a file (an sbatch log) they are plain columns, one line per
+row, no wider than ``$COLUMNS`` when it is set. Every command that prints a table also takes ``--json``
+(:func:`json_option`). Long commands report progress (:class:`StepProgress`) on stderr: a rich progress bar on
+a terminal, one plain line per step elsewhere, so a log shows it as it happens. Paths a command writes are
+checked before it runs (:func:`output_path`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,26 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> l
     if not all(p.isdigit() for p in parts):
         raise click.BadParameter(f"{value!r}: expected integers separated by commas, such as 1,2,4", ctx, param)
     return [int(p) for p in parts]
+
+
+def output_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for a path the command writes (a file, or a directory when the parameter's type is
+    ``click.Path(file_okay=False)``): checked before anything runs, so a long run never ends unable to write
+    its results. The directory it goes in is created when missing; a usage error naming the path when that
+    cannot be (a file stands in the way, no permission)."""
+    if value is None:
+        return None
+    path = Path(value)
+    folder = path if isinstance(param.type, click.Path) and not param.type.file_okay else path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"{value}: cannot create the directory {folder}: {exc.strerror}", ctx, param) from None
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"{value}: cannot write in {folder}", ctx, param)
+    if path.is_dir() and folder is not path:
+        raise click.BadParameter(f"{value} is a directory; give a file name", ctx, param)
+    return value
 
 
 def group_option(fn: F) -> F:

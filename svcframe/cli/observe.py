@@ -19,6 +19,7 @@ from .common import (
     fail,
     make_table,
     output_console,
+    output_path,
     quantity,
     read_secret,
     resolve_targets,
@@ -70,7 +71,8 @@ def _stats_view(rows: list[tuple[Any, ...]], console: Any) -> Any:
     for server, side, peer in dict.fromkeys((r[0], r[1], r[3]) for r in rows):
         cells = [(cp, quantity(rate), f"{count:,}", quantity(p50, "usec"), quantity(p99, "usec"),
                   quantity(queue, "usec"), f"{errors:,}")
-                 for a, s, cp, p, rate, count, p50, p99, queue, errors in rows if (a, s, p) == (server, side, peer)]  # fmt: skip
+                 for a, s, cp, p, rate, count, p50, p99, queue, errors in rows
+                 if (a, s, p) == (server, side, peer)]  # fmt: skip
         heading = f"{server} {side}, {'from' if side == 'target' else 'to'} {peer}"
         parts += [Text(heading), make_table(_MONITOR_HEADERS, cells, numeric=_MONITOR_HEADERS[1:], console=console)]
     if not rows:
@@ -118,12 +120,12 @@ def monitor(
                 while count == 0 or n < count:
                     answers = await handle.call("statistics")
                     current = {a: r for a, r in answers.items() if not isinstance(r, Exception)}
-                    for a, r in answers.items():
-                        if isinstance(r, Exception):
-                            unanswered.add(a)
-                            click.echo(f"svcframe: {a}: {describe(r)}", err=True)
+                    failed = {a: r for a, r in answers.items() if isinstance(r, Exception)}
                     if not current:
-                        fail(f"no server answered ({', '.join(answers)})")
+                        fail("no server answered: " + "; ".join(f"{a}: {describe(r)}" for a, r in failed.items()))
+                    for a, r in failed.items():
+                        unanswered.add(a)
+                        click.echo(f"svcframe: {a}: {describe(r)}", err=True)
                     now = time.monotonic()
                     rows = stats_rows(previous, current, now - t_prev)
                     if as_json:
@@ -151,7 +153,14 @@ def stats() -> None:
 
 @stats.command("dump")
 @target_options
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option(
+    "--output",
+    "-o",
+    callback=output_path,
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write here (default stdout).",
+)
 @click.option("--format", "fmt", type=click.Choice(["json", "prometheus"]), default="json", show_default=True)
 @click.option("--reset", is_flag=True, help="Reset the statistics after reading them.")
 def stats_dump(
@@ -247,7 +256,9 @@ def trace_off(address: tuple[str, ...], group: str | None, ranks: list[int] | No
 
 @trace.command("dump")
 @target_options
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default="trace.json", show_default=True)
+@click.option(
+    "--output", "-o", callback=output_path, type=click.Path(dir_okay=False), default="trace.json", show_default=True
+)
 @click.option("--clear", is_flag=True, help="Empty the servers' trace buffers after reading.")
 def trace_dump(address: tuple[str, ...], group: str | None, ranks: list[int] | None, output: str, clear: bool) -> None:
     """Merge the servers' trace events into one Chrome Trace file (open it at ui.perfetto.dev)."""

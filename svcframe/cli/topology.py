@@ -59,5 +59,5 @@ def topology(as_json: bool, from_file: str | None, backend: str, policies: bool,
                 console=console)  # fmt: skip
     if matrix:
         rows = [(r["bucket_policy"], r["nic_policy"], r["bucket"], r["nic"], r["address"]) for r in matrix]
-        print_table(("bucket_policy", "nic_policy", "bucket", "nic", "address"), rows,
-                    title="plumber choices for this process (dry run: round robin not taken)", console=console)  # fmt: skip
+        title = "plumber choices for this process (dry run: round robin not taken)"
+        print_table(("bucket_policy", "nic_policy", "bucket", "nic", "address"), rows, title=title, console=console)

@@ -61,22 +61,33 @@ def plot_sweep(
     points: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str], title: str | None = None,
     parameters: Mapping[str, str] | None = None,
 ) -> Path:  # fmt: skip
-    """Draw the sweep (Carns 2025, Figures 9 and 10): one panel per metric, x = server processes on the
+    """Write :func:`sweep_figure` as an image (``.png``); returns ``path`` as a :class:`Path`.
+
+    Raises:
+        ValueError: ``points`` is empty.
+    """
+    out = Path(path)
+    sweep_figure(points, title, parameters).savefig(out, dpi=110)
+    return out
+
+
+def sweep_figure(
+    points: Mapping[str, Sequence[Mapping[str, Any]]], title: str | None = None,
+    parameters: Mapping[str, str] | None = None,
+) -> Any:  # fmt: skip
+    """The sweep (Carns 2025, Figures 9 and 10) as a Figure: one panel per metric, x = server processes on the
     node, y = the node's aggregate rate (median, with a min–max bar where the count was repeated), and a
     dashed line of perfect scaling from the one-process point.
 
     Args:
         points: :func:`sweep_points` output.
-        path: output image (``.png``).
         title: figure title.
         parameters: per metric, what its measurements were (``collect.metric_parameters``: sizes, operation,
             fsync), a second line of its panel's title.
 
-    Returns:
-        ``path`` as a :class:`Path`.
-
     Raises:
         ValueError: ``points`` is empty.
+        PlottingUnavailable: matplotlib is not installed.
     """
     from .plotting import require_matplotlib
 
@@ -124,6 +135,4 @@ def plot_sweep(
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower right", fontsize="small")
     fig.suptitle(title or "Server-process sweep (aggregate rate of one server node)")
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    return out
+    return fig

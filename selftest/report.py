@@ -362,7 +362,7 @@ def print_comparison(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) 
         unit = r["unit"] or ""
         if unit == "%":  # already a percentage
             value, median = f"{r['value']:.1f}%", "-" if r["median"] is None else f"{r['median']:.1f}%"
-            spread = "-" if r["min"] is None else f"{r['min']:.1f}-{r['max']:.1f}%"
+            spread = "-" if r["min"] is None else "-".join(dict.fromkeys(f"{r[k]:.1f}" for k in ("min", "max"))) + "%"
         else:
             value, median = quantity(r["value"], unit), quantity(r["median"], unit)
             spread = quantity_range(r["min"], r["max"], unit)

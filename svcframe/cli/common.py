@@ -366,6 +366,12 @@ class StepProgress:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._progress.stop()
 
+    def _line(self, text: str) -> None:
+        # one line of a log, never wrapped (even under $COLUMNS): grep finds a step whole
+        from rich.text import Text
+
+        self._console.print(Text(text), soft_wrap=True)
+
     def _times(self) -> str:
         task = self._progress.tasks[0]
         return f"elapsed {_clock(task.elapsed)}, ETA {_clock(task.time_remaining)}"
@@ -374,18 +380,17 @@ class StepProgress:
         """What the command does before or between steps (launching, attaching...): no step is counted."""
         self._progress.update(self._task, description=f"{self.command}: {description}")
         if not self.interactive:
-            print_lines(f"{self.command}: {description}, {self._times()}", console=self._console)
+            self._line(f"{self.command}: {description}, {self._times()}")
 
     def step(self, description: str, done: int) -> None:
         """Step ``done + 1`` of ``total`` starts (``done`` steps are complete); ``description`` names it."""
         self._progress.update(self._task, completed=done, description=f"{self.command}: {description}")
         if not self.interactive:
-            print_lines(f"{self.command}: [{done + 1}/{self.total}] {description}, {self._times()}",
-                        console=self._console)  # fmt: skip
+            self._line(f"{self.command}: [{done + 1}/{self.total}] {description}, {self._times()}")
 
     def finish(self, description: str = "done") -> None:
         """Every step is complete."""
         self._progress.update(self._task, completed=self.total, description=f"{self.command}: {description}")
         if not self.interactive:
             task = self._progress.tasks[0]
-            print_lines(f"{self.command}: {description} in {_clock(task.elapsed)}", console=self._console)
+            self._line(f"{self.command}: {description} in {_clock(task.elapsed)}")

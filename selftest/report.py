@@ -413,6 +413,8 @@ def _kv(d: Mapping[str, Any]) -> str:
 
 def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], workdir: Path) -> str:
     """The HTML text of :func:`write_report`; plots are drawn into ``workdir`` then embedded."""
+    from svcframe.units import quantity_range
+
     from .collect import metric_parameters, plot_title
 
     model = run.get("model") or {}
@@ -438,8 +440,8 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
             unit = m["metric"]["unit"]
             reg = sc["regions"]
             rows.append((
-                name, f"{_fmt(m['pc']['min'])}-{_fmt(m['pc']['max'])} {unit}",
-                f"{_fmt(m['ps']['min'])}-{_fmt(m['ps']['max'])} {unit}", m["ridge"]["max"], sc["overall"]["score"],
+                name, quantity_range(m["pc"]["min"], m["pc"]["max"], unit),
+                quantity_range(m["ps"]["min"], m["ps"]["max"], unit), m["ridge"]["max"], sc["overall"]["score"],
                 *(_pct(reg[r][k]) for r in (REGION_SERVER_BOUND, REGION_CLIENT_BOUND)
                   for k in ("median_relative_error", "worst_relative_error")),
             ))  # fmt: skip

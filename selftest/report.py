@@ -10,8 +10,8 @@ on the run's model (``svcframe roofline place``: each point's score, region, hea
 wall time between measurement and everything else, every raw measurement, and the parameters, environment,
 hardware and software versions of the run.
 
-:func:`placement_table` and :func:`text_table` give ``svcframe roofline place`` its terminal table: plain text
-columns that never cut a value, readable in a pipe and, for a handful of points, in 80 columns.
+:func:`placement_table` gives ``svcframe roofline place`` its table (printed by ``svcframe.cli.common``'s
+``print_table``) and the page its placements, figures in one notation (``svcframe.units``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from svcframe.units import quantity, quantity_range
 
 from .roofline import REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Platform, Roofline, plot, plot_placement
 from .store import compare, plot_history
@@ -65,14 +67,11 @@ def _ratio(x: float) -> str:
     return f"{x:.3g}"
 
 
-def rate_text(v: float) -> str:
-    """A rate for a table: 12,309 from 100 up, three significant digits below."""
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
-
-
 PLACEMENT_COLUMNS = ("SxC", "X", "calls/s", "roof", "headroom", "limit", "region", "score")
 """The columns of a placement table: servers x clients, service ratio, measured and attainable calls per second
 per client process, attainable / measured, the limiting metric, the region, the score."""
+PLACEMENT_FIGURES = ("X", "calls/s", "roof", "headroom", "score")
+"""The columns of :data:`PLACEMENT_COLUMNS` that hold figures (aligned right)."""
 
 
 def placement_table(placement: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -84,22 +83,9 @@ def placement_table(placement: Mapping[str, Any]) -> list[tuple[str, ...]]:
         limit = {"rpc_rate": "RPC rate", "bandwidth": "bandwidth"}.get(r["limited_by"], r["limited_by"])
         score = f"{r['score']:.2f}" + ("*" if r["oversubscribed"] else "")
         rows.append((f"{r['servers']}x{r['clients']}", _ratio(r["service_ratio"]),
-                     rate_text(r["rate_per_client_ops_per_second"]), rate_text(r["attainable_ops_per_second"]), headroom,
+                     quantity(r["rate_per_client_ops_per_second"]), quantity(r["attainable_ops_per_second"]), headroom,
                      limit, r["region"], score))  # fmt: skip
     return rows
-
-
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """Plain-text columns, two spaces apart, the first ``left`` aligned left and the others right; nothing
-    is ever cut (a long value widens its column)."""
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return "\n".join([line(headers), *(line(r) for r in rows)])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -246,7 +232,7 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
     """The terminal summary of ``collect``: per metric its ceilings and what they were measured with, scores
     and errors per region and the samples above the ceiling, what the model can claim here, the combined
     score, the wall-time split, and where plots, model and store are. Fits 80 columns; nothing is cut."""
-    from svcframe.cli.common import output_console, print_lines, print_table, quantity, quantity_range
+    from svcframe.cli.common import output_console, print_lines, print_table
 
     from .collect import metric_parameters
 
@@ -326,7 +312,7 @@ def print_history(runs: Sequence[Mapping[str, Any]], path: Path) -> None:
     """The runs of a results store, one table per service and platform (the history they are compared in):
     id, start, status, measurements stored of planned, metrics (``all`` for the four), wall time, the share
     of it outside measurement intervals, combined score. Fits 80 columns."""
-    from svcframe.cli.common import output_console, print_lines, print_table, quantity
+    from svcframe.cli.common import output_console, print_lines, print_table
 
     from .collect import ALL_METRICS
 
@@ -354,7 +340,7 @@ def print_comparison(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) 
     verdict (coloured on a terminal). Fits 80 columns."""
     from rich.text import Text
 
-    from svcframe.cli.common import output_console, print_table, quantity, quantity_range
+    from svcframe.cli.common import output_console, print_table
 
     colors = {"normal": "green", "low": "red", "high": "yellow", "no history": "dim", "too little history": "dim"}
     cells = []
@@ -413,8 +399,6 @@ def _kv(d: Mapping[str, Any]) -> str:
 
 def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], workdir: Path) -> str:
     """The HTML text of :func:`write_report`; plots are drawn into ``workdir`` then embedded."""
-    from svcframe.units import quantity_range
-
     from .collect import metric_parameters, plot_title
 
     model = run.get("model") or {}

@@ -129,10 +129,11 @@ def selftest_run(
         except SvcframeError as exc:
             fail(str(exc))
         params = params.model_copy(update={"provider_id": attachment.provider_id})
+        step = (f"{params.workload}: {params.clients} client(s) x depth {params.depth} on {len(servers)} server(s) "
+                f"for {quantity(params.duration_seconds, 's')}")  # fmt: skip
         try:
-            progress.step(f"{params.workload}: {params.clients} client(s) x depth {params.depth} on {len(servers)} "
-                          f"server(s) for {quantity(params.duration_seconds, 's')}", 0)  # fmt: skip
-            results = run_selftest(params, servers, admin_provider_id=targets[0][1])
+            results = run_selftest(params, servers, admin_provider_id=targets[0][1],
+                                   on_start=lambda: progress.step(step, 0))  # fmt: skip
             progress.finish()
         except SvcframeError as exc:
             fail(str(exc))
@@ -154,7 +155,7 @@ def selftest_run(
         servers_modes = ", ".join(sorted(set(map(str, modes["servers"].values()))))
         click.echo(f"progress: clients {modes['client']}, servers {servers_modes}")
         if "rpc" in results:
-            click.echo(_rpc_line(results["rpc"]))
+            print_lines(_rpc_line(results["rpc"]))
         for address, findings in results.get("diagnosis", {}).items():
             click.echo(f"diagnosis of {address}:\n{format_diagnosis(findings)}")
     else:
@@ -190,11 +191,11 @@ def _rpc_values(values: dict[str, Any], rpc_arg: str | None, options: tuple[str,
 
 
 def _rpc_line(rpc: dict[str, Any]) -> str:
-    """``store:put (kv put, provider 1): 1,053 B/call = request 1,052 + response 1 + bulk 0``."""
+    """``store:put (kv put, provider 1): 1.03 KiB/call = request 1.03 KiB + response 1 B + bulk 0 B``."""
     return (
         f"{rpc['requested']} ({rpc['type']} {rpc['name']}, provider {rpc['provider_id']}): "
-        f"{rpc['bytes_per_call']:,} B/call = request {rpc['request_bytes_per_call']:,.0f} + "
-        f"response {rpc['response_bytes_per_call']:,.0f} + bulk {rpc['bulk_bytes_per_call']:,.0f}"
+        f"{quantity(rpc['bytes_per_call'], 'B')}/call = request {quantity(rpc['request_bytes_per_call'], 'B')} + "
+        f"response {quantity(rpc['response_bytes_per_call'], 'B')} + bulk {quantity(rpc['bulk_bytes_per_call'], 'B')}"
     )
 
 

@@ -63,11 +63,12 @@ def echo_json(obj: Any) -> None:
 
 
 def json_argument(text: str, what: str) -> Any:
-    """JSON text, or ``@FILE`` for the contents of FILE (a user error when neither reads)."""
+    """JSON text, or ``@FILE`` for the contents of FILE (a user error when neither reads: it names the file
+    whole, or the start of the text)."""
     try:
         return json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
     except (OSError, ValueError) as exc:
-        fail(f"cannot read {what} ({text[:60]!r}): {exc}")
+        fail(f"cannot read {what} ({text[1:] if text.startswith('@') else repr(text[:60])}): {exc}")
 
 
 def read_secret(secret_file: str | None = None) -> bytes | None:
@@ -289,7 +290,7 @@ def print_table(
 
     console = console or output_console()
     if title:
-        console.print(Text(title))
+        emit(Text(title), console)
     emit(make_table(headers, rows, numeric=numeric, console=console), console)
 
 
@@ -309,7 +310,7 @@ def print_lines(*lines: str, console: Console | None = None) -> None:
 
     console = console or output_console()
     for line in lines:
-        console.print(Text(line))
+        emit(Text(line), console)
 
 
 def json_option(fn: F) -> F:

@@ -36,8 +36,19 @@ import psutil
 from svcframe.config import load_config
 from svcframe.launch import Launch, usable_cores
 from svcframe.progress import PROGRESS_MODES
+from svcframe.units import quantity
 
-from .bench_client import CLIENT_WORKLOADS, CONFIG, HEADLINE, bench_client, tables
+from .bench_client import (
+    CLIENT_WORKLOADS,
+    CONFIG,
+    HEADLINE,
+    TEXT_COLUMNS,
+    Table,
+    bench_client,
+    ratio_cell,
+    spread,
+    tables,
+)
 from .bench_peers import PeerServer, raw_connect, raw_noop_frame, raw_pull_frame, raw_push_header
 from .driver import SelftestParams, environment, latency_summary
 from .provider import DIRECTIONS
@@ -403,18 +414,29 @@ def bench_overhead(opts: BenchOptions, server_core: int, client_cores: list[int]
 
 
 # -- the run ------------------------------------------------------------------------------------------------
-def run_bench(opts: BenchOptions) -> dict[str, Any]:
-    """Run the selected workloads; return ``{"options", "environment", "rows", "ratios"}``."""
+def bench_steps(workloads: tuple[str, ...]) -> list[str]:
+    """The steps :func:`run_bench` takes for ``workloads`` (expanded, ``WORKLOADS`` order), in order: each
+    server workload, then ``client`` once for the client ones (they share their servers and clients)."""
+    server = [w for w in workloads if w not in CLIENT_WORKLOADS]
+    return server + (["client"] if any(w in CLIENT_WORKLOADS for w in workloads) else [])
+
+
+def run_bench(opts: BenchOptions, on_step: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Run the selected workloads; return ``{"kind", "options", "environment", "rows", "wall_seconds"}``.
+    ``on_step(description, done, total)`` is called before each step of :func:`bench_steps` (progress display):
+    ``done`` steps of ``total`` are complete."""
     server_core, client_cores = _cores()
     original_affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, client_cores)  # this process is the seq/bulk client (restored at the end)
     try:
-        return _run_bench(opts, server_core, client_cores)
+        return _run_bench(opts, server_core, client_cores, on_step or (lambda description, done, total: None))
     finally:
         os.sched_setaffinity(0, original_affinity)
 
 
-def _run_bench(opts: BenchOptions, server_core: int, client_cores: list[int]) -> dict[str, Any]:
+def _run_bench(
+    opts: BenchOptions, server_core: int, client_cores: list[int], on_step: Callable[[str, int, int], None]
+) -> dict[str, Any]:
     # The bench's servers are its own: it reconfigures them (progress mode, monitoring), which needs an
     # authenticated connection. Servers and clients it starts inherit this secret.
     os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))
@@ -430,11 +452,12 @@ def _run_bench(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
     }
     rows: list[dict[str, Any]] = []
     wall_seconds = {}  # what each step took, servers and clients included
-    for name, step in steps.items():
-        if name in opts.workloads or (name == "client" and client):
-            t0 = time.monotonic()
-            rows += step()
-            wall_seconds[name] = time.monotonic() - t0
+    chosen = bench_steps(opts.workloads)
+    for done, name in enumerate(chosen):
+        on_step(", ".join(client) if name == "client" else name, done, len(chosen))
+        t0 = time.monotonic()
+        rows += steps[name]()
+        wall_seconds[name] = time.monotonic() - t0
     add_ratios(rows)
     return {
         "kind": "svcframe-bench", "options": asdict(opts), "environment": environment(), "rows": rows,
@@ -484,64 +507,53 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 SERVER_TITLES = {
     "seq": "sequential noop calls (server and client in the same progress mode); ratio: ops/s over raw's",
-    "sat": "server saturated by blaster processes; ratio: ops/s over raw's",
-    "bulk": "self-test bulk, GiB/s, median (min-max) (pull: the server reads the client); ratio: over raw's",
+    "sat": "server saturated by blaster processes (server: its CPU per call and how busy it was); ratio: ops/s "
+    "over raw's",
+    "bulk": "self-test bulk, median (min-max) (pull: the server reads the client); ratio: over raw's",
     "overhead": "saturated noop rate by monitoring setting",
 }
 
 
-SERVER_COLUMNS = {
-    "seq": ("implementation", "setting", "figure", "ratio"),
-    "bulk": ("implementation", "setting", "GiB/s", "ratio", "unix/tcp"),
-}
+def server_tables(workload: str, rows: list[dict[str, Any]]) -> list[Table]:
+    """The table of one server workload's rows (``seq``, ``sat``, ``bulk`` or ``overhead``), figures in one
+    notation (``svcframe.units``), within 80 columns on a terminal."""
+    cells: list[tuple[str, ...]] = []
+    columns: tuple[str, ...]
+    for r in rows:
+        ops = quantity(r["ops_per_second"], "ops/s") if "ops_per_second" in r else "-"
+        if workload == "seq":
+            columns = ("implementation", "progress", "ops/s", "latency", "ratio")
+            latency = f"p50 {quantity(r['p50_usec'], 'usec')}, p99 {quantity(r['p99_usec'], 'usec')}"
+            cells.append((r["impl"], r["mode"], ops, latency, ratio_cell(r)))
+        elif workload == "sat":
+            columns = ("implementation", "ops/s", "server", "ratio")
+            busy = f"{100 * r['server_utilization']:.0f}% busy"
+            server = f"{quantity(r['server_cpu_usec_per_call'], 'usec')}/call, {busy}"
+            cells.append((r["impl"], ops, server, ratio_cell(r)))
+        elif workload == "overhead":
+            columns = ("implementation", "ops/s", "of off")
+            cells.append((r["impl"], ops, f"{r['ratio_to_off']:.3f}"))
+        else:
+            columns = ("implementation", "setting", "GiB/s", "ratio", "unix/tcp")
+            setting = f"{r['transport']} {r['direction']} {quantity(r['size'], 'B')} ({r['flow']})"
+            unix_tcp = f"{r['unix_over_tcp']:.2f}" if "unix_over_tcp" in r else "-"
+            cells.append((r["impl"], setting, spread(r, "gib_per_second", "GiB/s"), ratio_cell(r), unix_tcp))
+    return [(f"{workload}: {SERVER_TITLES[workload]}", columns, cells)]
 
 
 def print_table(result: dict[str, Any]) -> None:
-    """One table per workload, each readable in 80 columns (cells wrap, nothing is cut)."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    """One table per workload (client-read: two) through ``svcframe.cli.common.print_table``: within 80 columns
+    on a terminal (folding, never cutting), plain columns one row per line in a pipe; figures in one notation."""
+    from svcframe.cli.common import output_console, print_lines
+    from svcframe.cli.common import print_table as table
 
-    console = Console()
-    console.print("svcframe bench: server on one core, clients on the others, loopback", soft_wrap=True)
+    console = output_console()
+    print_lines("svcframe bench: server on one core, clients on the others, loopback", console=console)
     for workload in WORKLOADS:
         rows = [r for r in result["rows"] if r["workload"] == workload]
         if not rows:
             continue
-        if workload in CLIENT_WORKLOADS:
-            specs = tables(workload, rows)
-        else:
-            columns = SERVER_COLUMNS.get(workload, SERVER_COLUMNS["seq"])
-            specs = [(f"{workload}: {SERVER_TITLES[workload]}", columns, list(_server_cells(workload, rows)))]
+        specs = tables(workload, rows) if workload in CLIENT_WORKLOADS else server_tables(workload, rows)
         for title, columns, cells in specs:
-            table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
-            for col in columns:
-                table.add_column(col, overflow="fold")
-            for cell in cells:
-                table.add_row(*cell)
-            console.print(table)
-
-
-def _server_cells(workload: str, rows: list[dict[str, Any]]) -> Any:
-    for r in rows:
-        ratio = f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else ""
-        if workload == "seq":
-            setting = r["mode"]
-            figure = f"{r['ops_per_second']:,.0f} ops/s, p50 {r['p50_usec']:.0f} µs, p99 {r['p99_usec']:.0f} µs"
-        elif workload == "sat":
-            setting = ""
-            figure = (
-                f"{r['ops_per_second']:,.0f} ops/s, server {r['server_cpu_usec_per_call']:.2f} µs/call, "
-                f"{100 * r['server_utilization']:.0f}% busy"
-            )
-        elif workload == "overhead":
-            setting = ""
-            figure = f"{r['ops_per_second']:,.0f} ops/s ({r['ratio_to_off']:.3f} of monitoring off)"
-        else:
-            size = f"{r['size'] >> 20} MiB" if r["size"] >= 1 << 20 else f"{r['size'] >> 10} KiB"
-            setting = f"{r['transport']} {r['direction']} {size} ({r['flow']})"
-            figure = f"{r['gib_per_second']:.2f} ({r['min_gib_per_second']:.2f}-{r['max_gib_per_second']:.2f})"
-            unix_tcp = f"{r['unix_over_tcp']:.2f}" if "unix_over_tcp" in r else ""
-            yield r["impl"], setting, figure, ratio, unix_tcp
-            continue
-        yield r["impl"], setting, figure, ratio
+            numeric = [c for c in columns if c not in TEXT_COLUMNS]
+            table(columns, cells, title=title, numeric=numeric, console=console)

@@ -563,64 +563,70 @@ def bench_client(
 
 # -- the tables ---------------------------------------------------------------------------------------------
 Table = tuple[str, tuple[str, ...], list[tuple[str, ...]]]  # title, column headers, rows of cells
+#: columns of words (aligned left); the others hold figures (aligned right)
+TEXT_COLUMNS = ("implementation", "setting", "progress", "cores", "over", "latency", "server", "cma")
 
 
-def size_label(size: int) -> str:
-    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+def spread(r: dict[str, Any], key: str, unit: str) -> str:
+    """The median ``r[key]`` and the (min-max) of its samples in one notation: ``24.3 µs (23.1-25.0 µs)``."""
+    from svcframe.units import quantity, quantity_range  # here: a client process loads no svcframe it does not use
+
+    return f"{quantity(r[key], unit)} ({quantity_range(r[f'min_{key}'], r[f'max_{key}'], unit)})"
 
 
-def _spread(r: dict[str, Any], key: str, digits: int) -> str:
-    return f"{r[key]:.{digits}f} ({r[f'min_{key}']:.{digits}f}-{r[f'max_{key}']:.{digits}f})"
-
-
-def _ratio(r: dict[str, Any]) -> str:
-    return f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else ""
+def ratio_cell(r: dict[str, Any]) -> str:
+    """The row's ratio to raw, or ``-`` when it has none."""
+    return f"{r['ratio_to_raw']:.2f}" if "ratio_to_raw" in r else "-"
 
 
 def tables(workload: str, rows: list[dict[str, Any]]) -> list[Table]:
-    """The tables of one client workload's rows (medians, with the (min-max) of the samples), each within 80
-    columns: ``client-read`` gives two, the reads with the tuned and with glibc's default malloc settings."""
+    """The tables of one client workload's rows (medians, with the (min-max) of the samples; figures in one
+    notation, ``svcframe.units``), each within 80 columns on a terminal: ``client-read`` gives two, the reads
+    with the tuned and with glibc's default malloc settings."""
+    from svcframe.units import quantity
+
     cells: list[tuple[str, ...]]
     if workload == "client-cpu":
         cells = [
-            (r["impl"], _spread(r, "client_cpu_usec_per_call", 2), f"{r['ops_per_second']:,.0f}",
-             f"{r['server_cpu_usec_per_call']:.2f} ({100 * r['server_utilization']:.0f}%)", _ratio(r))
+            (r["impl"], spread(r, "client_cpu_usec_per_call", "usec"), quantity(r["ops_per_second"], "ops/s"),
+             f"{quantity(r['server_cpu_usec_per_call'], 'usec')} ({100 * r['server_utilization']:.0f}%)",
+             ratio_cell(r))
             for r in rows
         ]  # fmt: skip
         title = (
             f"client-cpu: client CPU per noop call, {DEPTH} in flight per client process (ratio: CPU per call "
             "over raw's, lower is better; server: its CPU per call and how busy it was)"
         )
-        return [(title, ("implementation", "CPU µs/call", "ops/s", "server µs/call", "ratio"), cells)]
+        return [(title, ("implementation", "CPU/call", "ops/s", "server", "ratio"), cells)]
     if workload == "client-seq":
         cells = [
-            (r["impl"], r["placement"].split()[0], f"{r['server_mode']}/{r['client_mode']}", _spread(r, "p50_usec", 1),
-             f"{r['p99_usec']:.0f}", _ratio(r))
+            (r["impl"], r["placement"].split()[0], f"{r['server_mode']}/{r['client_mode']}",
+             spread(r, "p50_usec", "usec"), quantity(r["p99_usec"], "usec"), ratio_cell(r))
             for r in rows
         ]  # fmt: skip
         title = (
-            "client-seq: sequential noop calls, µs (cores: client on the server's core or its own; progress: "
+            "client-seq: sequential noop calls (cores: client on the server's core or its own; progress: "
             "server/client mode; ratio: p50 over raw's, lower is better)"
         )
-        return [(title, ("implementation", "cores", "progress", "p50 µs", "p99 µs", "ratio"), cells)]
+        return [(title, ("implementation", "cores", "progress", "p50", "p99", "ratio"), cells)]
     out: list[Table] = []
     for malloc in MALLOC_SETTINGS:
         cells = []
         for r in (r for r in rows if r["malloc"] == malloc):
             impl = f"{r['impl']} {r['method']}" if r["impl"] == SVCFRAME else r["impl"]
-            row: list[str] = [impl, f"{r['transport']} {size_label(r['size'])}", _spread(r, "gib_per_second", 2)]
-            row.append(_ratio(r))
+            over = f"{r['transport']} {quantity(r['size'], 'B')}"
+            row: list[str] = [impl, over, spread(r, "gib_per_second", "GiB/s"), ratio_cell(r)]
             row.append(f"{r['client_faults_per_call']:.0f}")
-            row.append(("cma" if r["cma_bytes"] else "") if malloc == "tuned" else f"{r['ratio_to_tuned']:.2f}")
+            row.append(("cma" if r["cma_bytes"] else "-") if malloc == "tuned" else f"{r['ratio_to_tuned']:.2f}")
             cells.append(tuple(row))
         if cells:
             last = "cma" if malloc == "tuned" else "of tuned"
             legend = "cma: by cross-memory attach" if malloc == "tuned" else "of tuned: over the tuned figure"
             title = (
-                f"client-read: reads, GiB/s, client with {malloc} malloc settings (ratio: over raw's; pf: the "
+                f"client-read: reads, client with {malloc} malloc settings (ratio: over raw's; pf: the "
                 f"client's page faults per read; {legend})"
             )
-            out.append((title, ("implementation", "over", "GiB/s", "ratio", "pf", last), cells))
+            out.append((title, ("implementation", "over", "bandwidth", "ratio", "pf", last), cells))
     return out
 
 

@@ -14,12 +14,14 @@ import asyncio
 import glob
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from svcframe.errors import SvcframeError
 from svcframe.progress import PROGRESS_MODES
+from svcframe.units import quantity
 
 
 @dataclass
@@ -186,10 +188,13 @@ async def _sleep_until(when: float) -> None:
         await asyncio.sleep(when - time.perf_counter() + 0.001)
 
 
-async def run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
+async def run_bursts(
+    params: BurstParams, server: str, on_step: Callable[[str, int, int], None] | None = None
+) -> dict[str, Any]:
     """Run every mode against ``server`` (which hosts the self-test provider and is on this machine).
 
-    The server's progress mode is restored afterwards.
+    The server's progress mode is restored afterwards. ``on_step(mode, done, total)`` is called before each
+    mode (progress display): ``done`` modes of ``total`` are complete.
 
     Raises:
         SvcframeError: the server cannot be reached or refuses the progress change.
@@ -199,12 +204,14 @@ async def run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
     if params.client_core is not None:
         os.sched_setaffinity(0, [params.client_core])  # restored at the end
     try:
-        return await _run_bursts(params, server)
+        return await _run_bursts(params, server, on_step)
     finally:
         os.sched_setaffinity(0, original_affinity)
 
 
-async def _run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
+async def _run_bursts(
+    params: BurstParams, server: str, on_step: Callable[[str, int, int], None] | None
+) -> dict[str, Any]:
     from svcframe.admin import ServiceHandle
     from svcframe.engine import Engine
 
@@ -215,6 +222,8 @@ async def _run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
         modes = []
         try:
             for mode in params.modes:
+                if on_step is not None:
+                    on_step(mode, len(modes), len(params.modes))
                 modes.append(await _one_mode(engine, admin, server, int(status["pid"]), mode, params))
         finally:
             await admin.set_progress(original[0], original[1])
@@ -222,14 +231,25 @@ async def _run_bursts(params: BurstParams, server: str) -> dict[str, Any]:
 
 
 def plot_bursts(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Figure 6 analogue: one panel per mode, call rate (left axis) and server CPU or power (right)."""
+    """Write :func:`bursts_figure` as an image (PNG by suffix)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bursts_figure(results).savefig(out, dpi=110)
+    return out
+
+
+def bursts_figure(results: dict[str, Any]) -> Any:
+    """Figure 6 analogue: one panel per mode, call rate (left axis) and server CPU or power (right); the title
+    states the schedule (bursts, their length, the gaps, the interval), the spindown and the server."""
     from .plotting import require_matplotlib
 
     require_matplotlib()
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     modes = results["modes"]
-    fig, axes = plt.subplots(len(modes), 1, figsize=(8, 2.6 * len(modes)), sharex=True, squeeze=False)
+    p = results["parameters"]
+    fig = Figure(figsize=(8, 2.6 * len(modes) + 0.6), layout="constrained")
+    axes = fig.subplots(len(modes), 1, sharex=True, squeeze=False)
     for ax, mode in zip(axes[:, 0], modes, strict=True):
         rows = mode["timeline"]
         x = [r["start"] for r in rows]
@@ -247,13 +267,14 @@ def plot_bursts(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
             right.set_ylabel("server CPU (%)", color="tab:red")
             right.set_ylim(0, 105)
         s = mode["summary"]
-        rate = s["burst_rate_ops_per_second"] or 0.0
+        rate = quantity(s["burst_rate_ops_per_second"] or 0.0, "calls/s")
         idle = 100 * (s["idle_server_cpu_utilization"] or 0.0)
-        ax.set_title(f"{mode['mode']}: {rate:,.0f} calls/s in bursts, server CPU {idle:.1f}% when idle", fontsize=10)
+        ax.set_title(f"{mode['mode']}: {rate} in bursts, server CPU {idle:.1f}% when idle", fontsize=10)
     axes[-1, 0].set_xlabel("time (s)")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    fig.suptitle(
+        f"noop bursts: {p['bursts']} x {quantity(p['burst_seconds'], 's')} with {quantity(p['gap_seconds'], 's')} "
+        f"gaps, {quantity(p['interval_seconds'], 's')} intervals, spindown {quantity(p['spindown_msec'], 'ms')}; "
+        f"server {results['server']}",
+        fontsize=10,
+    )  # fmt: skip
+    return fig

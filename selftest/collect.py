@@ -52,13 +52,14 @@ import platform as _platform
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from svcframe.config import ServiceConfig, load_config
 from svcframe.launch import Launch, usable_cores
+from svcframe.units import quantity
 
 from .driver import SelftestParams, environment, save_results
 from .nodes import NodeSet
@@ -136,6 +137,36 @@ class CollectOptions:
                     value = Path(value)
                 kw[f.name] = value
         return cls(**kw)
+
+
+def metric_parameters(metric: str, options: Mapping[str, Any]) -> str:
+    """What the measurements of ``metric`` were, in words, for the plots' titles and the summaries: the
+    workload with its bulk size and direction, or its storage block size, operation and fsync.
+
+    Args:
+        metric: one of :data:`ALL_METRICS`.
+        options: the run's :meth:`CollectOptions.to_dict` (missing keys take the defaults).
+
+    Returns:
+        e.g. ``"1 MiB bulk pulls (the server reads the client's buffer)"``, ``"4 KiB writes at random
+        offsets, no fsync"``.
+    """
+    opts = {**CollectOptions().to_dict(), **options}
+    if metric == "rpc_rate":
+        return "noop RPCs (no payload)"
+    if metric == "bandwidth":  # collect's bandwidth runs the self-test's default direction, pull
+        return f"{quantity(opts['bulk_size'], 'B')} bulk pulls (the server reads the client's buffer)"
+    block = opts["storage_bandwidth_block_size"] if metric == "storage_bandwidth" else opts["storage_block_size"]
+    op = opts["storage_op"]
+    fsync = ("fdatasync after every write" if opts["storage_fsync"] else "no fsync") if op == "write" else "no fsync"
+    return f"{quantity(block, 'B')} {op}s at random offsets, {fsync}"
+
+
+def plot_title(metric: str, options: Mapping[str, Any], where: str | None = None) -> str:
+    """The title of a metric's roofline plot: the metric, where it was measured, and its parameters
+    (:func:`metric_parameters`) on a second line."""
+    name = METRICS[metric].label.split(" per ")[0] if metric in METRICS else metric
+    return f"{name} roofline{', ' + where if where else ''}\n{metric_parameters(metric, options)}"
 
 
 def _params(opts: CollectOptions, metric: str, **kw: Any) -> SelftestParams:
@@ -446,10 +477,11 @@ def collect(
     where = socket.gethostname() if node_set.source == "local" else f"{len(node_set)} nodes from {node_set.source}"
     for metric, metric_rows in by_metric.items():
         model = _model(metric, metric_rows)
-        plot(model, out / f"{metric}.png", title=f"{METRICS[metric].label.split(' per ')[0]} roofline, {where}")
+        plot(model, out / f"{metric}.png", title=plot_title(metric, opts.to_dict(), where))
         models[metric] = model.to_dict()
     sweep = sweep_points(rows)
-    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}")
+    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}",
+               parameters={m: metric_parameters(m, opts.to_dict()) for m in sweep})  # fmt: skip
     combined = combined_score(models, opts.weights)
     timers["analysis"] += time.monotonic() - t_analysis
     wall = time.monotonic() - wall0
@@ -564,8 +596,9 @@ def _run_steps(
     for n, (index, step, key) in enumerate(todo, 1):
         if on_step is not None:
             where = f" (nodes {step.tag[1:]})" if step.stage == "Pc" and len(node_set) > 2 else ""
-            on_step(f"{step.stage} {step.metric}: {step.servers} server(s) x {step.clients} client(s){where}", n,
-                    len(todo))  # fmt: skip
+            repeat = f", sample {int(key.rpartition('#')[2]) + 1}" if "#" in key else ""
+            on_step(f"{step.stage} {step.metric}: {step.servers} server(s) x {step.clients} client(s){where}{repeat}",
+                    n, len(todo))  # fmt: skip
         taken: dict[int, int] = {}
         servers = []
         for i in step.server_nodes:

@@ -57,6 +57,7 @@ import platform
 import socket
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -357,8 +358,17 @@ async def _server_stats(engine: Any, servers: list[str], provider_id: int) -> li
     return list(await asyncio.gather(*(engine.call(s, "stat", None, provider_id=provider_id) for s in servers)))
 
 
-def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_id: int = 0) -> dict[str, Any]:
+def run_selftest(
+    params: SelftestParams,
+    servers: list[str],
+    *,
+    admin_provider_id: int = 0,
+    on_start: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Run one self-test against ``servers`` (addresses hosting the self-test provider).
+
+    ``on_start()`` is called once every client is connected and warmed up, as the timed loop starts (progress
+    display: what fails before it, a bad RPC or argument, is reported alone).
 
     Returns:
         the results document (see the module docstring).
@@ -401,6 +411,8 @@ def run_selftest(params: SelftestParams, servers: list[str], *, admin_provider_i
             barrier.wait(warmup_timeout)  # everyone connected and warmed up
         except Exception:
             raise SelftestError(_client_failure(results, "clients did not finish warm-up")) from None
+        if on_start is not None:
+            on_start()
         before = runner.run(_server_stats(engine, servers, params.provider_id))
         runner.run(_server_statistics(engine, servers, admin_provider_id, reset=True))
         wall0 = time.monotonic()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -42,6 +43,7 @@ from svcframe.config import ServiceConfig, load_config
 from svcframe.errors import ConfigError
 from svcframe.plumber import NicChoice, Placement, select_nic
 from svcframe.topology import Topology
+from svcframe.units import quantity
 
 from .driver import SelftestParams, environment, run_selftest
 
@@ -149,7 +151,8 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
     Args:
         topology: the node (this host's, or a described one with ``loopback_aliases``).
         opts: the options.
-        on_step: called as ``on_step(description)`` before each run (progress display).
+        on_step: called as ``on_step(description, done, total)`` before each run (progress display): ``done``
+            runs of ``total`` are complete.
 
     Returns:
         the results document: ``{"kind", "topology", "nics": [{name, address, server}], "runs": [{scenario,
@@ -210,7 +213,7 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
                 )  # fmt: skip
                 chosen = [c.nic if c.nic is not None else nics[0].name for c in choices]
                 if on_step is not None:
-                    on_step(f"{scenario} / {policy}")
+                    on_step(f"{scenario} / {policy}", len(runs), len(opts.scenarios) * len(opts.nic_policies))
                 params = SelftestParams(
                     workload="bulk", bulk_size=opts.bulk_size, bulk_direction=opts.bulk_direction,  # type: ignore[arg-type]
                     clients=opts.clients, duration_seconds=opts.duration_seconds,
@@ -247,11 +250,23 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
 
 
 def plot_dispersion(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Figure 2 analogue: aggregate bandwidth (GiB/s) per scenario, one bar per NIC policy, annotated with
-    the number of NICs in use. Matplotlib, object-oriented API on the Agg canvas.
+    """Write :func:`dispersion_figure` as an image (PNG by suffix).
 
     Raises:
         OSError: the file cannot be written.
+    """
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    dispersion_figure(doc).savefig(out, dpi=120)
+    return out
+
+
+def dispersion_figure(doc: dict[str, Any]) -> Any:
+    """Figure 2 analogue: aggregate bandwidth (GiB/s) per scenario, one bar per NIC policy, annotated with
+    the number of NICs in use. The title states the clients, NICs, bulk size and direction and the run length;
+    when the NICs were stood in for by loopback aliases (or the servers were given, or there was one NIC) the
+    axes say so in red: the bars then show this host's loopback, not a dispersion over NICs. Matplotlib,
+    object-oriented API on the Agg canvas.
     """
     from .plotting import require_matplotlib
 
@@ -263,7 +278,7 @@ def plot_dispersion(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     scenarios = list(dict.fromkeys(r["scenario"] for r in runs))
     policies = list(dict.fromkeys(r["nic_policy"] for r in runs))
     by_key = {(r["scenario"], r["nic_policy"]): r for r in runs}
-    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    fig = Figure(figsize=(7, 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     width = 0.8 / max(len(policies), 1)
@@ -279,14 +294,19 @@ def plot_dispersion(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
                             bar.get_height()), ha="center", va="bottom", fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(scenarios)), [labels.get(s, s) for s in scenarios])
     ax.set_ylabel("aggregate bandwidth (GiB/s)")
-    clients = doc["options"]["clients"]
-    ax.set_title(f"NIC dispersion: {clients} clients, {len(doc['nics'])} NIC(s) ({doc['topology']['source']})")
+    options = doc["options"]
+    ax.set_title(
+        f"NIC dispersion: {options['clients']} clients, {len(doc['nics'])} NIC(s) ({doc['topology']['source']})\n"
+        f"{quantity(options['bulk_size'], 'B')} bulk {options.get('bulk_direction', 'pull')}s, "
+        f"{quantity(options['duration_seconds'], 's')} per run, bucket policy {options.get('bucket_policy', 'all')}"
+    )  # fmt: skip
+    if options.get("loopback_aliases") or options.get("servers") or len(doc["nics"]) == 1:
+        ax.text(0.02, 0.98, "\n".join(textwrap.fill(n, 70) for n in doc["notes"]), transform=ax.transAxes, va="top",
+                ha="left", fontsize=7, color="tab:red",
+                bbox={"facecolor": "white", "edgecolor": "tab:red", "alpha": 0.9})  # fmt: skip
     fig.legend(loc="outside lower center", ncols=max(len(policies), 1))
-    ax.margins(y=0.15)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    return out
+    ax.margins(y=0.45 if doc["notes"] else 0.15)
+    return fig
 
 
 def save(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:

@@ -8,7 +8,8 @@ run sends every worker a job over its own pipe, and the two barriers of a run (w
 messages on those pipes, never sleeps::
 
     driver                                 worker i (one per client rank)
-    ("run", rank, server, params)   ->     engine, connect, warm-up
+    ("run", rank, server, params,   ->     engine (the secret: the driver's), connect, warm-up
+     secret)
                                     <-     ("barrier",)          # warmed up
     (sample server CPU)
     ("pass",)                       ->
@@ -31,6 +32,8 @@ import signal
 import time
 from multiprocessing.connection import Connection, wait
 from typing import Any
+
+from svcframe.engine import SECRET_ENV
 
 from .driver import SelftestError, SelftestParams, _server_stats, summarize
 
@@ -70,7 +73,12 @@ def _worker_main(conn: Connection) -> None:
             return
         if msg is None:
             return
-        _, rank, server, params_json = msg
+        _, rank, server, params_json, secret = msg
+        # the driver's shared secret now, not the forkserver's environment of when it started (an earlier pool)
+        if secret is None:
+            os.environ.pop(SECRET_ENV, None)
+        else:
+            os.environ[SECRET_ENV] = secret
         params = SelftestParams.model_validate_json(params_json)
         try:
             if params.client_cores:
@@ -300,7 +308,7 @@ class ClientPool:
             server_config = None
         params_json = params.model_dump_json()
         for rank, conn in enumerate(conns):
-            conn.send(("run", rank, assignment[rank], params_json))
+            conn.send(("run", rank, assignment[rank], params_json, os.environ.get(SECRET_ENV)))
         state = ["running"] * len(conns)
         try:
             self._recv(conns, "barrier", "finish warm-up", state)

@@ -10,8 +10,8 @@ on the run's model (``svcframe roofline place``: each point's score, region, hea
 wall time between measurement and everything else, every raw measurement, and the parameters, environment,
 hardware and software versions of the run.
 
-:func:`placement_table` and :func:`text_table` give ``svcframe roofline place`` its terminal table: plain text
-columns that never cut a value, readable in a pipe and, for a handful of points, in 80 columns.
+:func:`placement_table` gives ``svcframe roofline place`` its table (printed by ``svcframe.cli.common``'s
+``print_table``) and the page its placements, figures in one notation (``svcframe.units``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from svcframe.units import quantity, quantity_range
 
 from .roofline import REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Platform, Roofline, plot, plot_placement
 from .store import compare, plot_history
@@ -65,14 +67,11 @@ def _ratio(x: float) -> str:
     return f"{x:.3g}"
 
 
-def rate_text(v: float) -> str:
-    """A rate for a table: 12,309 from 100 up, three significant digits below."""
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
-
-
 PLACEMENT_COLUMNS = ("SxC", "X", "calls/s", "roof", "headroom", "limit", "region", "score")
 """The columns of a placement table: servers x clients, service ratio, measured and attainable calls per second
 per client process, attainable / measured, the limiting metric, the region, the score."""
+PLACEMENT_FIGURES = ("X", "calls/s", "roof", "headroom", "score")
+"""The columns of :data:`PLACEMENT_COLUMNS` that hold figures (aligned right)."""
 
 
 def placement_table(placement: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -84,22 +83,9 @@ def placement_table(placement: Mapping[str, Any]) -> list[tuple[str, ...]]:
         limit = {"rpc_rate": "RPC rate", "bandwidth": "bandwidth"}.get(r["limited_by"], r["limited_by"])
         score = f"{r['score']:.2f}" + ("*" if r["oversubscribed"] else "")
         rows.append((f"{r['servers']}x{r['clients']}", _ratio(r["service_ratio"]),
-                     rate_text(r["rate_per_client_ops_per_second"]), rate_text(r["attainable_ops_per_second"]), headroom,
+                     quantity(r["rate_per_client_ops_per_second"]), quantity(r["attainable_ops_per_second"]), headroom,
                      limit, r["region"], score))  # fmt: skip
     return rows
-
-
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """Plain-text columns, two spaces apart, the first ``left`` aligned left and the others right; nothing
-    is ever cut (a long value widens its column)."""
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return "\n".join([line(headers), *(line(r) for r in rows)])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -127,10 +113,11 @@ def validity_lines(
     Per metric: how many validation samples the model claims (one process per core or fewer: Carns et al.
     2025, section 4.3 and Figures 11-12) and their median error, how far repeated measurements of the same
     parameter spread (``Pc``, ``Ps``: max / min - 1, the machine's own repeatability), and the samples whose
-    processes share cores (``scores["excluded"]``), left out of the scores and errors. Then why: the cores of
-    the server and client nodes when samples were excluded or none fits them. Last, a verdict: the largest
-    median error of the claimed samples, or that this machine cannot validate the model and why (no more
-    than one claimed sample per metric; other processes loading the cores beyond their number).
+    processes share cores (``scores["excluded"]``), left out of the scores and errors. A metric whose ceiling
+    lies below its own samples (:meth:`~selftest.roofline.Roofline.above_ceiling`: a noisy run) is flagged.
+    Then why: the cores of the server and client nodes when samples were excluded or none fits them. Last, a
+    verdict: the largest median error of the claimed samples, or that this machine cannot validate the model
+    and why (no more than one claimed sample per metric; other processes loading the cores beyond their number).
 
     Args:
         models: ``Roofline.to_dict()`` per metric name.
@@ -170,6 +157,13 @@ def validity_lines(
             text += (f"; {excluded['count']} share cores (up to {most_s:g} server and {most_c:g} client processes "
                      f"per core; median error {_pct(excluded['median_relative_error'])}, excluded)")  # fmt: skip
         lines.append(text + ".")
+    for name, m in models.items():
+        above = Roofline.from_dict(m).above_ceiling()
+        if above:
+            worst = max(excess for _, excess in above)
+            lines.append(f"{name}: the ceiling lies below {len(above)} of its own validation samples (up to "
+                         f"{_pct(worst)} above R(X) with the largest Pc and Ps): Pc or Ps was measured low, a noisy "
+                         "run; rerun with more --repeats on an idle machine before trusting its errors.")  # fmt: skip
     if any_excluded:
         cores = (f"this machine gives the server node {server_cores} core(s) and the client nodes {client_cores}; "
                  if server_cores is not None and client_cores is not None else "")  # fmt: skip
@@ -202,110 +196,169 @@ def validity_lines(
     return lines
 
 
-def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
-    """The terminal summary of ``collect``: per-metric parameters, scores and errors per region, the
-    combined score, the wall-time split, and where plots, model and store are."""
-    from rich.console import Console
-    from rich.table import Table
+def _errors_cell(s: Mapping[str, Any]) -> str:
+    # "29% / 41% (n=3)": median / worst |relative error| of a summary's samples
+    if not s["count"]:
+        return "-"
+    return f"{_pct(s['median_relative_error'])} / {_pct(s['worst_relative_error'])} (n={s['count']})"
 
-    table = Table(title="data-service roofline of this machine")
-    for col in ("metric", "Pc per client", "Ps per server", "ridge X*", "score",
-                "server-bound error median / worst", "client-bound"):  # fmt: skip
-        table.add_column(col, overflow="fold")
+
+def collect_summary_json(doc: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """The machine-readable summary of ``collect`` (``--json``): per metric its ceilings, parameters,
+    scores and the samples above its ceiling; the validity sentences; the wall-time split; the files."""
+    from .collect import metric_parameters
+
+    options = doc.get("options") or {}
+    env = doc.get("environment") or {}
+    metrics = {}
+    for name, m in doc["metrics"].items():
+        above = Roofline.from_dict(m).above_ceiling()
+        metrics[name] = {
+            "unit": m["metric"]["unit"], "parameters": metric_parameters(name, options), "pc": m["pc"], "ps": m["ps"],
+            "ridge": m["ridge"], "scores": {k: m["scores"][k] for k in ("overall", "regions", "excluded")},
+            "above_ceiling": [{**s.to_dict(), "excess": excess} for s, excess in above],
+            "plot": str(out / f"{name}.png"),
+        }  # fmt: skip
+    return {
+        "kind": "svcframe-roofline-summary", "run_id": doc.get("run_id"), "store": doc.get("store"),
+        "metrics": metrics, "combined_score": doc.get("combined_score"), "weights": doc.get("weights"),
+        "validity": validity_lines(doc["metrics"], doc.get("nodes"), doc.get("load_average"), env.get("usable_cores")),
+        "overhead": doc.get("overhead"), "model": str(out / "roofline.json"),
+        "sweep_plot": str(out / "sweep.png") if doc.get("sweep") else None,
+    }  # fmt: skip
+
+
+def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
+    """The terminal summary of ``collect``: per metric its ceilings and what they were measured with, scores
+    and errors per region and the samples above the ceiling, what the model can claim here, the combined
+    score, the wall-time split, and where plots, model and store are. Fits 80 columns; nothing is cut."""
+    from svcframe.cli.common import output_console, print_lines, print_table
+
+    from .collect import metric_parameters
+
+    console = output_console()
+    options = doc.get("options") or {}
+    ceilings, checks = [], []
     for name, m in doc["metrics"].items():
         unit = m["metric"]["unit"]
+        pc, ps = (quantity_range(m[p]["min"], m[p]["max"], unit) for p in ("pc", "ps"))
+        ceilings.append((name, pc, ps, _ratio_text(m["ridge"]["max"])))
         scores = m["scores"]
-
-        def err(s: Mapping[str, Any]) -> str:
-            if not s["count"]:
-                return "-"
-            return f"{s['median_relative_error']:.0%} / {s['worst_relative_error']:.0%} (n={s['count']})"
-
-        table.add_row(
-            name,
-            f"{m['pc']['min']:.4g}-{m['pc']['max']:.4g} {unit}",
-            f"{m['ps']['min']:.4g}-{m['ps']['max']:.4g} {unit}",
-            f"{m['ridge']['max']:.3g}",
-            "-" if scores["overall"]["score"] is None else f"{scores['overall']['score']:.3f}",
-            err(scores["regions"][REGION_SERVER_BOUND]),
-            err(scores["regions"][REGION_CLIENT_BOUND]),
-        )
-    console = Console()
-    console.print(table)
+        above = Roofline.from_dict(m).above_ceiling()
+        checks.append((
+            name, "-" if scores["overall"]["score"] is None else f"{scores['overall']['score']:.3f}",
+            _errors_cell(scores["regions"][REGION_SERVER_BOUND]), _errors_cell(scores["regions"][REGION_CLIENT_BOUND]),
+            f"{len(above)} (+{_pct(max(e for _, e in above))})" if above else "0",
+        ))  # fmt: skip
+    title = "data-service roofline of this machine: ceilings (min-max of the repeats)"
+    print_table(("metric", "Pc per client", "Ps per server", "ridge X*"), ceilings, numeric=("ridge X*",),
+                title=title, console=console)  # fmt: skip
+    print_lines(*(f"  {name}: {metric_parameters(name, options)}" for name in doc["metrics"]), console=console)
+    print_table(("metric", "score", "server-bound error", "client-bound error", "above roof"), checks,
+                title="validation: median / worst |relative error| of the samples the model claims (n); samples "
+                "above the upper ceiling (largest excess)", console=console)  # fmt: skip
     env = doc.get("environment") or {}
-    for line in validity_lines(doc["metrics"], doc.get("nodes"), doc.get("load_average"), env.get("usable_cores")):
-        console.print(line, highlight=False)
+    print_lines(*validity_lines(doc["metrics"], doc.get("nodes"), doc.get("load_average"), env.get("usable_cores")),
+                console=console)  # fmt: skip
     combined = doc.get("combined_score")
     if combined is not None:
         weights = ", ".join(f"{k}={v:g}" for k, v in (doc.get("weights") or {}).items())
-        console.print(f"combined score (weighted geometric mean over metrics; {weights}): [bold]{combined:.3f}[/bold]")
+        print_lines(
+            f"combined score (weighted geometric mean over metrics; {weights}): {combined:.3f}", console=console
+        )
     overhead = doc.get("overhead") or {}
     if overhead:
-        split = Table(title=f"wall time {overhead['wall_seconds']:.1f} s")
-        for col in ("part", "seconds", "share"):
-            split.add_column(col, justify="right" if col != "part" else "left")
-        for label, seconds, pct in overhead_rows(overhead):
-            split.add_row(label, f"{seconds:.2f}", f"{pct:.1f}%")
-        console.print(split)
-        console.print(f"outside measurement intervals: [bold]{100 * overhead['outside_fraction']:.1f}%[/bold]"
-                      + (f" (resumed: {overhead['resumed_measurements']} measurements from the store)"
-                         if overhead.get("resumed_measurements") else ""))  # fmt: skip
+        print_table(("part", "time", "share"),
+                    [(label, quantity(seconds, "s"), f"{pct:.1f}%") for label, seconds, pct in overhead_rows(overhead)],
+                    numeric=("time", "share"), title=f"wall time {quantity(overhead['wall_seconds'], 's')}",
+                    console=console)  # fmt: skip
+        resumed = overhead.get("resumed_measurements")
+        resumed_text = f" (resumed: {resumed} measurements from the store)" if resumed else ""
+        print_lines(f"outside measurement intervals: {100 * overhead['outside_fraction']:.1f}%{resumed_text}",
+                    console=console)  # fmt: skip
     else:
-        console.print(f"wall time {doc['wall_seconds']:.0f} s, of which measuring {doc['measurement_seconds']:.0f} s")
-    for name in doc["metrics"]:
-        console.print(f"plot: {out / (name + '.png')}")
-    if doc.get("sweep"):
-        console.print(f"plot: {out / 'sweep.png'}")
-    console.print(f"model: {out / 'roofline.json'}")
+        print_lines(f"wall time {quantity(doc['wall_seconds'], 's')}, of which measuring "
+                    f"{quantity(doc['measurement_seconds'], 's')}", console=console)  # fmt: skip
+    files = [f"plot: {out / (name + '.png')}" for name in doc["metrics"]]
+    files += [f"plot: {out / 'sweep.png'}"] if doc.get("sweep") else []
+    files.append(f"model: {out / 'roofline.json'}")
     if doc.get("run_id") is not None:
-        console.print(f"stored as run {doc['run_id']} in {doc['store']}: svcframe report {doc['run_id']}, "
-                      f"svcframe history show {doc['run_id']}")  # fmt: skip
+        files.append(f"stored as run {doc['run_id']} in {doc['store']}: svcframe report {doc['run_id']}, "
+                     f"svcframe history show {doc['run_id']}")  # fmt: skip
+    print_lines(*files, console=console)
 
 
-def print_history(runs: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """A rich table of runs: id, start, status, service, platform, samples, wall time, combined score."""
-    from rich.console import Console
-    from rich.table import Table
+def _ratio_text(x: float) -> str:
+    # 0.25 -> "0.25 (1/4)", 1 -> "1": a service ratio as servers per client
+    return f"{x:.3g} (1/{1 / x:.3g})" if x < 1 else f"{x:.3g}"
 
-    table = Table(title=f"runs in {path}")
-    for col in ("run", "started", "status", "service", "platform", "samples", "metrics", "wall s",
-                "outside meas.", "combined score"):  # fmt: skip
-        table.add_column(col)
+
+def history_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of :func:`print_history` as JSON-ready dicts (``history --json``)."""
+    out = []
     for r in runs:
         summary = r.get("summary") or {}
         overhead = summary.get("overhead") or {}
-        score = summary.get("combined_score")
-        frac = overhead.get("outside_fraction")
-        table.add_row(
-            str(r["id"]), _when(r["created"]), r["status"], r["service"], r["platform"],
-            f"{r.get('sample_count', 0)}/{len(r.get('plan') or [])}",
-            ",".join((r.get("options") or {}).get("metrics") or []),
-            f"{summary['wall_seconds']:.0f}" if summary.get("wall_seconds") else "-",
-            f"{100 * frac:.1f}%" if frac is not None else "-",
-            f"{score:.3f}" if score is not None else "-",
-        )  # fmt: skip
-    Console().print(table)
+        out.append({
+            "id": r["id"], "created": r["created"], "status": r["status"], "service": r["service"],
+            "platform": r["platform"], "measurements": r.get("sample_count", 0), "planned": len(r.get("plan") or []),
+            "metrics": (r.get("options") or {}).get("metrics") or [], "wall_seconds": summary.get("wall_seconds"),
+            "outside_fraction": overhead.get("outside_fraction"), "combined_score": summary.get("combined_score"),
+        })  # fmt: skip
+    return out
+
+
+def print_history(runs: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """The runs of a results store, one table per service and platform (the history they are compared in):
+    id, start, status, measurements stored of planned, metrics (``all`` for the four), wall time, the share
+    of it outside measurement intervals, combined score. Fits 80 columns."""
+    from svcframe.cli.common import output_console, print_lines, print_table
+
+    from .collect import ALL_METRICS
+
+    console = output_console()
+    print_lines(f"runs in {path}", console=console)
+    rows = history_rows(runs)
+    for service, platform in dict.fromkeys((r["service"], r["platform"]) for r in rows):
+        cells = [
+            (r["id"], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])), r["status"],
+             f"{r['measurements']}/{r['planned']}",
+             "all" if sorted(r["metrics"]) == sorted(ALL_METRICS) else ", ".join(r["metrics"]) or "-",
+             quantity(r["wall_seconds"], "s"), _pct(r["outside_fraction"]),
+             "-" if r["combined_score"] is None else f"{r['combined_score']:.3f}")
+            for r in rows if (r["service"], r["platform"]) == (service, platform)
+        ]  # fmt: skip
+        print_table(("run", "started", "status", "measured", "metrics", "wall", "overhead", "score"), cells,
+                    numeric=("run", "wall", "overhead", "score"), title=f"{service} on {platform}:",
+                    console=console)  # fmt: skip
     if not runs:
-        Console().print("no runs yet: svcframe roofline collect")
+        print_lines("no runs yet: svcframe roofline collect", console=console)
 
 
 def print_comparison(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
-    """A rich table of :func:`selftest.store.compare` rows: value, history quartiles, percentile, verdict."""
-    from rich.console import Console
-    from rich.table import Table
+    """:func:`selftest.store.compare` rows as a table: value, history count, median and range, percentile,
+    verdict (coloured on a terminal). Fits 80 columns."""
+    from rich.text import Text
 
-    table = Table(title=f"run {run['id']} against the history of {run['service']} on {run['platform']}")
-    for col in ("quantity", "this run", "history n", "min", "median", "max", "percentile", "is that normal?"):
-        table.add_column(col)
+    from svcframe.cli.common import output_console, print_table
+
     colors = {"normal": "green", "low": "red", "high": "yellow", "no history": "dim", "too little history": "dim"}
+    cells = []
     for r in rows:
-        unit = f" {r['unit']}" if r["unit"] else ""
-        table.add_row(
-            r["quantity"], f"{_fmt(r['value'])}{unit}", str(r["count"]), _fmt(r["min"]), _fmt(r["median"]),
-            _fmt(r["max"]), "-" if r["percentile"] is None else f"{r['percentile']:.0f}",
-            f"[{colors[r['verdict']]}]{r['verdict']}[/]",
-        )  # fmt: skip
-    Console().print(table)
+        unit = r["unit"] or ""
+        if unit == "%":  # already a percentage
+            value, median = f"{r['value']:.1f}%", "-" if r["median"] is None else f"{r['median']:.1f}%"
+            spread = "-" if r["min"] is None else "-".join(dict.fromkeys(f"{r[k]:.1f}" for k in ("min", "max"))) + "%"
+        else:
+            value, median = quantity(r["value"], unit), quantity(r["median"], unit)
+            spread = quantity_range(r["min"], r["max"], unit)
+        cells.append((r["quantity"], value, r["count"], median, spread,
+                      "-" if r["percentile"] is None else f"{r['percentile']:.0f}",
+                      Text(r["verdict"], style=colors[r["verdict"]])))  # fmt: skip
+    print_table(("quantity", "this run", "n", "median", "range", "pct", "is that normal?"), cells,
+                numeric=("this run", "n", "median", "range", "pct"), console=output_console(),
+                title=f"run {run['id']} against the history of {run['service']} on {run['platform']} (n earlier "
+                "runs: median, range; pct: this run's percentile)")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -346,6 +399,8 @@ def _kv(d: Mapping[str, Any]) -> str:
 
 def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], workdir: Path) -> str:
     """The HTML text of :func:`write_report`; plots are drawn into ``workdir`` then embedded."""
+    from .collect import metric_parameters, plot_title
+
     model = run.get("model") or {}
     summary = run.get("summary") or {}
     rid = run["id"]
@@ -369,8 +424,8 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
             unit = m["metric"]["unit"]
             reg = sc["regions"]
             rows.append((
-                name, f"{_fmt(m['pc']['min'])}-{_fmt(m['pc']['max'])} {unit}",
-                f"{_fmt(m['ps']['min'])}-{_fmt(m['ps']['max'])} {unit}", m["ridge"]["max"], sc["overall"]["score"],
+                name, quantity_range(m["pc"]["min"], m["pc"]["max"], unit),
+                quantity_range(m["ps"]["min"], m["ps"]["max"], unit), m["ridge"]["max"], sc["overall"]["score"],
                 *(_pct(reg[r][k]) for r in (REGION_SERVER_BOUND, REGION_CLIENT_BOUND)
                   for k in ("median_relative_error", "worst_relative_error")),
             ))  # fmt: skip
@@ -389,11 +444,12 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
                      "(log); y: rate per client process; lines: ceilings from the Pc and Ps ranges; points: "
                      "validation samples (Carns et al. 2025, Figures 13-14).</p>")  # fmt: skip
         for name, m in metrics.items():
-            png = plot(Roofline.from_dict(m), workdir / f"{name}.png", title=f"{m['metric']['label']} — roofline")
+            png = plot(Roofline.from_dict(m), workdir / f"{name}.png", title=plot_title(name, run.get("options") or {}))
             parts.append(f"<h3>{html.escape(name)}</h3>" + _img(png, f"{name} roofline"))
         sweep = model.get("sweep") or {}
         if any(sweep.values()):
-            png = plot_sweep(sweep, workdir / "sweep.png")
+            png = plot_sweep(sweep, workdir / "sweep.png",
+                             parameters={m: metric_parameters(m, run.get("options") or {}) for m in sweep})  # fmt: skip
             parts.append("<h2>Server-process sweep</h2><p class='note'>Aggregate rate of one server node against its "
                          "server processes, saturated by client processes (Carns et al. 2025, Figures 9-10).</p>"
                          + _img(png, "server-process sweep"))  # fmt: skip

@@ -38,6 +38,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -411,9 +412,8 @@ def compare(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> lis
 
 
 def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """UMAMI-style "is that normal?" figure (``papers/darshan-tokio-slides.txt``): one row per quantity of
-    :func:`quantities`; left, the history's values over time with the run under study highlighted; right,
-    the history's distribution as a box plot (whiskers at 1.5 IQR) with the run as a red diamond.
+    """UMAMI-style "is that normal?" figure (``papers/darshan-tokio-slides.txt``, :func:`history_figure`),
+    written as an image.
 
     Args:
         run: the run under study (a complete run from :meth:`ResultsStore.run`).
@@ -426,8 +426,26 @@ def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], p
     Raises:
         StoreError: ``run`` has no model (it did not complete).
     """
-    from datetime import datetime
+    out = Path(path)
+    history_figure(run, history).savefig(out, dpi=100)
+    return out
 
+
+#: The shortest time axis of a history figure: a run alone (or runs minutes apart) is centred in an hour,
+#: not drawn on the years matplotlib's date locator picks for a single date.
+MIN_HISTORY_AXIS = timedelta(hours=1)
+
+
+def history_figure(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> Any:
+    """UMAMI-style "is that normal?" Figure: one row per quantity of :func:`quantities`; left, the history's
+    values over time with the run under study highlighted; right, the history's distribution as a box plot
+    (whiskers at 1.5 IQR) with the run as a red diamond. The time axis spans the runs shown, at least
+    :data:`MIN_HISTORY_AXIS`; with no earlier run the title says so.
+
+    Raises:
+        StoreError: ``run`` has no model (it did not complete).
+        PlottingUnavailable: matplotlib is not installed.
+    """
     from .plotting import require_matplotlib
 
     require_matplotlib()
@@ -441,11 +459,12 @@ def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], p
     labels = list(mine)
     fig = Figure(figsize=(10, 1.7 * len(labels) + 0.8), layout="constrained")
     axes = fig.subplots(len(labels), 2, squeeze=False, gridspec_kw={"width_ratios": [3, 1]})
-    fig.suptitle(
-        f"Is that normal? run {run.get('id')} ({run.get('service')} on {run.get('platform')}) "
-        f"against {len(others)} earlier run(s)"
-    )
+    against = f"against {len(others)} earlier run(s)" if others else "no earlier run of this service and platform yet"
+    fig.suptitle(f"Is that normal? run {run.get('id')} ({run.get('service')} on {run.get('platform')}) {against}")
     when = datetime.fromtimestamp(float(run.get("created", 0.0)))
+    times = [when, *(datetime.fromtimestamp(float(h["created"])) for h in others)]
+    first, last = min(times), max(times)
+    pad = max((last - first) * 0.05, (MIN_HISTORY_AXIS - (last - first)) / 2)
     for (ax_t, ax_b), label in zip(axes, labels, strict=True):
         value, unit = mine[label]
         found = [(datetime.fromtimestamp(float(h["created"])), quantities(h).get(label)) for h in others]
@@ -456,6 +475,7 @@ def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], p
         ax_t.plot([when], [value], "D", color="tab:red", markersize=8, label=f"run {run.get('id')}")
         ax_t.set_ylabel(ylabel, fontsize="small")
         ax_t.grid(True, alpha=0.3)
+        ax_t.set_xlim(first - pad, last + pad)
         locator = AutoDateLocator()
         ax_t.xaxis.set_major_locator(locator)
         ax_t.xaxis.set_major_formatter(ConciseDateFormatter(locator))
@@ -468,14 +488,12 @@ def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], p
         ax_b.grid(True, axis="y", alpha=0.3)
         lo = min([value, *values])
         hi = max([value, *values])
-        pad = 0.1 * (hi - lo) if hi > lo else (0.1 * abs(hi) or 1.0)
+        pad_y = 0.1 * (hi - lo) if hi > lo else (0.1 * abs(hi) or 1.0)
         for ax in (ax_t, ax_b):
-            ax.set_ylim(lo - pad, hi + pad)
+            ax.set_ylim(lo - pad_y, hi + pad_y)
             if not math.isfinite(lo):
                 ax.autoscale()
     axes[0][0].legend(loc="best", fontsize="small")
     axes[0][1].set_title("history (box) vs this run", fontsize="small")
     axes[-1][0].set_xlabel("run start time")
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    return out
+    return fig

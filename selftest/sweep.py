@@ -58,22 +58,36 @@ def sweep_points(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, 
 
 
 def plot_sweep(
-    points: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str], title: str | None = None
-) -> Path:
-    """Draw the sweep (Carns 2025, Figures 9 and 10): one panel per metric, x = server processes on the
+    points: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str], title: str | None = None,
+    parameters: Mapping[str, str] | None = None,
+) -> Path:  # fmt: skip
+    """Write :func:`sweep_figure` as an image (``.png``); returns ``path`` as a :class:`Path`.
+
+    Raises:
+        ValueError: ``points`` is empty.
+    """
+    out = Path(path)
+    sweep_figure(points, title, parameters).savefig(out, dpi=110)
+    return out
+
+
+def sweep_figure(
+    points: Mapping[str, Sequence[Mapping[str, Any]]], title: str | None = None,
+    parameters: Mapping[str, str] | None = None,
+) -> Any:  # fmt: skip
+    """The sweep (Carns 2025, Figures 9 and 10) as a Figure: one panel per metric, x = server processes on the
     node, y = the node's aggregate rate (median, with a min–max bar where the count was repeated), and a
     dashed line of perfect scaling from the one-process point.
 
     Args:
         points: :func:`sweep_points` output.
-        path: output image (``.png``).
         title: figure title.
-
-    Returns:
-        ``path`` as a :class:`Path`.
+        parameters: per metric, what its measurements were (``collect.metric_parameters``: sizes, operation,
+            fsync), a second line of its panel's title.
 
     Raises:
         ValueError: ``points`` is empty.
+        PlottingUnavailable: matplotlib is not installed.
     """
     from .plotting import require_matplotlib
 
@@ -107,7 +121,8 @@ def plot_sweep(
         ax.set_xlabel("server processes on the server node")
         lowered = name[0].lower() + name[1:] if len(name) > 1 and name[1].islower() else name
         ax.set_ylabel(f"aggregate {lowered} ({unit})")
-        ax.set_title(f"{name}: {pts[-1]['clients']} saturating client processes", fontsize="medium")
+        what = f"\n{parameters[metric]}" if parameters and metric in parameters else ""
+        ax.set_title(f"{name}: {pts[-1]['clients']} saturating client processes{what}", fontsize="medium")
         if len(pts) <= 16:
             ax.set_xticks([p["servers"] for p in pts])
         else:
@@ -120,6 +135,4 @@ def plot_sweep(
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower right", fontsize="small")
     fig.suptitle(title or "Server-process sweep (aggregate rate of one server node)")
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    return out
+    return fig

@@ -33,6 +33,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from .units import quantity
+
 ADVICE = {
     "queue": "requests wait before their handler runs: the server is saturated; add server processes "
     "(a higher service ratio) or move blocking work off the event loop",
@@ -231,7 +233,7 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
         errors = f", {f['errors']:,} errors" if f["errors"] else ""
         lines.append(
             f"{f['side']}: {f['callpath']} {where}: {f['calls']:,} calls{errors}, {f['share']:.0%} of "
-            f"{f['side']} time, {f['mean_usec']:,.1f} us per call ({steps}): {f['dominant_step']} dominates: "
+            f"{f['side']} time, {quantity(f['mean_usec'], 'usec')} per call ({steps}): {f['dominant_step']} dominates: "
             f"{f['advice']}"
         )
     if not lines:

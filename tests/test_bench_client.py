@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from conftest import WAIT_SECONDS
 
-from selftest.bench import BenchOptions, run_bench
+from selftest.bench import BenchOptions, print_table, run_bench
 from selftest.bench_client import (
     CONFIG,
+    HEADLINE,
     IMPLS,
     MALLOC_TUNING,
     MSGPACK,
@@ -34,6 +35,7 @@ from svcframe import BulkHandle, Engine
 from svcframe.config import load_config
 from svcframe.errors import BulkError, RemoteError
 from svcframe.launch import Launch
+from svcframe.units import quantity
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -109,7 +111,9 @@ def test_client_processes_run_with_and_without_the_malloc_tuning(monkeypatch: py
             client.close()
 
 
-def test_client_rows_cover_every_setting_beside_raw(monkeypatch: pytest.MonkeyPatch, figures: Any) -> None:
+def test_client_rows_cover_every_setting_beside_raw(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], figures: Any
+) -> None:
     monkeypatch.delenv("SVCFRAME_SECRET", raising=False)  # the bench brings its own secret for its servers
     result = run_bench(BenchOptions(quick=True, workloads=("client",), client_seconds=0.1))
     rows = result["rows"]
@@ -143,6 +147,14 @@ def test_client_rows_cover_every_setting_beside_raw(monkeypatch: pytest.MonkeyPa
         if r["impl"] == RAW:
             assert r["ratio_to_raw"] == 1.0
     assert result["wall_seconds"]["client"] > 0
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_table(result)  # in a pipe: one line per row, nothing cut, figures in one notation
+    lines = capsys.readouterr().out.splitlines()
+    assert "…" not in "\n".join(lines) and len([t for t in lines if t.startswith("client-read: ")]) == 2
+    headline = {"client-cpu": "usec", "client-seq": "usec", "client-read": "GiB/s"}
+    for r in rows:
+        figure = quantity(r[HEADLINE[r["workload"]]], headline[r["workload"]])
+        assert any(line.startswith(r["impl"]) and figure in line for line in lines), r
     by = {(r["workload"], r["impl"]): r for r in rows if r["workload"] == "client-cpu"}
     for impl in IMPLS:
         figures.record(f"client CPU µs per noop call, {impl} (quick, indicative)", by["client-cpu", impl][

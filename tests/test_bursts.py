@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from selftest.bursts import BurstParams, plot_bursts, run_bursts, summarize_mode, timeline_rows
+from selftest.bursts import BurstParams, bursts_figure, plot_bursts, run_bursts, summarize_mode, timeline_rows
 from svcframe.admin import ServiceHandle
 from svcframe.config import load_config
 from svcframe.engine import Engine
@@ -96,6 +96,10 @@ def test_bursts_short_run(server, tmp_path) -> None:
         assert mode["summary"]["burst_rate_ops_per_second"] > 100
     png = plot_bursts(results, tmp_path / "b.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    title = bursts_figure(results)._suptitle.get_text()  # the plot states its schedule
+    assert (
+        title == f"noop bursts: 2 x 500 ms with 500 ms gaps, 250 ms intervals, spindown 10 ms; server {server.address}"
+    )
 
     # the server's original mode is restored
     async def mode() -> str:

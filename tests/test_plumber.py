@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from selftest.nic_dispersion import SCENARIOS, plan_choices, scenario_placements
+from selftest.nic_dispersion import SCENARIOS, dispersion_figure, plan_choices, scenario_placements
 from svcframe import Engine
 from svcframe.config import parse_config
 from svcframe.errors import ConfigError
@@ -393,3 +393,11 @@ def test_nic_dispersion_command(tmp_path: Path) -> None:
         assert servers == [doc["nics"][int(c["nic"][-1])]["server"] for c in r["choices"]]  # client -> its NIC
     assert (out / "nic-dispersion.png").stat().st_size > 0
     assert "unbound" in run.stdout and "roundrobin" in run.stdout
+    # progress lines on stderr as the runs go; the plot states its parameters and that the NICs were stand-ins
+    assert [ln.split(",")[0] for ln in run.stderr.splitlines()[:2]] == [
+        "selftest nic-dispersion: [1/2] unbound / byset", "selftest nic-dispersion: [2/2] unbound / roundrobin",
+    ]  # fmt: skip
+    fig = dispersion_figure(doc)
+    (ax,) = fig.axes
+    assert ax.get_title().endswith("\n64 KiB bulk pulls, 200 ms per run, bucket policy all")
+    assert any("loopback aliases: NIC k is stood in for by 127.0.0.(k+2)" in t.get_text() for t in ax.texts)

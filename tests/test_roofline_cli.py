@@ -22,6 +22,7 @@ from selftest.roofline import Platform, Workload, WorkloadPoint, place
 from selftest.store import ResultsStore
 from svcframe.config import parse_config
 from svcframe.launch import Launch
+from svcframe.units import quantity
 
 ROOT = Path(__file__).resolve().parent.parent
 # Pc 20,000 and Ps 40,000 calls/s (ridge 1/2); bandwidth Pc 1, Ps 0.5 GiB/s; storage IOPS and bandwidth.
@@ -30,17 +31,25 @@ PEAKS = {"rpc_rate": (20_000.0, 40_000.0), "bandwidth": (1.0, 0.5), "storage_iop
 
 
 def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``svcframe ARGS`` in a pipe with ``$COLUMNS`` at 80, as under an 80-column terminal: tables and lines of
+    text fold to it (in a pipe without it, a row or a line of text stays one line)."""
     return subprocess.run([sys.executable, "-m", "svcframe", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120, env={**os.environ, **(env or {})})  # fmt: skip
+                          timeout=120, env={**os.environ, "COLUMNS": "80", **(env or {})})  # fmt: skip
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
     """The output of a command that succeeded, whose lines fit in 80 columns (but for the test's own long
-    temporary paths, which a user's would not have)."""
+    temporary paths, which a user's would not have), nothing cut."""
     assert proc.returncode == 0, proc.stderr
     lines = [re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+", "/tmp", line) for line in proc.stdout.splitlines()]
     assert all(len(line) <= 80 for line in lines), "\n".join(line for line in lines if len(line) > 80)
+    assert "…" not in proc.stdout, proc.stdout
     return proc.stdout
+
+
+def cells(line: str) -> list[str]:
+    """The cells of a table row printed in a pipe (columns two spaces apart or more; ``4.99 k`` is one cell)."""
+    return re.split(r"\s{2,}", line.strip())
 
 
 def one_clear_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -98,12 +107,12 @@ def test_place_two_rpc_runs_table_json_png_and_the_report(store: tuple[Path, int
     assert lines[0] == f"kv put (store:put) on run {rid}: selftest on here, max ceilings"
     assert lines[1].split() == ["SxC", "X", "calls/s", "roof", "headroom", "limit", "region", "score"]
     for line, point in zip(lines[2:4], doc["points"], strict=True):  # the table says what the JSON holds
-        cells = line.split()
-        assert cells[:2] == [f"1x{point['clients']}", "1" if point["clients"] == 1 else "1/2"]
-        assert cells[2] == f"{point['rate_per_client_ops_per_second']:,.0f}"
-        assert cells[3] == "20,000" and point["attainable_ops_per_second"] == pytest.approx(20_000)
-        assert cells[4] == f"{point['headroom']:.3g}x"
-        assert " ".join(cells[5:7]) == "RPC rate" and cells[7] == "client-bound"
+        row = cells(line)
+        assert row[:2] == [f"1x{point['clients']}", "1" if point["clients"] == 1 else "1/2"]
+        assert row[2] == quantity(point["rate_per_client_ops_per_second"])  # calls/s in one notation: 159, 4.99 k
+        assert row[3] == "20 k" and point["attainable_ops_per_second"] == pytest.approx(20_000)
+        assert row[4] == f"{point['headroom']:.3g}x"
+        assert row[5:7] == ["RPC rate", "client-bound"]
     # the server and the clients shared this host's cores: more processes than cores is marked, not claimed
     results = [json.loads(p.read_text()) for p in (put1, put2)]
     cores = results[0]["environment"]["usable_cores"]
@@ -113,7 +122,7 @@ def test_place_two_rpc_runs_table_json_png_and_the_report(store: tuple[Path, int
     flat = " ".join(out.split())  # wrapped lines joined
     assert (f"{sum(shared)} excluded (*: more than one process per core)" in flat) == any(shared)
     assert [p["bytes_per_call"] for p in doc["points"]] == [r["rpc"]["bytes_per_call"] for r in results]
-    assert f"kept with run {rid} in {store_path}: svcframe report {rid}" in out
+    assert f"kept with run {rid} in {store_path}: svcframe report {rid}" in flat
     assert_png(tmp_path / "pl" / "placement.png")
     # the workload written beside it places again, to the same figures (--json: the document, no table)
     again = json.loads(ok(cli("roofline", "place", str(tmp_path / "pl" / "workload.json"), "--model", str(rid),
@@ -138,12 +147,18 @@ def test_place_on_a_roofline_json_file_with_the_bandwidth_limit(tmp_path: Path) 
     (tmp_path / "w.json").write_text(workload.model_dump_json())
     out = ok(cli("roofline", "place", str(tmp_path / "w.json"), "--model", str(model), "-o", str(tmp_path / "o")))
     expected = place(Platform.load(model), workload)
-    rows = [line.split() for line in out.splitlines()[2:4]]
+    rows = [cells(line) for line in out.splitlines()[2:4]]
     # X = 1/4 is server-bound: 0.5 GiB/s x 1/4 per client over 1 MiB per call = 128 calls/s; X = 1: 512
     assert [r[3] for r in rows] == ["128", "512"] and [r[5] for r in rows] == ["bandwidth", "bandwidth"]
     assert [r[6] for r in rows] == ["server-bound", "client-bound"]
     assert [p["attainable_ops_per_second"] for p in expected["points"]] == pytest.approx([128, 512])
-    assert "- 1x4: server-bound (X < X* = 1): up to 4 servers for 4 clients raise the roof" in " ".join(out.split())
+    finding = "- 1x4: server-bound (X < X* = 1): up to 4 servers for 4 clients raise the roof"
+    assert finding in " ".join(out.split())
+    # in a pipe without $COLUMNS (a batch job's log): the same words, each finding one line
+    piped = cli("roofline", "place", str(tmp_path / "w.json"), "--model", str(model), "-o", str(tmp_path / "o"),
+                env={"COLUMNS": ""})  # fmt: skip
+    assert piped.returncode == 0 and sorted(piped.stdout.split()) == sorted(out.split())
+    assert finding in piped.stdout.splitlines()
     assert "kept with run" not in out  # a file model: nothing to keep it with
     assert_png(tmp_path / "o" / "placement.png")
 
@@ -216,8 +231,8 @@ def test_io_rooflines_with_workloads_counts_and_samples(store: tuple[Path, int],
     assert network["psi_ops_per_second"] == 40_000 and network["kappa_bytes_per_second"] == 0.5 * 2**30
     assert network["ridge_intensity_ops_per_byte"] == pytest.approx(40_000 / (0.5 * 2**30))
     assert storage["psi_ops_per_second"] == 8_000
-    first = next(line.split() for line in out.splitlines() if line.startswith("network "))
-    assert first[1:4] == ["40,000", "0.5", f"{40_000 / 2**29:.3g}"]
+    first = next(cells(line) for line in out.splitlines() if line.startswith("network "))
+    assert first[1:5] == ["40 k ops/s", "512 MiB/s", f"{40_000 / 2**29:.3g}", "13.1 KiB"]  # psi, kappa, ridge
     (kv_point,) = doc["points"]["network"]
     result = json.loads(put1.read_text())
     assert kv_point["label"] == "kv put 1x1 (put-1x1)"
@@ -245,8 +260,8 @@ def test_workflow_from_a_file_and_from_flags(store: tuple[Path, int], tmp_path: 
     assert "run 2 at once: 2 parallel, 2 tasks/s against a roof of" in flat and "beyond the wall" in flat
     # 40 RPCs per task at R(1) = min(Pc, Ps) = 20,000 calls/s: 2 ms per task; 40,000 x 1 server / 40 = 1,000 tasks/s
     words = [" ".join(line.split()) for line in out.splitlines()]
-    assert "node 0.002 s/task node: RPC rate 20,000 ops/s per client process" in words
-    assert "system 1,000 tasks/s system: RPC rate Ps 40,000 ops/s x 1 servers" in words
+    assert "node 2 ms/task node: RPC rate 20,000 ops/s per client process" in words
+    assert "system 1 k tasks/s system: RPC rate Ps 40,000 ops/s x 1 servers" in words
     assert_png(tmp_path / "wf" / "workflow.png")
     flags = json.loads(ok(cli("roofline", "workflow", "--servers", "2", "--parallel-tasks", "4", "--tasks", "10",
                               "--rpcs-per-task", "100", "--available-client-processes", "8", "--target-makespan-seconds",
@@ -260,7 +275,8 @@ def test_workflow_from_a_file_and_from_flags(store: tuple[Path, int], tmp_path: 
     ("args", "expected"),
     [
         (["place"], "give FILES (self-test results or workloads) or --from-service -g GROUP --rpc PROVIDER:NAME"),
-        (["place", "missing.json", "--model", "x.json"], "x.json: cannot read a platform roofline model:"),
+        (["place", "{results}", "--model", "x.json"], "x.json: cannot read a platform roofline model:"),
+        (["place", "missing.json", "--model", "x.json"], "missing.json: cannot read a workload:"),  # files first
         (["place", "{results}", "--model", "{results}"], "is not a platform roofline model"),
         (["place", "{results}", "--model", "99"], "no run '99' in"),
         (["place", "{results}", "--rpc", "1:put"], "--rpc, --clients, -g and --ranks go with --from-service"),

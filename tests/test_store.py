@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from selftest.store import (
     plot_history,
     quantities,
 )
+from svcframe.units import quantity, quantity_range
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CLI = [sys.executable, "-m", "svcframe"]
@@ -151,10 +153,11 @@ def collected(tmp_path_factory):
     """Two real (tiny) collections recorded by the CLI: one with --store, one through $SVCFRAME_RESULTS."""
     tmp = tmp_path_factory.mktemp("store")
     db = tmp / "results.sqlite"
+    pipe = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # a pipe as in a batch job's log
     first = subprocess.run([*CLI, "roofline", "collect", "-o", str(tmp / "a"), "--store", str(db), *TINY],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    env = {**os.environ, "SVCFRAME_RESULTS": str(db), "COLUMNS": "200"}
-    second = subprocess.run([*CLI, "roofline", "collect", "-o", str(tmp / "b"), *TINY],
+                           capture_output=True, text=True, timeout=120, env=pipe)  # fmt: skip
+    env = {**pipe, "SVCFRAME_RESULTS": str(db)}
+    second = subprocess.run([*CLI, "roofline", "collect", "-o", str(tmp / "b"), *TINY, "--json"],
                             capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     return tmp, db, first, second, env
 
@@ -163,8 +166,25 @@ def test_collect_records_every_run(collected) -> None:
     tmp, db, first, second, _ = collected
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
-    assert "stored as run 1" in first.stdout and "stored as run 2" in second.stdout
-    assert "combined score" in first.stdout and "outside measurement intervals" in first.stdout
+    assert "stored as run 1" in first.stdout and "outside measurement intervals" in first.stdout
+    # in a pipe: progress lines on stderr as the run goes (stage, sample k/n, elapsed, ETA), the summary whole
+    steps = [ln for ln in first.stderr.splitlines() if ln.startswith("roofline collect: [")]
+    assert (
+        steps[0].startswith("roofline collect: [1/") and "Pc rpc_rate: 1 server(s) x 1 client(s), sample 1" in steps[0]
+    )
+    assert all(re.search(r", elapsed \d:\d\d:\d\d, ETA (\d:\d\d:\d\d|-)$", ln) for ln in steps), first.stderr
+    assert len(steps) == len(json.loads((tmp / "a" / "roofline.json").read_text())["runs"])
+    assert first.stderr.splitlines()[-1].startswith("roofline collect: done in ")
+    model = json.loads((tmp / "a" / "roofline.json").read_text())["metrics"]["rpc_rate"]
+    pc = quantity_range(model["pc"]["min"], model["pc"]["max"], "ops/s")
+    assert len([ln for ln in first.stdout.splitlines() if ln.startswith("rpc_rate ") and pc in ln]) == 1, first.stdout
+    assert "…" not in first.stdout and "e+0" not in first.stdout, first.stdout
+    assert "  rpc_rate: noop RPCs (no payload)" in first.stdout
+    # --json: the summary as one document
+    summary = json.loads(second.stdout)
+    assert summary["kind"] == "svcframe-roofline-summary" and summary["run_id"] == 2
+    assert summary["metrics"]["rpc_rate"]["parameters"] == "noop RPCs (no payload)"
+    assert summary["model"] == str(tmp / "b" / "roofline.json") and summary["validity"]
     with ResultsStore(db) as store:
         runs = store.runs()
         assert [r["status"] for r in runs] == ["complete", "complete"]
@@ -181,15 +201,41 @@ def test_collect_records_every_run(collected) -> None:
 
 def test_history_lists_and_compares(collected) -> None:
     tmp, db, _, _, env = collected
-    listing = subprocess.run([*CLI, "history"], capture_output=True, text=True, timeout=60, env=env)
+    listing = subprocess.run(
+        [*CLI, "history"], capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "80"}
+    )
     assert listing.returncode == 0, listing.stderr
     assert "complete" in listing.stdout and "rpc_rate" in listing.stdout
+    runs = json.loads(subprocess.run([*CLI, "history", "--json"], capture_output=True, text=True, env=env).stdout)[
+        "runs"
+    ]
+    assert [(r["id"], r["status"], r["metrics"]) for r in runs] == [
+        (1, "complete", ["rpc_rate"]),
+        (2, "complete", ["rpc_rate"]),
+    ]
+    lines = listing.stdout.splitlines()  # COLUMNS=80 in a pipe: every row whole within 80 columns
+    assert all(len(ln) <= 80 for ln in lines) and "…" not in listing.stdout
+    for r in runs:
+        assert any(
+            ln.split()[:1] == [str(r["id"])] and "complete" in ln and f"{r['combined_score']:.3f}" in ln for ln in lines
+        )
     png = tmp / "h.png"
     show = subprocess.run([*CLI, "history", "show", "latest", "-o", str(png)],
                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
     assert show.returncode == 0, show.stderr
     assert "rpc_rate Pc" in show.stdout and "too little history" in show.stdout
     assert png.read_bytes()[:8] == PNG
+    shown = json.loads(subprocess.run([*CLI, "history", "show", "latest", "-o", str(png), "--json"],
+                                      capture_output=True, text=True, timeout=60, env=env).stdout)  # fmt: skip
+    (pc,) = [r for r in shown["rows"] if r["quantity"] == "rpc_rate Pc"]
+    assert shown["run"] == 2 and shown["history"] == [1] and pc["count"] == 1
+    assert any(
+        ln.startswith("rpc_rate Pc ") and quantity(pc["value"], "ops/s") in ln for ln in show.stdout.splitlines()
+    )
+    narrow = subprocess.run([*CLI, "history", "show", "latest", "-o", str(png)], capture_output=True, text=True,
+                            timeout=60, env={**env, "COLUMNS": "80"}).stdout  # fmt: skip
+    assert all(len(ln) <= 80 for ln in narrow.splitlines()) and "…" not in narrow  # folded at spaces, never cut
+    assert sorted(show.stdout.split()) == sorted(narrow.split())
     missing = subprocess.run([*CLI, "history", "show", "42", "--store", str(db)], capture_output=True, text=True)
     assert missing.returncode != 0 and "no run '42'" in missing.stderr
     nostore = subprocess.run([*CLI, "history", "--store", str(tmp / "none.sqlite")], capture_output=True, text=True)

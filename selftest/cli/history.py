@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import fail
+from svcframe.cli.common import echo_json, fail, json_option, output_path
 from svcframe.errors import SvcframeError
 
 from ..plotting import PlottingUnavailable
@@ -24,40 +24,59 @@ def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_store(store_path: str | None, *, must_exist: bool = True) -> Any:
+    """The results store of ``--store`` (else the default one); a user error when it does not exist or is not
+    a results store."""
     from ..store import ResultsStore, default_store_path
 
     path = Path(store_path) if store_path else default_store_path()
     if must_exist and not path.exists():
         fail(f"no results store at {path}: run `svcframe roofline collect` first, or give --store PATH")
-    return ResultsStore(path)
+    try:
+        return ResultsStore(path)
+    except SvcframeError as exc:
+        fail(str(exc))
 
 
 @click.group(invoke_without_command=True)
 @store_option
 @click.option("--service", default=None, help="Only runs of this service.")
 @click.option("--platform", "platform_name", default=None, help="Only runs on this platform.")
+@json_option
 @click.pass_context
-def history(ctx: click.Context, store_path: str | None, service: str | None, platform_name: str | None) -> None:
-    """List the runs of the results store (or `history show RUN`: a run against its history)."""
+def history(
+    ctx: click.Context, store_path: str | None, service: str | None, platform_name: str | None, as_json: bool
+) -> None:
+    """List the runs of the results store (or `history show RUN`: a run against its history).
+
+    --json: {"store": PATH, "runs": [{"id", "created" (Unix time), "status", "service", "platform",
+    "measurements", "planned", "metrics", "wall_seconds", "outside_fraction", "combined_score"}, ...]}."""
     ctx.ensure_object(dict)
     ctx.obj["store_path"] = store_path
     if ctx.invoked_subcommand is not None:
         return
-    from ..report import print_history
+    from ..report import history_rows, print_history
 
     with open_store(store_path) as st:
-        print_history(st.runs(service=service, platform=platform_name), st.path)
+        runs = st.runs(service=service, platform=platform_name)
+        if as_json:
+            echo_json({"store": str(st.path), "runs": history_rows(runs)})
+        else:
+            print_history(runs, st.path)
 
 
 @history.command("show")
 @click.argument("run_ref", metavar="RUN", default="latest")
 @store_option
-@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(dir_okay=False), default=None,
               help="Box-plot PNG (default: out/history/run-ID.png).")  # fmt: skip
+@json_option
 @click.pass_context
-def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: str | None) -> None:
+def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: str | None, as_json: bool) -> None:
     """Is that normal? RUN's Pc, Ps, scores and overhead against the earlier runs of the same service and
-    platform: a table, and box plots of the history with RUN as a marker (UMAMI)."""
+    platform: a table, and box plots of the history with RUN as a marker (UMAMI).
+
+    --json: {"run": ID, "service", "platform", "history": [IDs], "rows": [{"quantity", "unit", "value", "count",
+    "min", "q1", "median", "q3", "max", "percentile", "verdict"}, ...], "plot": PATH}."""
     from ..report import print_comparison
     from ..store import compare, plot_history
 
@@ -71,6 +90,10 @@ def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: 
         png = plot_history(run, hist, dest)
     except (SvcframeError, PlottingUnavailable) as exc:
         fail(str(exc))
+    if as_json:
+        echo_json({"run": run["id"], "service": run["service"], "platform": run["platform"],
+                   "history": [h["id"] for h in hist], "rows": rows, "plot": str(png)})  # fmt: skip
+        return
     print_comparison(run, rows)
     click.echo(f"plot: {png}")
 
@@ -78,7 +101,7 @@ def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: 
 @click.command()
 @click.argument("run_ref", metavar="RUN", default="latest")
 @store_option
-@click.option("--output", "-o", "out", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(dir_okay=False), default=None,
               help="HTML file (default: out/report/run-ID.html).")  # fmt: skip
 def report(run_ref: str, store_path: str | None, out: str | None) -> None:
     """Write one self-contained HTML page of a run from the results store: every plot and table."""

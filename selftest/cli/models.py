@@ -10,14 +10,15 @@
   wall, the four zones of the targets, measured runs placed.
 
 The platform (``--model``) is a run of the results store (``latest``, an id, ``-N``) or a ``roofline.json``.
-Every command prints plain-text columns that never cut a value, ``--json`` prints the document instead, and
-a user error is one line.
+Every command prints its tables through ``svcframe.cli.common.print_table`` (never cutting a value: folded to
+a terminal's width, one line per row in a pipe) with figures in one notation (``svcframe.units``), ``--json``
+prints the document instead, and a user error is one line (FILES are read before the platform is looked up,
+an ``--output`` that cannot be written is refused before anything runs).
 """
 
 from __future__ import annotations
 
 import json
-import textwrap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,14 +26,24 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import echo_json, fail, group_members, group_option, json_argument, ranks_option, read_secret
+from svcframe.cli.common import (
+    echo_json,
+    fail,
+    group_members,
+    group_option,
+    json_argument,
+    output_console,
+    output_path,
+    print_lines,
+    print_table,
+    quantity,
+    ranks_option,
+    read_secret,
+)
 from svcframe.errors import SvcframeError
 
 from ..plotting import PlottingUnavailable
 from .history import open_store, store_option
-
-WIDTH = 80
-"""Notes and findings are wrapped to this many columns."""
 
 
 # -- shared ---------------------------------------------------------------------------------------------------------
@@ -54,7 +65,7 @@ def output_options(default_dir: str) -> Callable[[Callable[..., Any]], Callable[
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn = click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the table.")(fn)
         return click.option(
-            "--output", "-o", "out", type=click.Path(file_okay=False), default=None,
+            "--output", "-o", "out", callback=output_path, type=click.Path(file_okay=False), default=None,
             help=f"Directory for the PNG and JSON (default: {default_dir}; with --json, none unless given).",
         )(fn)  # fmt: skip
 
@@ -81,10 +92,6 @@ def out_dir(out: str | None, as_json: bool, default: str) -> Path | None:
     path = Path(out or default)
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def wrapped(text: str, prefix: str = "") -> str:
-    return textwrap.fill(text, WIDTH, initial_indent=prefix, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def workload_from_files(files: Sequence[str], name: str | None) -> Any:
@@ -158,13 +165,13 @@ def place_command(
         fail("give FILES (self-test results or workloads) or --from-service -g GROUP --rpc PROVIDER:NAME", 2)
     if not from_service and (rpc or clients or group or ranks is not None):
         fail("--rpc, --clients, -g and --ranks go with --from-service", 2)
+    if from_service and rpc is None:
+        fail("--from-service needs --rpc PROVIDER:NAME (the RPC to read, e.g. store:put)", 2)
+    workload = None if from_service else workload_from_files(files, name)  # a bad file is named first
     platform, run_id = load_platform(model_ref, store_path)
-    if from_service:
-        if rpc is None:
-            fail("--from-service needs --rpc PROVIDER:NAME (the RPC to read, e.g. store:put)", 2)
+    if workload is None:
+        assert rpc is not None
         workload = _live_workload(group, ranks, rpc, window_seconds, clients, name)
-    else:
-        workload = workload_from_files(files, name)
     try:
         placement = place(platform, workload, bound)  # type: ignore[arg-type]
     except ValueError as exc:
@@ -210,8 +217,8 @@ def _live_workload(
             handles = [ServiceHandle(engine, a, p) for a, p in targets]
             first = [await h.statistics() for h in handles]
             t0 = time.monotonic()
-            click.echo(f"reading {target.type} {target.name} on {len(targets)} server(s) for {window_seconds:g} s",
-                       err=True)  # fmt: skip
+            click.echo(f"reading {target.type} {target.name} on {len(targets)} server(s) for "
+                       f"{quantity(window_seconds, 's')}", err=True)  # fmt: skip
             await _sleep(window_seconds)
             second = [await h.statistics() for h in handles]
             elapsed = time.monotonic() - t0
@@ -237,11 +244,12 @@ async def _sleep(seconds: float) -> None:
 def _print_placement(
     placement: dict[str, Any], written: Sequence[Path], run_id: int | None, kept: tuple[int, Path] | None
 ) -> None:
-    from ..report import PLACEMENT_COLUMNS, placement_table, text_table
+    from ..report import PLACEMENT_COLUMNS, PLACEMENT_FIGURES, placement_table
 
+    console = output_console()
     rpc = f" ({placement['rpc']})" if placement.get("rpc") else ""
-    click.echo(wrapped(f"{placement['workload']}{rpc} on {placement['platform']}, {placement['bound']} ceilings"))
-    click.echo(text_table(PLACEMENT_COLUMNS, placement_table(placement), left=1))
+    print_table(PLACEMENT_COLUMNS, placement_table(placement), numeric=PLACEMENT_FIGURES, console=console,
+                title=f"{placement['workload']}{rpc} on {placement['platform']}, {placement['bound']} ceilings")  # fmt: skip
     summary = placement["summary"]
     if summary["score"] is not None:
         line = f"score {summary['score']:.2f} over {summary['count']} point(s) the model claims"
@@ -251,15 +259,12 @@ def _print_placement(
         line = "no point the model claims"
     if summary["excluded"]:
         line += f"; {summary['excluded']} excluded (*: more than one process per core)"
-    click.echo(wrapped(line))
-    for finding in placement_findings(placement):
-        click.echo(wrapped(finding, "- "))
-    for note in placement["notes"]:
-        click.echo(wrapped(note, "note: "))
-    for path in written:
-        click.echo(f"{_WRITTEN.get(path.name, path.stem)}: {path}")
+    lines = [line, *(f"- {finding}" for finding in placement_findings(placement))]
+    lines += [f"note: {note}" for note in placement["notes"]]
+    lines += [f"{_WRITTEN.get(path.name, path.stem)}: {path}" for path in written]
     if kept is not None:
-        click.echo(f"kept with run {run_id} in {kept[1]}: svcframe report {run_id}")
+        lines.append(f"kept with run {run_id} in {kept[1]}: svcframe report {run_id}")
+    print_lines(*lines, console=console)
 
 
 _WRITTEN = {"placement.png": "plot", "placement.json": "placement", "workload.json": "workload (place it again)"}
@@ -310,6 +315,7 @@ def io_command(
     from ..roofline.plots import plot_io
     from ..roofline.scores import combine_scores
 
+    workloads = [(f, workload_from_files([f], None)) for f in files]  # each its own workload; a bad file first
     platform, _ = load_platform(model_ref, store_path)
     rooflines = io_rooflines(platform, side, bound)  # type: ignore[arg-type]
     if not rooflines:
@@ -319,8 +325,7 @@ def io_command(
     notes = []
     if files and "network" not in rooflines:
         fail(f"{platform.label}: the model has no network I/O roofline (rpc_rate and bandwidth) for FILES")
-    for f in files:  # each its own workload: several RPCs may share the roofline
-        workload = workload_from_files([f], None)
+    for f, workload in workloads:  # several RPCs may share the roofline
         placed = io_points(workload, side)  # type: ignore[arg-type]
         points["network"] += placed
         if len(placed) < len(workload.points):
@@ -368,46 +373,39 @@ def io_command(
     _print_io(doc, written)
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.3g} B"
-
-
 def _print_io(doc: dict[str, Any], written: Sequence[Path]) -> None:
-    from ..report import text_table
-
-    click.echo(wrapped(f"I/O rooflines (Zhu & Neuwirth eq. 3) of {doc['platform']}, per {doc['side']} process, "
-                       f"{doc['bound']} of the measured ranges"))  # fmt: skip
+    console = output_console()
     rows: list[tuple[str, ...]] = []
     for name, rl in doc["rooflines"].items():
         ridge = rl["ridge_intensity_ops_per_byte"]
-        rows.append((name, f"{rl['psi_ops_per_second']:,.0f}", f"{rl['kappa_bytes_per_second'] / 2**30:.3g}",
-                     f"{ridge:.3g}", _bytes(1 / ridge), f"{rl['system_score_bandwidth_bytes_per_second'] / 2**20:,.0f}"))  # fmt: skip
-    click.echo(text_table(("roofline", "psi ops/s", "kappa GiB/s", "ridge ops/B", "1 op per", "score MiB/s"), rows))
-    click.echo(wrapped("system scores: vector (psi, ridge) eq. 13; bandwidth psi / ridge eq. 14 (score MiB/s)"))
+        rows.append((name, quantity(rl["psi_ops_per_second"], "ops/s"), quantity(rl["kappa_bytes_per_second"], "B/s"),
+                     f"{ridge:.3g}", quantity(1 / ridge, "B"),
+                     quantity(rl["system_score_bandwidth_bytes_per_second"], "B/s")))  # fmt: skip
+    columns = ("roofline", "psi", "kappa", "ridge ops/B", "1 op per", "bandwidth score")
+    print_table(columns, rows, numeric=columns[1:], console=console,
+                title=f"I/O rooflines (Zhu & Neuwirth eq. 3) of {doc['platform']}, per {doc['side']} process, "
+                f"{doc['bound']} of the measured ranges")  # fmt: skip
+    print_lines("system scores: vector (psi, ridge) eq. 13; bandwidth psi / ridge eq. 14", console=console)
     for name, placed in doc["points"].items():
         if not placed:
             continue
         points = [
-            (r["label"], _bytes(1 / r["intensity_ops_per_byte"]), f"{r['ops_per_second']:,.0f}",
-             f"{r['attainable_ops_per_second']:,.0f}", "-" if r["headroom"] is None else f"{r['headroom']:.3g}x",
+            (r["label"], quantity(1 / r["intensity_ops_per_byte"], "B"), quantity(r["ops_per_second"]),
+             quantity(r["attainable_ops_per_second"]), "-" if r["headroom"] is None else f"{r['headroom']:.3g}x",
              r["region"].removesuffix("-bound"), f"{r['score']:.2f}")
             for r in placed
         ]  # fmt: skip
-        click.echo(f"on the {name} roofline:")
-        click.echo(text_table((name, "B/op", "ops/s", "roof", "headroom", "bound by", "score"), points))
+        print_table((name, "B/op", "ops/s", "roof", "headroom", "bound by", "score"), points, console=console,
+                    numeric=("B/op", "ops/s", "roof", "headroom", "score"), title=f"on the {name} roofline:")  # fmt: skip
+    lines = []
     if any(doc["points"].values()):
-        combined = [(label, f"{s:.2f}") for label, s in doc["application_scores"].items()]
-        click.echo(wrapped("application scores (eq. 12 over the rooflines each is on): "
-                           + ", ".join(f"{label} {s}" for label, s in combined)))  # fmt: skip
+        combined = ", ".join(f"{label} {s:.2f}" for label, s in doc["application_scores"].items())
+        lines.append(f"application scores (eq. 12 over the rooflines each is on): {combined}")
     else:
-        click.echo("no workload placed: give self-test results or workload FILES, --counts or --samples")
-    for note in doc["notes"]:
-        click.echo(wrapped(note, "note: "))
-    for path in written:
-        click.echo(f"{'plot' if path.suffix == '.png' else 'json'}: {path}")
+        lines.append("no workload placed: give self-test results or workload FILES, --counts or --samples")
+    lines += [f"note: {note}" for note in doc["notes"]]
+    lines += [f"{'plot' if path.suffix == '.png' else 'json'}: {path}" for path in written]
+    print_lines(*lines, console=console)
 
 
 # -- workflow -------------------------------------------------------------------------------------------------------
@@ -518,36 +516,38 @@ def _runs(runs: Sequence[str], runs_file: str | None) -> list[dict[str, Any]]:
 
 
 def _print_workflow(analysis: dict[str, Any], written: Sequence[Path]) -> None:
-    from ..report import rate_text
-
+    console = output_console()
     spec, rl = analysis["spec"], analysis["roofline"]
-    click.echo(wrapped(f"workflow roofline (Ding et al. eq. 1): {analysis['workflow']}, {len(spec['stages'])} "
-                       f"stage(s), {sum(s['tasks'] for s in spec['stages'])} tasks, {spec['servers']} server(s), "
-                       f"on {analysis['platform']}, {analysis['bound']} ceilings"))  # fmt: skip
-    for c in rl["ceilings"]:
-        value = (f"{c['seconds_per_task']:.3g} s/task" if c["kind"] == "node"
-                 else f"{rate_text(c['tasks_per_second'])} tasks/s")  # fmt: skip
-        click.echo(f"  {c['kind']:<6}  {value:>16}  {c['name']}")
-    click.echo(f"  wall    {rl['wall']:>16}  parallel tasks (client processes / those of a task)")
+    ceilings = [
+        (c["kind"], quantity(c["seconds_per_task"], "s/task") if c["kind"] == "node"
+         else quantity(c["tasks_per_second"], "tasks/s"), c["name"])
+        for c in rl["ceilings"]
+    ]  # fmt: skip
+    ceilings.append(("wall", f"{rl['wall']} tasks", "parallel tasks (client processes / those of a task)"))
+    print_table(("kind", "ceiling", "what"), ceilings, numeric=("ceiling",), console=console,
+                title=f"workflow roofline (Ding et al. eq. 1): {analysis['workflow']}, {len(spec['stages'])} "
+                f"stage(s), {sum(s['tasks'] for s in spec['stages'])} tasks, {spec['servers']} server(s), on "
+                f"{analysis['platform']}, {analysis['bound']} ceilings")  # fmt: skip
     n = analysis["parallel_tasks"]
-    line = f"at {n} parallel task(s): roof {analysis['attainable_tasks_per_second']:.3g} tasks/s"
+    line = f"at {n} parallel task(s): roof {quantity(analysis['attainable_tasks_per_second'], 'tasks/s')}"
     if analysis["beyond_wall"]:
         line += ", beyond the wall"
     if analysis["attainable_zone"] is not None:
         line += f"; best zone reachable: {analysis['attainable_zone']}"
-    click.echo(wrapped(line))
+    lines = [line]
     if rl["target_makespan_seconds"] is not None and rl["target_throughput_tasks_per_second"] is not None:
-        click.echo(wrapped(f"zones (Fig. 2a): good makespan when tasks/s >= n / {rl['target_makespan_seconds']:g} s, "
-                           f"good throughput when tasks/s >= {rl['target_throughput_tasks_per_second']:g}"))  # fmt: skip
+        lines.append(f"zones (Fig. 2a): good makespan when tasks/s >= n / {quantity(rl['target_makespan_seconds'], 's')}"
+                     f", good throughput when tasks/s >= {quantity(rl['target_throughput_tasks_per_second'])}")  # fmt: skip
     for s in analysis["stages"]:
-        click.echo(wrapped(f"stage {s['name']}: {s['tasks']} tasks, roof {s['attainable_tasks_per_second']:.3g} "
-                           f"tasks/s, makespan >= {s['makespan_lower_bound_seconds']:.3g} s, bound by {s['bound']}"))  # fmt: skip
-    click.echo(f"makespan >= {analysis['makespan_lower_bound_seconds']:.3g} s (the stages run one after the other)")
+        lines.append(f"stage {s['name']}: {s['tasks']} tasks, roof {quantity(s['attainable_tasks_per_second'], 'tasks/s')}"
+                     f", makespan >= {quantity(s['makespan_lower_bound_seconds'], 's')}, bound by {s['bound']}")  # fmt: skip
+    lines.append(f"makespan >= {quantity(analysis['makespan_lower_bound_seconds'], 's')} (the stages run one after "
+                 "the other)")  # fmt: skip
     for r in analysis["runs"]:
         wall = ", beyond the wall" if r["beyond_wall"] else ""
         zone = f", {r['zone']}" if r["zone"] else ""
-        click.echo(wrapped(f"run {r['label']}: {r['parallel_tasks']} parallel, {r['tasks_per_second']:.3g} tasks/s "
-                           f"against a roof of {r['attainable_tasks_per_second']:.3g} ({r['headroom']:.3g}x headroom), "
-                           f"{r['bound_kind']}-bound{wall}{zone}"))  # fmt: skip
-    for path in written:
-        click.echo(f"{'plot' if path.suffix == '.png' else 'json'}: {path}")
+        lines.append(f"run {r['label']}: {r['parallel_tasks']} parallel, {quantity(r['tasks_per_second'], 'tasks/s')} "
+                     f"against a roof of {quantity(r['attainable_tasks_per_second'], 'tasks/s')} ({r['headroom']:.3g}x "
+                     f"headroom), {r['bound_kind']}-bound{wall}{zone}")  # fmt: skip
+    lines += [f"{'plot' if path.suffix == '.png' else 'json'}: {path}" for path in written]
+    print_lines(*lines, console=console)

@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import fail
+from svcframe.cli.common import StepProgress, echo_json, fail, int_list, json_option, output_path
+from svcframe.config import load_config
 from svcframe.errors import SvcframeError
 
 from ..collect import ALL_METRICS
@@ -31,24 +32,38 @@ def roofline() -> None:
 
 
 @roofline.command("collect")
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/roofline", show_default=True)
+@click.option(
+    "--output",
+    "-o",
+    "out",
+    callback=output_path,
+    type=click.Path(file_okay=False),
+    default="out/roofline",
+    show_default=True,
+)
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Server config hosting the self-test provider (default: configs/selftest.json).")  # fmt: skip
-@click.option("--duration-seconds", type=float, default=2.0, show_default=True)
-@click.option("--repeats", type=int, default=3, show_default=True, help="Samples of Pc and Ps.")
+@click.option("--duration-seconds", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Samples of Pc and Ps.")
 @click.option("--paper", is_flag=True, help="The paper's settings: 5-second measurements, five samples.")
 @click.option("--metric", "metrics", multiple=True,
               type=click.Choice(ALL_METRICS),
               help="Metric to measure (repeatable; default all four).")  # fmt: skip
-@click.option("--bulk-size", type=int, default=1024 * 1024, show_default=True)
-@click.option("--grid-servers", default="1,2", show_default=True)
-@click.option("--grid-clients", default="1,2,4,8", show_default=True)
-@click.option("--sweep-max-servers", type=int, default=None,
+@click.option("--bulk-size", type=click.IntRange(min=1), default=1024 * 1024, show_default=True)
+@click.option("--grid-servers", default="1,2", show_default=True, callback=int_list)
+@click.option("--grid-clients", default="1,2,4,8", show_default=True, callback=int_list)
+@click.option("--sweep-max-servers", type=click.IntRange(min=0), default=None,
               help="Server-process sweep 1..N (default: the server cores; 0 = no sweep).")  # fmt: skip
 @click.option("--storage-dir", type=click.Path(file_okay=False), default=None,
               help="Directory of the servers' storage files (default: the system temporary directory).")  # fmt: skip
-@click.option("--storage-block-size", type=int, default=4096, show_default=True, help="Bytes per op, storage_iops.")
-@click.option("--storage-bandwidth-block-size", type=int, default=1024 * 1024, show_default=True,
+@click.option(
+    "--storage-block-size",
+    type=click.IntRange(min=1),
+    default=4096,
+    show_default=True,
+    help="Bytes per op, storage_iops.",
+)
+@click.option("--storage-bandwidth-block-size", type=click.IntRange(min=1), default=1024 * 1024, show_default=True,
               help="Bytes per op, storage_bandwidth.")  # fmt: skip
 @click.option("--storage-op", type=click.Choice(STORAGE_OPS), default="write", show_default=True)
 @click.option("--storage-fsync", is_flag=True, help="fdatasync after every storage write.")
@@ -62,29 +77,34 @@ def roofline() -> None:
               help="Nodes from an Open MPI ('host slots=N') or MPICH ('host:N') hostfile; first host = server node.")  # fmt: skip
 @click.option("--launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
               help="What starts processes: srun inside Slurm, mpiexec with a hostfile, local otherwise.")  # fmt: skip
-@click.option("--grid-server-nodes", default=None,
+@click.option("--grid-server-nodes", default=None, callback=int_list,
               help="Validation grid in fully populated nodes, e.g. 1,2 (with --grid-client-nodes).")  # fmt: skip
-@click.option("--grid-client-nodes", default=None, help="Validation grid client nodes, e.g. 1,2,3.")
+@click.option("--grid-client-nodes", default=None, callback=int_list, help="Validation grid client nodes, e.g. 1,2,3.")
 @click.option("--coordinator-host", default=None,
               help="Host this process's engine binds to for remote client processes (default: the host name).")  # fmt: skip
 @store_option
 @click.option("--no-store", is_flag=True, help="Do not record the run in the results store.")
 @click.option("--resume", default=None, help="Continue an interrupted run (id, 'latest' or -N) from the store.")
+@json_option
 def roofline_collect(
     out: str, config_file: str | None, duration_seconds: float, repeats: int, paper: bool, metrics: tuple[str, ...],
-    bulk_size: int, grid_servers: str, grid_clients: str, sweep_max_servers: int | None, storage_dir: str | None,
-    storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str, storage_fsync: bool,
+    bulk_size: int, grid_servers: list[int], grid_clients: list[int], sweep_max_servers: int | None,
+    storage_dir: str | None, storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str,
+    storage_fsync: bool,
     service: str | None, platform_name: str | None, weights: tuple[str, ...], nodes_spec: str | None,
-    hostfile: str | None, launcher: str, grid_server_nodes: str | None, grid_client_nodes: str | None,
-    coordinator_host: str | None, store_path: str | None, no_store: bool, resume: str | None,
+    hostfile: str | None, launcher: str, grid_server_nodes: list[int] | None, grid_client_nodes: list[int] | None,
+    coordinator_host: str | None, store_path: str | None, no_store: bool, resume: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Run the whole suite over a node set: launch, Pc over every pair of nodes, Ps, server sweep, validation
     grid, teardown; write plots + JSON and record the run in the results store. Ctrl-C stops cleanly;
-    --resume continues. On a cluster: inside salloc/sbatch (--launcher srun) or with --hostfile (mpiexec)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    --resume continues. On a cluster: inside salloc/sbatch (--launcher srun) or with --hostfile (mpiexec).
 
+    Progress goes to stderr: a bar on a terminal, one line per measurement in a pipe or a log. --json prints
+    the summary as one JSON document: {"kind": "svcframe-roofline-summary", "run_id", "store", "metrics": {NAME:
+    {"unit", "parameters", "pc", "ps", "ridge", "scores", "above_ceiling", "plot"}}, "combined_score", "weights",
+    "validity", "overhead", "model", "sweep_plot"} (the whole model is in the roofline.json it names)."""
     from ..collect import DEFAULT_CONFIG, CollectOptions, collect, plan
-    from ..report import print_collect_summary
+    from ..report import collect_summary_json, print_collect_summary
     from ..store import default_store_path
 
     store_file = None if no_store else (Path(store_path) if store_path else default_store_path())
@@ -112,18 +132,19 @@ def roofline_collect(
         opts = CollectOptions(
             out=Path(out), config=Path(config_file) if config_file else DEFAULT_CONFIG,
             metrics=list(metrics) or list(ALL_METRICS), duration_seconds=duration_seconds, repeats=repeats,
-            bulk_size=bulk_size, grid_servers=[int(x) for x in grid_servers.split(",")],
-            grid_clients=[int(x) for x in grid_clients.split(",")], sweep_max_servers=sweep_max_servers,
+            bulk_size=bulk_size, grid_servers=grid_servers,
+            grid_clients=grid_clients, sweep_max_servers=sweep_max_servers,
             storage_dir=Path(storage_dir) if storage_dir else None, storage_block_size=storage_block_size,
             storage_bandwidth_block_size=storage_bandwidth_block_size, storage_op=storage_op,
             storage_fsync=storage_fsync, store=store_file, service=service, platform=platform_name,
             weights=weight_map or None, nodes=nodes_spec, hostfile=Path(hostfile) if hostfile else None,
             launcher=launcher, coordinator_host=coordinator_host,
-            grid_server_nodes=[int(x) for x in grid_server_nodes.split(",")] if grid_server_nodes else None,
-            grid_client_nodes=[int(x) for x in grid_client_nodes.split(",")] if grid_client_nodes else None,
+            grid_server_nodes=grid_server_nodes,
+            grid_client_nodes=grid_client_nodes,
         )  # fmt: skip
     try:
         total = len(plan(opts))
+        load_config(opts.config)  # a bad config is one line before anything starts
     except (ValueError, SvcframeError) as exc:
         fail(str(exc))
 
@@ -131,19 +152,15 @@ def roofline_collect(
         raise KeyboardInterrupt  # tear down as for Ctrl-C
 
     old_term = signal.signal(signal.SIGTERM, on_sigterm)
-    columns = (TextColumn("[bold]{task.fields[stage]}[/bold] {task.description}"), BarColumn(),
-               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("ETA"),
-               TimeRemainingColumn())  # fmt: skip
     try:
-        with Progress(*columns, transient=False) as bar:
-            task = bar.add_task("launching servers and clients", total=total, stage="start")
+        with StepProgress("roofline collect", total) as progress:
+            progress.note("launching servers and clients")
 
             def on_step(description: str, index: int, todo: int) -> None:
-                stage, _, rest = description.partition(" ")
-                bar.update(task, description=rest, stage=stage, completed=total - todo + index - 1)
+                progress.step(description, total - todo + index - 1)
 
             doc = collect(opts, on_step, resume=resume_id)
-            bar.update(task, completed=total, description="done", stage="")
+            progress.finish()
     except KeyboardInterrupt:
         hint = ""
         if store_file is not None and store_file.exists():
@@ -158,14 +175,18 @@ def roofline_collect(
         fail(str(exc))
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    print_collect_summary(doc, Path(opts.out))
+    if as_json:
+        echo_json(collect_summary_json(doc, Path(opts.out)))
+    else:
+        print_collect_summary(doc, Path(opts.out))
 
 
 @roofline.command("plot")
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default=None)
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(file_okay=False), default=None)
 def roofline_plot(model: str, out: str | None) -> None:
     """Redraw the plots of a roofline.json (no service needed)."""
+    from ..collect import plot_title
     from ..roofline import Roofline, plot
 
     try:
@@ -180,7 +201,8 @@ def roofline_plot(model: str, out: str | None) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     try:
         for name, m in doc["metrics"].items():
-            click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png"))
+            title = plot_title(name, doc.get("options") or {}) if name in ALL_METRICS else None
+            click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png", title=title))
     except (ValueError, PlottingUnavailable) as exc:
         fail(f"{model}: {exc}")
 

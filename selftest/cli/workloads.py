@@ -10,11 +10,19 @@ from typing import Any
 import click
 
 from svcframe.cli.common import (
+    StepProgress,
     echo_json,
     fail,
     group_members,
     group_option,
+    int_list,
     json_argument,
+    json_option,
+    output_console,
+    output_path,
+    print_lines,
+    print_table,
+    quantity,
     ranks_option,
     read_secret,
     resolve_targets,
@@ -55,11 +63,18 @@ def selftest() -> None:
 @click.option("--storage-fsync", is_flag=True, default=None, help="fdatasync after every storage write.")
 @click.option("--provider-id", type=int, default=None)
 @click.option("--progress-mode", type=click.Choice(PROGRESS_MODES), default=None)
-@click.option("--client-cores", default=None, help="Comma-separated cores to pin clients to.")
+@click.option("--client-cores", default=None, callback=int_list, help="Comma-separated cores to pin clients to.")
 @click.option("--event-loop", type=click.Choice(EVENT_LOOPS), default=None)
 @click.option("--trace-samples", type=int, default=None,
               help="Record start and latency of each client's first N calls (results: sample_trace).")  # fmt: skip
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the results JSON here.")
+@click.option(
+    "--output",
+    "-o",
+    callback=output_path,
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the results JSON here.",
+)
 @click.option("--keep-provider", is_flag=True,
               help="Keep a self-test provider this command added (default: remove it after the run).")  # fmt: skip
 @click.option("--rpc", default=None, metavar="PROVIDER:NAME",
@@ -69,11 +84,14 @@ def selftest() -> None:
               help="--rpc: function(ctx, call) returning each call's argument, e.g. selftest.generators:kv_put.")  # fmt: skip
 @click.option("--arg-option", "rpc_arg_options", multiple=True, metavar="KEY=VALUE",
               help="--arg-generator: an option (repeatable; VALUE is JSON when it parses), e.g. value_bytes=1024.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the results JSON even with -o (instead of the summary).")
 def selftest_run(
     group: str | None, ranks: list[int] | None, target: tuple[str, ...], params_file: str | None, output: str | None,
-    keep_provider: bool, rpc_arg: str | None, rpc_arg_options: tuple[str, ...], **flags: Any,
+    keep_provider: bool, rpc_arg: str | None, rpc_arg_options: tuple[str, ...], as_json: bool, **flags: Any,
 ) -> None:  # fmt: skip
-    """Run one self-test; print the results JSON (or a summary when -o is given).
+    """Run one self-test; print the results JSON (or, with -o, a summary; with -o and --json the JSON too).
+
+    Progress goes to stderr: a bar on a terminal, one line per stage in a pipe or a log.
 
     Servers without a self-test provider get one through their admin provider (library selftest.provider,
     type selftest) for the run; it is removed afterwards unless --keep-provider (it samples the servers' CPU).
@@ -97,7 +115,7 @@ def selftest_run(
         click.echo(f"svcframe: warning: {params_file}: ignoring Quintain settings {', '.join(ignored)}", err=True)
     for key, value in flags.items():
         if value is not None:
-            values[key] = [int(c) for c in value.split(",")] if key == "client_cores" else value
+            values[key] = value
     _rpc_values(values, rpc_arg, rpc_arg_options, workload_given=flags.get("workload") is not None)
     try:
         params = SelftestParams.model_validate(values)
@@ -105,31 +123,39 @@ def selftest_run(
         fail(format_validation_error(exc, "selftest parameters").replace("\n", "; "))
     targets = resolve_targets(target, group, ranks)
     servers = [a for a, _ in targets]
-    try:
-        attachment = _selftest_attach(targets, params.provider_id if "provider_id" in values else None)
-    except SvcframeError as exc:
-        fail(str(exc))
-    params = params.model_copy(update={"provider_id": attachment.provider_id})
-    try:
-        results = run_selftest(params, servers, admin_provider_id=targets[0][1])
-    except SvcframeError as exc:
-        fail(str(exc))
-    finally:
-        _selftest_detach(attachment, keep_provider)
+    with StepProgress("selftest run", 1) as progress:
+        try:
+            attachment = _selftest_attach(targets, params.provider_id if "provider_id" in values else None)
+        except SvcframeError as exc:
+            fail(str(exc))
+        params = params.model_copy(update={"provider_id": attachment.provider_id})
+        step = (f"{params.workload}: {params.clients} client(s) x depth {params.depth} on {len(servers)} server(s) "
+                f"for {quantity(params.duration_seconds, 's')}")  # fmt: skip
+        try:
+            results = run_selftest(params, servers, admin_provider_id=targets[0][1],
+                                   on_start=lambda: progress.step(step, 0))  # fmt: skip
+            progress.finish()
+        except SvcframeError as exc:
+            fail(str(exc))
+        finally:
+            _selftest_detach(attachment, keep_provider)
     if output:
         save_results(results, output)
+    if output and not as_json:
         agg = results["aggregate"]
         lat = agg["latency_usec"]
         click.echo(
-            f"{params.workload}: {agg['rate_ops_per_second']:.0f} ops/s "
-            f"({agg['bandwidth_gib_per_second']:.3f} GiB/s), p50 {lat['p50']:.1f} us, p99 {lat['p99']:.1f} us, "
-            f"server CPU {agg['server_cpu_usec_per_op']:.1f} us/op; results in {output}"
+            f"{params.workload}: {quantity(agg['rate_ops_per_second'], 'ops/s')}"
+            + (f" ({quantity(agg['bandwidth_gib_per_second'], 'GiB/s')})" if agg["bandwidth_gib_per_second"] else "")
+            + f", p50 {quantity(lat['p50'], 'usec')}, "
+            f"p99 {quantity(lat['p99'], 'usec')}, server CPU {quantity(agg['server_cpu_usec_per_op'], 'usec/op')}; "
+            f"results in {output}"
         )
         modes = results["progress_modes"]
         servers_modes = ", ".join(sorted(set(map(str, modes["servers"].values()))))
         click.echo(f"progress: clients {modes['client']}, servers {servers_modes}")
         if "rpc" in results:
-            click.echo(_rpc_line(results["rpc"]))
+            print_lines(_rpc_line(results["rpc"]))
         for address, findings in results.get("diagnosis", {}).items():
             click.echo(f"diagnosis of {address}:\n{format_diagnosis(findings)}")
     else:
@@ -165,11 +191,11 @@ def _rpc_values(values: dict[str, Any], rpc_arg: str | None, options: tuple[str,
 
 
 def _rpc_line(rpc: dict[str, Any]) -> str:
-    """``store:put (kv put, provider 1): 1,053 B/call = request 1,052 + response 1 + bulk 0``."""
+    """``store:put (kv put, provider 1): 1.03 KiB/call = request 1.03 KiB + response 1 B + bulk 0 B``."""
     return (
         f"{rpc['requested']} ({rpc['type']} {rpc['name']}, provider {rpc['provider_id']}): "
-        f"{rpc['bytes_per_call']:,} B/call = request {rpc['request_bytes_per_call']:,.0f} + "
-        f"response {rpc['response_bytes_per_call']:,.0f} + bulk {rpc['bulk_bytes_per_call']:,.0f}"
+        f"{quantity(rpc['bytes_per_call'], 'B')}/call = request {quantity(rpc['request_bytes_per_call'], 'B')} + "
+        f"response {quantity(rpc['response_bytes_per_call'], 'B')} + bulk {quantity(rpc['bulk_bytes_per_call'], 'B')}"
     )
 
 
@@ -224,9 +250,23 @@ def _selftest_detach(attachment: Any, keep: bool) -> None:
 @click.option("--spindown-msec", type=float, default=10.0, show_default=True)
 @click.option("--provider-id", type=int, default=1, show_default=True)
 @click.option("--client-core", type=int, default=None, help="Pin the client to this core.")
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/bursts", show_default=True)
-def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, modes: str, **kw: Any) -> None:
-    """Sequential noop bursts separated by idle gaps, once per progress mode (the paper's Figure 6)."""
+@click.option(
+    "--output",
+    "-o",
+    "out",
+    callback=output_path,
+    type=click.Path(file_okay=False),
+    default="out/bursts",
+    show_default=True,
+)
+@json_option
+def selftest_bursts(
+    group: str | None, rank: int, target: str | None, out: str, modes: str, as_json: bool, **kw: Any
+) -> None:
+    """Sequential noop bursts separated by idle gaps, once per progress mode (the paper's Figure 6).
+
+    Progress goes to stderr (a bar on a terminal, a line per mode in a pipe); --json prints the results
+    document (the bursts.json written under -o)."""
     from svcframe.loops import run
 
     from ..bursts import BurstParams, plot_bursts, run_bursts
@@ -236,7 +276,12 @@ def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, 
     server = target or group_members(group, [rank])[0].address
     try:
         params = BurstParams(modes=modes.split(","), **kw)
-        results = run(run_bursts(params, server))
+        each = (
+            f"{params.bursts} bursts of {quantity(params.burst_seconds, 's')}, {quantity(params.gap_seconds, 's')} gaps"
+        )
+        with StepProgress("selftest bursts", len(params.modes)) as progress:
+            results = run(run_bursts(params, server, lambda mode, done, total: progress.step(f"{mode}: {each}", done)))
+            progress.finish()
     except (SvcframeError, ValueError) as exc:
         fail(str(exc))
     dest = Path(out)
@@ -246,15 +291,21 @@ def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, 
         png = plot_bursts(results, dest / "bursts.png")
     except PlottingUnavailable as exc:
         fail(f"{exc}: {dest / 'bursts.json'}")
+    if as_json:
+        echo_json(results)
+        return
+    rows = []
     for mode in results["modes"]:
         s = mode["summary"]
-        watts = f", {s['idle_package_watts']:.1f} W" if s["idle_package_watts"] is not None else ""
-        click.echo(
-            f"{mode['mode']:>8}: {s['burst_rate_ops_per_second'] or 0:9.0f} calls/s in bursts, "
-            f"server CPU idle {100 * (s['idle_server_cpu_utilization'] or 0):5.1f}%, "
-            f"busy {100 * (s['burst_server_cpu_utilization'] or 0):5.1f}%{watts}"
-        )
-    click.echo(f"plot: {png}\nresults: {dest / 'bursts.json'}")
+        rows.append((mode["mode"], quantity(s["burst_rate_ops_per_second"], "calls/s"),
+                     f"{100 * (s['idle_server_cpu_utilization'] or 0):.1f}%",
+                     f"{100 * (s['burst_server_cpu_utilization'] or 0):.1f}%",
+                     quantity(s["idle_package_watts"], "W")))  # fmt: skip
+    console = output_console()
+    print_table(("mode", "rate in bursts", "server CPU idle", "busy", "idle power"), rows,
+                numeric=("rate in bursts", "server CPU idle", "busy", "idle power"), console=console,
+                title=f"noop bursts against {server}: {each}, one run per progress mode")  # fmt: skip
+    print_lines(f"plot: {png}", f"results: {dest / 'bursts.json'}", console=console)
 
 
 @selftest.command("nic-dispersion")
@@ -273,15 +324,19 @@ def selftest_bursts(group: str | None, rank: int, target: str | None, out: str, 
 @click.option("--duration-seconds", type=float, default=2.0, show_default=True)
 @click.option("--server", "server_map", multiple=True, metavar="NIC=ADDRESS",
               help="Use a running server for NIC instead of launching one (repeatable).")  # fmt: skip
-@click.option("--output", "-o", "out", type=click.Path(file_okay=False), default="out/nic-dispersion",
-              show_default=True)  # fmt: skip
+@click.option("--output", "-o", "out", callback=output_path, type=click.Path(file_okay=False),
+              default="out/nic-dispersion", show_default=True)  # fmt: skip
+@json_option
 def selftest_nic_dispersion(
     from_file: str | None, loopback_aliases: bool, clients: int, scenarios: tuple[str, ...],
     nic_policies: tuple[str, ...], bucket_policy: str, interfaces: tuple[str, ...], bulk_size: int,
-    duration_seconds: float, server_map: tuple[str, ...], out: str,
+    duration_seconds: float, server_map: tuple[str, ...], out: str, as_json: bool,
 ) -> None:  # fmt: skip
     """Servers one per NIC, clients under three CPU-binding scenarios and two NIC policies: aggregate
-    bandwidth per scenario and a bar chart (the paper's Figure 2)."""
+    bandwidth per scenario and a bar chart (the paper's Figure 2).
+
+    Progress goes to stderr (a bar on a terminal, a line per run in a pipe); --json prints the results
+    document (the nic-dispersion.json written under -o)."""
     from svcframe.topology import discover, load_topology
 
     from ..nic_dispersion import DispersionOptions, run_dispersion, save
@@ -297,18 +352,24 @@ def selftest_nic_dispersion(
         fail("--server takes NIC=ADDRESS, e.g. --server nic0=tcp://10.99.1.1:40000")
     try:
         topo = load_topology(from_file) if from_file else discover()
-        doc = run_dispersion(topo, opts, on_step=lambda what: click.echo(f"running {what} ...", err=True))
+        with StepProgress("selftest nic-dispersion", len(opts.scenarios) * len(opts.nic_policies)) as progress:
+            doc = run_dispersion(topo, opts, on_step=lambda what, done, total: progress.step(what, done))
+            progress.finish()
     except SvcframeError as exc:
         fail(str(exc))
     try:
         js, png = save(doc, opts.out)
     except PlottingUnavailable as exc:
         fail(str(exc))
-    for note in doc["notes"]:
-        click.echo(f"note: {note}")
+    if as_json:
+        echo_json(doc)
+        return
+    console = output_console()
+    print_lines(*(f"note: {note}" for note in doc["notes"]), console=console)
     names = [n["name"] for n in doc["nics"]]
-    click.echo(f"{'scenario':>10} {'nic_policy':>11} {'GiB/s':>8}  clients per NIC ({', '.join(names)})")
-    for r in doc["runs"]:
-        spread = " ".join(str(r["clients_per_nic"][n]) for n in names)
-        click.echo(f"{r['scenario']:>10} {r['nic_policy']:>11} {r['bandwidth_gib_per_second']:8.3f}  {spread}")
-    click.echo(f"plot: {png}\nresults: {js}")
+    rows = [(r["scenario"], r["nic_policy"], quantity(r["bandwidth_gib_per_second"], "GiB/s"),
+             " ".join(str(r["clients_per_nic"][n]) for n in names)) for r in doc["runs"]]  # fmt: skip
+    print_table(("scenario", "nic_policy", "bandwidth", "clients per NIC"), rows, numeric=("bandwidth",),
+                title=f"aggregate bandwidth of {clients} clients, {quantity(bulk_size, 'B')} bulk pulls; clients "
+                f"per NIC in the order {', '.join(names)}", console=console)  # fmt: skip
+    print_lines(f"plot: {png}", f"results: {js}", console=console)

@@ -270,6 +270,10 @@ def _check_bound(bound: str) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+ABOVE_CEILING_TOLERANCE = 0.05
+"""A validation sample more than this far above the upper ceiling (5%) is flagged: the ceiling was measured low."""
+
+
 @dataclass
 class Roofline:
     """A data-service roofline for one metric, with its validation samples (Carns 2025, sections 4.2–4.3).
@@ -402,6 +406,22 @@ class Roofline:
     def region(self, sample: Sample, bound: Bound = "max") -> str:
         """:data:`REGION_SERVER_BOUND` if ``X < ridge(bound)``, else :data:`REGION_CLIENT_BOUND`."""
         return REGION_SERVER_BOUND if sample.service_ratio < self.ridge(bound) else REGION_CLIENT_BOUND
+
+    def above_ceiling(self, tolerance: float = ABOVE_CEILING_TOLERANCE) -> list[tuple[Sample, float]]:
+        """The samples measured above the upper ceiling by more than ``tolerance``, with their excess.
+
+        No deployment should beat ``R(X)`` at its service ratio with the largest Pc and Ps measured, so a sample
+        above it says the ceilings were measured low (a noisy run: other load while Pc or Ps was sampled, too
+        few repeats): the model's errors there say more about the run than about the service.
+
+        Args:
+            tolerance: relative excess tolerated as noise (default :data:`ABOVE_CEILING_TOLERANCE`).
+
+        Returns:
+            ``(sample, measured / R(X) - 1)`` per sample above, in sample order.
+        """
+        found = [(s, self.efficiency(s) - 1.0) for s in self.samples]
+        return [(s, excess) for s, excess in found if excess > tolerance]
 
     def scores(self, bound: Bound = "max") -> dict[str, Any]:
         """Score every sample and summarise the samples the model claims to predict, overall and per region.

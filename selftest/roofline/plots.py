@@ -1,8 +1,8 @@
 """Plots of the three rooflines (matplotlib, object-oriented API, Agg backend, imported lazily through
 ``selftest.plotting.require_matplotlib``: ``plot`` is an optional extra, ``pip install 'svcframe[plot]'``).
 
-* :func:`plot`: the data-service roofline of one metric with its validation samples (Carns et al. 2025,
-  Figures 13-14);
+* :func:`roofline_figure` / :func:`plot`: the data-service roofline of one metric with its validation
+  samples (Carns et al. 2025, Figures 13-14), samples above its ceiling flagged;
 * :func:`io_figure` / :func:`plot_io`: I/O rooflines with workloads as points (Zhu & Neuwirth Figs. 3-4);
 * :func:`workflow_figure` / :func:`plot_workflow`: a workflow roofline, its wall, zones and runs (Ding et
   al. Figs. 1-3);
@@ -52,14 +52,7 @@ def _ridge_text(x: float) -> str:
 
 
 def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = None) -> Path:
-    """Draw the roofline with its validation samples and write it as an image (PNG by suffix).
-
-    Log x axis (service ratio), linear y axis (rate per client process), as in Carns 2025, section 5.1 and
-    Figures 13–14: the upper ceiling (``pc.max``, ``ps.max``) solid, the lower one (``pc.min``, ``ps.min``)
-    dashed, the band between shaded, the ridge point marked and annotated, and samples as semi-transparent
-    points coloured by server process count, those with more than one process per core circled in red
-    (:attr:`~selftest.roofline.Sample.oversubscribed`: outside the model). The x range spans the samples
-    and both ridge points with a factor 2 margin each side.
+    """Draw the roofline with its validation samples (:func:`roofline_figure`) and write it as an image.
 
     Args:
         roofline: the model to draw; it may have no samples.
@@ -71,6 +64,31 @@ def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = N
 
     Raises:
         OSError: the file cannot be written.
+        PlottingUnavailable: matplotlib is not installed.
+    """
+    out = Path(path)
+    roofline_figure(roofline, title).savefig(out, dpi=120)
+    return out
+
+
+def roofline_figure(roofline: Roofline, title: str | None = None) -> Figure:
+    """The data-service roofline with its validation samples, as a Figure.
+
+    Log x axis (service ratio), linear y axis (rate per client process), as in Carns 2025, section 5.1 and
+    Figures 13–14: the upper ceiling (``pc.max``, ``ps.max``) solid, the lower one (``pc.min``, ``ps.min``)
+    dashed, the band between shaded, the ridge point marked and annotated, and samples as semi-transparent
+    points coloured by server process count, those with more than one process per core circled in red
+    (:attr:`~selftest.roofline.Sample.oversubscribed`: outside the model). Samples above the upper ceiling
+    (:meth:`~selftest.roofline.Roofline.above_ceiling`: the ceiling was measured low, a noisy run) are
+    boxed in orange and said so in a note on the axes. The x range spans the samples and both ridge points
+    with a factor 2 margin each side.
+
+    Args:
+        roofline: the model to draw; it may have no samples.
+        title: figure title; default ``"<metric name> roofline"``.
+
+    Raises:
+        PlottingUnavailable: matplotlib is not installed.
     """
     _require_matplotlib()
     from matplotlib import colormaps
@@ -189,6 +207,33 @@ def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = N
                 label="> 1 process per core: not modelled, excluded",
             )
 
+        above = rl.above_ceiling()
+        if above:
+            worst = max(excess for _, excess in above)
+            ax.scatter(
+                [s.service_ratio for s, _ in above],
+                [s.rate_per_client for s, _ in above],
+                s=180,
+                marker="s",
+                facecolors="none",
+                edgecolors="tab:orange",
+                linewidths=1.5,
+                zorder=4,
+                label=f"above the max ceiling (up to +{worst:.0%})",
+            )
+            ax.text(
+                0.02,
+                0.98,
+                f"ceiling below {len(above)} of its own samples (up to +{worst:.0%}):\n"
+                "Pc or Ps measured low, a noisy run?",
+                transform=ax.transAxes,
+                va="top",
+                ha="left",
+                color="tab:orange",
+                fontsize="small",
+                bbox={"facecolor": "white", "edgecolor": "tab:orange", "alpha": 0.9},
+            )
+
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(0, top * 1.25)
@@ -201,9 +246,7 @@ def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = N
     ax.set_title(title if title is not None else f"{rl.metric.name} roofline")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    return out
+    return fig
 
 
 def _require_matplotlib() -> None:

@@ -1,9 +1,20 @@
 """What every command of the ``svcframe`` command line shares, the framework's and the plugins' alike:
-the one-line user error, JSON output, the shared secret, and the servers a verb targets.
+the one-line user error, JSON output, the shared secret, the servers a verb targets, and output that reads
+well in a terminal, in a pipe and in a log file.
 
 Targets. A verb that acts on servers takes ADDRESS arguments and/or ``-g/--group FILE`` (a group file to
 READ, ``svcframe.group``: svcframe's or Flock's); with neither, the group file named by ``$SVCFRAME_GROUP``.
 ``--ranks 0-3,5`` selects members of the group. ``-g`` given twice is an error (never silently the last).
+
+Output. Figures print in one notation (:func:`quantity`, :func:`quantity_range`, from ``svcframe.units``,
+where modules below the CLI find them too: three significant digits, an SI prefix, binary ones for bytes,
+and the unit: ``8.63 k ops/s``, ``8.63-17.1 k ops/s``, ``3.60 GiB/s``, ``24.3 µs``). Tables
+(:func:`print_table`) never cut a value: on a terminal they fit its width (or ``$COLUMNS``), a value too long
+for its column folds onto more lines; in a pipe or a file (an sbatch log) they are plain columns, one line per
+row, no wider than ``$COLUMNS`` when it is set. Every command that prints a table also takes ``--json``
+(:func:`json_option`). Long commands report progress (:class:`StepProgress`) on stderr: a rich progress bar on
+a terminal, one plain line per step elsewhere, so a log shows it as it happens. Paths a command writes are
+checked before it runs (:func:`output_path`).
 """
 
 from __future__ import annotations
@@ -12,18 +23,25 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from ..config import ADMIN_PROVIDER_ID
 from ..errors import ConfigError, GroupError, RemoteError
 from ..group import GROUP_ENV, Member, read_group_file
+from ..units import percent, quantity, quantity_range
 from ..wire import check_secret
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
 F = TypeVar("F", bound=Callable[..., Any])
+__all__ = ["percent", "quantity", "quantity_range"]  # re-exported: every command's one notation for figures
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -45,11 +63,12 @@ def echo_json(obj: Any) -> None:
 
 
 def json_argument(text: str, what: str) -> Any:
-    """JSON text, or ``@FILE`` for the contents of FILE (a user error when neither reads)."""
+    """JSON text, or ``@FILE`` for the contents of FILE (a user error when neither reads: it names the file
+    whole, or the start of the text)."""
     try:
         return json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
     except (OSError, ValueError) as exc:
-        fail(f"cannot read {what} ({text[:60]!r}): {exc}")
+        fail(f"cannot read {what} ({text[1:] if text.startswith('@') else repr(text[:60])}): {exc}")
 
 
 def read_secret(secret_file: str | None = None) -> bytes | None:
@@ -97,6 +116,36 @@ def _rank_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
             raise click.BadParameter(f"{value!r}: expected ranks and ranges such as 0-3,5", ctx, param)
         ranks += range(int(first), int(last if dash else first) + 1)
     return list(dict.fromkeys(ranks))
+
+
+def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """A click callback: ``1,2,4`` -> [1, 2, 4] (integers >= 0; a usage error naming the option otherwise)."""
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise click.BadParameter(f"{value!r}: expected integers separated by commas, such as 1,2,4", ctx, param)
+    return [int(p) for p in parts]
+
+
+def output_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for a path the command writes (a file, or a directory when the parameter's type is
+    ``click.Path(file_okay=False)``): checked before anything runs, so a long run never ends unable to write
+    its results. The directory it goes in is created when missing; a usage error naming the path when that
+    cannot be (a file stands in the way, no permission)."""
+    if value is None:
+        return None
+    path = Path(value)
+    folder = path if isinstance(param.type, click.Path) and not param.type.file_okay else path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"{value}: cannot create the directory {folder}: {exc.strerror}", ctx, param) from None
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"{value}: cannot write in {folder}", ctx, param)
+    if path.is_dir() and folder is not path:
+        raise click.BadParameter(f"{value} is a directory; give a file name", ctx, param)
+    return value
 
 
 def group_option(fn: F) -> F:
@@ -175,3 +224,174 @@ def run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout: 
         echo_json({a: r for a, r in results.items() if a not in failed})
         sys.exit(1)
     return results
+
+
+# -- output -------------------------------------------------------------------------------------------------------
+#: Width of a console writing to a pipe or a file when ``$COLUMNS`` is not set: no limit, a row stays one line.
+UNLIMITED_WIDTH = 100_000
+
+
+def output_console(*, stderr: bool = False) -> Console:
+    """A rich console for a command's output (``stderr``: for progress and notes).
+
+    On a terminal: its width, or ``$COLUMNS`` when set. In a pipe or a file (an sbatch log): ``$COLUMNS`` when
+    set, else no width limit, so a table row stays one line; no colour, no cursor codes. No highlighting of
+    numbers: output reads the same in both.
+    """
+    from rich.console import Console
+
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else None
+    stream = sys.stderr if stderr else sys.stdout
+    if width is None and not stream.isatty():
+        width = UNLIMITED_WIDTH
+    return Console(stderr=stderr, width=width, highlight=False)
+
+
+def make_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Collection[str] = (),
+    console: Console | None = None,
+) -> Any:  # fmt: skip
+    """The rich ``Table`` of :func:`print_table` (for a live display): its layout follows ``console``."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    terminal = (console or output_console()).is_terminal
+    table = Table(box=box.SIMPLE_HEAD if terminal else None, padding=(0, 1 if terminal else 2, 0, 0), pad_edge=False,
+                  show_edge=False)  # fmt: skip
+    for h in headers:
+        table.add_column(h, justify="right" if h in numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(c if isinstance(c, Text) else Text("-" if c is None else str(c)) for c in row))
+    return table
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None,
+    numeric: Collection[str] = (), console: Console | None = None,
+) -> None:  # fmt: skip
+    """Print rows under headers, never cutting a value.
+
+    On a terminal: a rule under the header, columns fitted to the width; a value longer than its column
+    folds onto more lines (at spaces first), never ``…``. In a pipe or a file: plain columns two spaces
+    apart, one line per row when ``$COLUMNS`` is not set, no trailing blanks. The title is a line of its own
+    above (never squeezed to the table's width). Cells are text (no rich markup is read from them) or rich
+    ``Text``; None prints as ``-``.
+
+    Args:
+        headers: column names.
+        rows: one sequence of cells per row, as many as ``headers``.
+        title: a line printed above the table.
+        numeric: headers of the columns aligned right.
+        console: where to print (default :func:`output_console`).
+    """
+    from rich.text import Text
+
+    console = console or output_console()
+    if title:
+        emit(Text(title), console)
+    emit(make_table(headers, rows, numeric=numeric, console=console), console)
+
+
+def emit(renderable: Any, console: Console) -> None:
+    """Print a rich renderable; in a pipe or a file without the blanks that pad its lines' ends."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
+def print_lines(*lines: str, console: Console | None = None) -> None:
+    """Plain text lines (no markup read), wrapped at spaces on a terminal, one line each in a pipe."""
+    from rich.text import Text
+
+    console = console or output_console()
+    for line in lines:
+        emit(Text(line), console)
+
+
+def json_option(fn: F) -> F:
+    """``--json``: print one JSON document (or JSON lines for a stream) instead of the tables."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print one JSON document instead of tables (machine-readable)."
+    )(fn)
+
+
+def _clock(seconds: float | None) -> str:
+    # 62.4 -> "0:01:02"; None -> "-"
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(round(max(0.0, seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+class StepProgress:
+    """Progress of a long command through ``total`` steps, on stderr.
+
+    On a terminal: a rich progress bar (stage, bar, k/n, elapsed, ETA). Elsewhere (a pipe, an sbatch log):
+    one plain line when each step starts, ``COMMAND: [k/n] DESCRIPTION, elapsed H:MM:SS, ETA H:MM:SS``, and
+    one when it ends, so a log shows progress as it happens. The ETA is rich's: the steps done so far over
+    the time they took (``-`` before the first ends).
+
+    Use as a context manager; :meth:`step` when a step starts, :meth:`note` for what happens between steps,
+    :meth:`finish` when all are done.
+    """
+
+    def __init__(self, command: str, total: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.command, self.total = command, total
+        self._console = output_console(stderr=True)
+        self.interactive = self._console.is_terminal
+        self._progress: Progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), console=self._console, disable=not self.interactive,
+            speed_estimate_period=7 * 24 * 3600.0,
+        )  # fmt: skip
+        self._task = self._progress.add_task(command, total=total)
+
+    def __enter__(self) -> StepProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._progress.stop()
+
+    def _line(self, text: str) -> None:
+        # one line of a log, never wrapped (even under $COLUMNS): grep finds a step whole
+        from rich.text import Text
+
+        self._console.print(Text(text), soft_wrap=True)
+
+    def _times(self) -> str:
+        task = self._progress.tasks[0]
+        return f"elapsed {_clock(task.elapsed)}, ETA {_clock(task.time_remaining)}"
+
+    def note(self, description: str) -> None:
+        """What the command does before or between steps (launching, attaching...): no step is counted."""
+        self._progress.update(self._task, description=f"{self.command}: {description}")
+        if not self.interactive:
+            self._line(f"{self.command}: {description}, {self._times()}")
+
+    def step(self, description: str, done: int) -> None:
+        """Step ``done + 1`` of ``total`` starts (``done`` steps are complete); ``description`` names it."""
+        self._progress.update(self._task, completed=done, description=f"{self.command}: {description}")
+        if not self.interactive:
+            self._line(f"{self.command}: [{done + 1}/{self.total}] {description}, {self._times()}")
+
+    def finish(self, description: str = "done") -> None:
+        """Every step is complete."""
+        self._progress.update(self._task, completed=self.total, description=f"{self.command}: {description}")
+        if not self.interactive:
+            task = self._progress.tasks[0]
+            self._line(f"{self.command}: {description} in {_clock(task.elapsed)}")

@@ -18,6 +18,7 @@ from .common import (
     fail,
     import_from_cwd,
     json_argument,
+    output_path,
     resolve_targets,
     run_admin,
     target_options,
@@ -61,7 +62,7 @@ def config_check(file: str) -> None:
 @click.option("--library", "-l", "libraries", multiple=True, metavar="MODULE",
               help="Describe the provider types of this library (repeatable). Default: the installed ones "
               "(entry-point group svcframe.providers: svcframe's kv, blob and selftest).")  # fmt: skip
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "-o", callback=output_path, type=click.Path(dir_okay=False), default=None,
               help="Write it to this file (the repository keeps it in configs/schema.json).")  # fmt: skip
 def config_schema_cmd(libraries: tuple[str, ...], output: str | None) -> None:
     """Print the JSON Schema of the bootstrap config (from the pydantic models): each providers[] entry is a
@@ -80,7 +81,7 @@ def config_schema_cmd(libraries: tuple[str, ...], output: str | None) -> None:
 
 @config.command("get")
 @target_options
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "-o", callback=output_path, type=click.Path(dir_okay=False), default=None,
               help="Write the one server's configuration to this file, ready for `svcframe serve`.")  # fmt: skip
 def config_get(address: tuple[str, ...], group: str | None, ranks: list[int] | None, output: str | None) -> None:
     """Print the live configuration of each server, keyed by address (re-launchable: defaults filled in,

@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from .common import echo_json, read_secret, resolve_targets, run_admin, target_options
+from .common import (
+    describe,
+    echo_json,
+    emit,
+    fail,
+    make_table,
+    output_console,
+    output_path,
+    quantity,
+    read_secret,
+    resolve_targets,
+    run_admin,
+    target_options,
+)
 
 MONITOR_COLUMNS = ("server", "side", "callpath", "peer", "calls_per_second", "calls", "p50_usec", "p99_usec",
                    "queue_p50_usec", "errors")  # fmt: skip
@@ -42,22 +56,36 @@ def stats_rows(previous: dict[str, Any] | None, current: dict[str, Any], seconds
     return rows
 
 
-def _stats_table(rows: list[tuple[Any, ...]]) -> Any:
-    from rich.table import Table
+MONITOR_TITLE = ("svcframe monitor: calls and errors exact; latencies sampled (p50, p99: handler time on the "
+                 "target side, round trip on the origin side; queue: p50 of the wait for a handler)")  # fmt: skip
+_MONITOR_HEADERS = ("callpath", "calls/s", "calls", "p50", "p99", "queue", "errors")
 
-    table = Table(title="svcframe monitor (target: handler time; origin: round trip; calls exact, latencies sampled)")
-    for col in ("server", "side", "callpath", "peer", "calls/s", "calls", "p50 µs", "p99 µs", "queue p50 µs", "errors"):
-        table.add_column(col)
-    for a, side, cp, peer, rate, count, p50, p99, queue, errors in rows:
-        table.add_row(a, side, cp, peer, f"{rate:,.0f}", str(count), f"{p50:.1f}", f"{p99:.1f}",
-                      "" if queue is None else f"{queue:.1f}", str(errors))  # fmt: skip
-    return table
+
+def _stats_view(rows: list[tuple[Any, ...]], console: Any) -> Any:
+    """The title, then per server, side and peer a line naming them (``SERVER target, from PEER``) and a table
+    of the callpaths (figures with their units): within 80 columns for callpaths of up to ~25 characters."""
+    from rich.console import Group
+    from rich.text import Text
+
+    parts: list[Any] = [Text(MONITOR_TITLE)]
+    for server, side, peer in dict.fromkeys((r[0], r[1], r[3]) for r in rows):
+        cells = [(cp, quantity(rate), f"{count:,}", quantity(p50, "usec"), quantity(p99, "usec"),
+                  quantity(queue, "usec"), f"{errors:,}")
+                 for a, s, cp, p, rate, count, p50, p99, queue, errors in rows
+                 if (a, s, p) == (server, side, peer)]  # fmt: skip
+        heading = f"{server} {side}, {'from' if side == 'target' else 'to'} {peer}"
+        parts += [Text(heading), make_table(_MONITOR_HEADERS, cells, numeric=_MONITOR_HEADERS[1:], console=console)]
+    if not rows:
+        parts.append(Text("no calls yet"))
+    return Group(*parts)
 
 
 @click.command()
 @target_options
-@click.option("--interval-seconds", type=float, default=1.0, show_default=True)
-@click.option("--count", type=int, default=0, help="Stop after this many snapshots (0 = until Ctrl-C).")
+@click.option("--interval-seconds", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
+@click.option(
+    "--count", type=click.IntRange(min=0), default=0, help="Stop after this many snapshots (0 = until Ctrl-C)."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per snapshot and line (JSON lines).")
 def monitor(
     address: tuple[str, ...], group: str | None, ranks: list[int] | None, interval_seconds: float, count: int,
@@ -66,15 +94,17 @@ def monitor(
     """Per-callpath rates and latency percentiles of servers, refreshed every interval.
 
     Calls and errors are exact; latencies are sampled. The first snapshot's rate is since the statistics were
-    last reset; each later one's since the snapshot before. In a pipe each snapshot is printed in turn."""
-    from rich.console import Console
+    last reset; each later one's since the snapshot before. In a pipe each snapshot is printed in turn. A
+    server that does not answer is one line on stderr (and an exit code of 1 at the end); none answering is an
+    error."""
     from rich.live import Live
 
     from ..engine import Engine
     from ..loops import run
 
     targets = resolve_targets(address, group, ranks)
-    console = Console(width=max(Console().width, 140))
+    console = output_console()
+    unanswered: set[str] = set()
 
     async def go() -> None:
         import asyncio
@@ -88,18 +118,23 @@ def monitor(
             with live or contextlib.nullcontext():
                 n = 0
                 while count == 0 or n < count:
-                    current = {
-                        a: r for a, r in (await handle.call("statistics")).items() if not isinstance(r, Exception)
-                    }
+                    answers = await handle.call("statistics")
+                    current = {a: r for a, r in answers.items() if not isinstance(r, Exception)}
+                    failed = {a: r for a, r in answers.items() if isinstance(r, Exception)}
+                    if not current:
+                        fail("no server answered: " + "; ".join(f"{a}: {describe(r)}" for a, r in failed.items()))
+                    for a, r in failed.items():
+                        unanswered.add(a)
+                        click.echo(f"svcframe: {a}: {describe(r)}", err=True)
                     now = time.monotonic()
                     rows = stats_rows(previous, current, now - t_prev)
                     if as_json:
                         click.echo(json.dumps({"time": time.time(), "rows": [dict(zip(MONITOR_COLUMNS, r, strict=True))
                                                                              for r in rows]}))  # fmt: skip
                     elif live is not None:
-                        live.update(_stats_table(rows), refresh=True)
+                        live.update(_stats_view(rows, console), refresh=True)
                     else:
-                        console.print(_stats_table(rows))
+                        emit(_stats_view(rows, console), console)
                     previous, t_prev = current, now
                     n += 1
                     if count == 0 or n < count:
@@ -107,6 +142,8 @@ def monitor(
 
     with contextlib.suppress(KeyboardInterrupt):
         run(go())
+    if unanswered:
+        sys.exit(1)
 
 
 @click.group()
@@ -116,7 +153,14 @@ def stats() -> None:
 
 @stats.command("dump")
 @target_options
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option(
+    "--output",
+    "-o",
+    callback=output_path,
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write here (default stdout).",
+)
 @click.option("--format", "fmt", type=click.Choice(["json", "prometheus"]), default="json", show_default=True)
 @click.option("--reset", is_flag=True, help="Reset the statistics after reading them.")
 def stats_dump(
@@ -212,7 +256,9 @@ def trace_off(address: tuple[str, ...], group: str | None, ranks: list[int] | No
 
 @trace.command("dump")
 @target_options
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default="trace.json", show_default=True)
+@click.option(
+    "--output", "-o", callback=output_path, type=click.Path(dir_okay=False), default="trace.json", show_default=True
+)
 @click.option("--clear", is_flag=True, help="Empty the servers' trace buffers after reading.")
 def trace_dump(address: tuple[str, ...], group: str | None, ranks: list[int] | None, output: str, clear: bool) -> None:
     """Merge the servers' trace events into one Chrome Trace file (open it at ui.perfetto.dev)."""

@@ -16,7 +16,7 @@ import click
 from ..config import load_config
 from ..errors import SvcframeError
 from ..group import GROUP_ENV
-from .common import fail, import_from_cwd, read_secret
+from .common import fail, import_from_cwd, output_path, read_secret
 
 
 def _not_a_reader(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
@@ -37,7 +37,7 @@ def _no_group_flag(fn: Any) -> Any:
 @click.option("--ready-fd", type=int, default=None, help="Write one readiness JSON line to this fd.")
 @click.option("--secret-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--address", default=None, help="Override engine.address.")
-@click.option("--group-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+@click.option("--group-file", callback=output_path, type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Under srun/mpiexec: rank 0 writes this group file once every rank is ready.")  # fmt: skip
 @_no_group_flag
 @click.option("--group-timeout-seconds", type=float, default=120.0, show_default=True,
@@ -93,8 +93,8 @@ def serve(
 @click.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--procs", "-n", type=int, default=1, show_default=True, help="Server processes to start.")
-@click.option("--group-file", type=click.Path(dir_okay=False), default="svcframe.group.json", show_default=True,
-              envvar=GROUP_ENV, show_envvar=True, metavar="FILE",
+@click.option("--group-file", callback=output_path, type=click.Path(dir_okay=False), default="svcframe.group.json",
+              show_default=True, envvar=GROUP_ENV, show_envvar=True, metavar="FILE",
               help="Write the group file here once every server is ready (removed when they stop).")  # fmt: skip
 @_no_group_flag
 @click.option("--pin/--no-pin", default=False, help="Pin rank i to usable core i (mod cores).")

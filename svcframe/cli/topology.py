@@ -7,7 +7,7 @@ import click
 
 from ..errors import SvcframeError
 from ..topology import BACKENDS
-from .common import echo_json, fail
+from .common import echo_json, fail, output_console, print_lines, print_table
 
 
 @click.command()
@@ -36,39 +36,28 @@ def topology(as_json: bool, from_file: str | None, backend: str, policies: bool,
     if as_json:
         echo_json({**topo.to_dict(), **({"policies": matrix} if policies else {})})
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    console.print(
-        f"[bold]{topo.host or '(described)'}[/bold] from {topo.source}: {len(topo.packages)} package(s), "
-        f"{len(topo.numa_nodes)} NUMA node(s), {len(topo.cores)} core(s), {len(topo.cpus)} CPU(s)"
+    console = output_console()
+    print_lines(
+        f"{topo.host or '(described)'} from {topo.source}: {len(topo.packages)} package(s), "
+        f"{len(topo.numa_nodes)} NUMA node(s), {len(topo.cores)} core(s), {len(topo.cpus)} CPU(s)",
+        console=console,
     )
-    places = Table(title="packages and NUMA nodes")
-    for col in ("kind", "os_index", "cpus"):
-        places.add_column(col)
-    for p in topo.packages:
-        places.add_row("package", str(p.os_index), format_cpulist(p.cpus))
-    for node in topo.numa_nodes:
-        places.add_row("numa", str(node.os_index), format_cpulist(node.cpus))
-    console.print(places)
+    places = [("package", p.os_index, format_cpulist(p.cpus)) for p in topo.packages]
+    places += [("numa", node.os_index, format_cpulist(node.cpus)) for node in topo.numa_nodes]
+    print_table(("kind", "os_index", "cpus"), places, title="packages and NUMA nodes", console=console)
     candidates = {n.name for n in topo.candidate_nics(patterns)}
-    nics = Table(title="network interfaces")
-    for col in ("name", "addresses", "local cpus", "packages", "numa", "pci", "kind", "up", "plumber candidate"):
-        nics.add_column(col, overflow="fold", no_wrap=col == "name")
+    nics = []
     for n in topo.nics:
         pkgs = sorted({p.os_index for p in topo.packages if p.cpus & n.local_cpus})
-        nics.add_row(
+        nics.append((
             n.name, ", ".join(n.addresses) or "-", format_cpulist(n.local_cpus), ",".join(map(str, pkgs)),
-            "-" if n.numa_node is None else str(n.numa_node), n.pci or "-", "virtual" if n.virtual else "pci",
-            "yes" if n.up else "no", "yes" if n.name in candidates else "no",
-        )  # fmt: skip
-    console.print(nics)
+            n.numa_node, n.pci or "-", "virtual" if n.virtual else "pci", "yes" if n.up else "no",
+            "yes" if n.name in candidates else "no",
+        ))  # fmt: skip
+    print_table(("name", "addresses", "cpus", "package", "numa", "pci", "kind", "up", "plumber"), nics,
+                title="network interfaces (cpus: local CPUs; plumber: a candidate of the plumber)",
+                console=console)  # fmt: skip
     if matrix:
-        table = Table(title="plumber choices for this process (dry run: round robin not taken)")
-        for col in ("bucket_policy", "nic_policy", "bucket", "nic", "address"):
-            table.add_column(col)
-        for row in matrix:
-            table.add_row(row["bucket_policy"], row["nic_policy"], row["bucket"] or "-", row["nic"] or "-",
-                          row["address"] or "-")  # fmt: skip
-        console.print(table)
+        rows = [(r["bucket_policy"], r["nic_policy"], r["bucket"], r["nic"], r["address"]) for r in matrix]
+        title = "plumber choices for this process (dry run: round robin not taken)"
+        print_table(("bucket_policy", "nic_policy", "bucket", "nic", "address"), rows, title=title, console=console)

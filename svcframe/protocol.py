@@ -312,7 +312,7 @@ class Protocol:
             try:
                 return self.decoder.buffer_updated(nbytes)
             except ProtocolError as exc:
-                self._fail(exc)
+                self.fail(exc)
                 raise
         phase = self.phase
         if phase is Phase.ERROR or phase is Phase.CLOSED:
@@ -321,7 +321,7 @@ class Protocol:
             frames = self.decoder.buffer_updated(nbytes)
             return self._handshake(frames) if frames and phase is not Phase.CLOSING else []
         except ProtocolError as exc:
-            self._fail(exc)
+            self.fail(exc)
             raise
 
     def more(self) -> list[Frame]:
@@ -332,7 +332,7 @@ class Protocol:
         try:
             return self.decoder.more()
         except ProtocolError as exc:
-            self._fail(exc)
+            self.fail(exc)
             raise
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
@@ -355,7 +355,9 @@ class Protocol:
         """No partial frame is buffered."""
         return self.decoder.idle
 
-    def _fail(self, exc: ProtocolError) -> None:
+    def fail(self, exc: ProtocolError) -> None:
+        """The connection broke the protocol (``exc``): the phase becomes ERROR and nothing more is accepted.
+        ``receive`` does this itself; a pump that feeds the decoder directly in OPEN calls it."""
         self.phase = Phase.ERROR
         self.error = exc
         self.decoder.legal_kinds = 0

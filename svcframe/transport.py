@@ -164,6 +164,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writelines_pauses = False  # set per transport in connection_made
         self._drain: asyncio.Future[None] | None = None
         self._cork: list[bytes | memoryview] | None = None  # requests held until the loop's next turn
+        self._decode: Any = None  # the decoder's buffer_updated, once the handshake opened the connection
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -211,9 +212,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         proto = self.protocol
         try:
-            frames = proto.receive(nbytes)
-            if not self._open:
-                frames = self._handshake_step(frames)
+            # open: the decoder itself (what Protocol.receive does in OPEN, one call fewer per read)
+            frames = self._decode(nbytes) if self._open else self._handshake_step(proto.receive(nbytes))
             if not frames:
                 if not self.frame_started:  # a frame is under way: the owner's sweep bounds how long it takes
                     self.frame_started = time.monotonic()
@@ -232,6 +232,7 @@ class Connection(asyncio.BufferedProtocol):
                 if batch and not self.closed:
                     self._write(batch)
         except ProtocolError as exc:
+            proto.fail(exc)
             self.abort(exc)
 
     def _handshake_step(self, events: list[Any]) -> list[Frame]:
@@ -254,6 +255,7 @@ class Connection(asyncio.BufferedProtocol):
             # label per client host, so churn of short connections from ephemeral ports adds no record (issue 13).
             self.peer_label = peer.address or f"clients@{self.peer_host or 'local'}"
             self._open = True
+            self._decode = self.protocol.decoder.buffer_updated
             if self._handshake_timer is not None:
                 self._handshake_timer.cancel()
                 self._handshake_timer = None

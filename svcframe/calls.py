@@ -160,9 +160,12 @@ class Calls:
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
         remaining = timeout
+        connect_ns = 0  # the wait for a new connection: part of the caller's round trip (origin total_usec)
         conn = self._conns.get(address)
         if conn is None or conn.closed:
+            connect_ns = perf_ns()
             conn = await self.connection(address, timeout)
+            connect_ns = perf_ns() - connect_ns
             remaining = timeout - (loop.time() - start)
         body = _NIL if arg is None else pack_body(arg)
         if into is not None:
@@ -252,7 +255,7 @@ class Calls:
                     rec.errors += 1
                 if timed:
                     buf = rec.buffer
-                    buf.extend((perf_ns() - t0, t1 - t0, len(body), payload_bytes if status >= 0 else 0))
+                    buf.extend((perf_ns() - t0 + connect_ns, t1 - t0, len(body), payload_bytes if status >= 0 else 0))
                     if len(buf) > FOLD_AT:
                         rec.fold()
             if flags & F_TRACED and tracer is not None:

@@ -9,7 +9,8 @@ way, ``statistics.sample_progress_every``); the histograms' ``count`` is the num
 
 Steps recorded (nanoseconds), per key ``(side, parent_rpc_id, parent_provider_id, rpc_id, provider_id, peer)``:
 
-* origin: ``total`` (call issued to result decoded), ``serialize`` (argument packed and framed);
+* origin: ``total`` (call issued to result decoded; a call that waits for a new connection counts the wait,
+  as its caller does: the time a handler spends in its nested calls), ``serialize`` (argument packed and framed);
 * target: ``queue`` (request received to handler started), ``handler``, ``respond`` (result packed,
   framed and queued for sending);
 * both: ``request_bytes``, ``response_bytes`` (body sizes).

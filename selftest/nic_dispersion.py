@@ -45,9 +45,8 @@ from svcframe.plumber import NicChoice, Placement, select_nic
 from svcframe.topology import Topology
 from svcframe.units import quantity
 
+from . import SELFTEST_CONFIG
 from .driver import SelftestParams, environment, run_selftest
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 
 #: The client-binding scenarios of Figure 2, in the paper's order.
 SCENARIOS = ("one-core", "two-cores", "unbound")
@@ -134,7 +133,7 @@ class DispersionOptions:
     warmup_iterations: int = 2
     interfaces: list[str] | None = None
     loopback_aliases: bool = False
-    config: Path = DEFAULT_CONFIG
+    config: Path = SELFTEST_CONFIG
     servers: dict[str, str] | None = None
 
 

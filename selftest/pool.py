@@ -98,7 +98,7 @@ def _context() -> Any:
         ctx = mp.get_context("forkserver")
     except ValueError:
         return mp.get_context("spawn")
-    ctx.set_forkserver_preload(["selftest.pool", "selftest.driver", "svcframe.engine", "svcframe.loops"])
+    ctx.set_forkserver_preload([__name__, f"{__package__}.driver", "svcframe.engine", "svcframe.loops"])
     return ctx
 
 

@@ -153,7 +153,8 @@ def bench_seq(opts: BenchOptions, server_core: int) -> list[dict[str, Any]]:
         rows.append(_row("seq", "raw uvloop echo", mode="block", **run(raw_seq())))
     cfg = load_config(SELFTEST_CONFIG)
     with Launch(cfg, 1, cores=[server_core]) as job:
-        address = job.members[0].address
+        address, pid = job.members[0].address, job.members[0].pid
+        assert pid is not None  # a launched member reports its pid with its readiness
 
         async def sf_seq(mode: str) -> dict[str, Any]:
             async with Engine(None, progress_mode=mode) as engine:
@@ -226,6 +227,7 @@ def bench_sat(opts: BenchOptions, server_core: int, client_cores: list[int]) -> 
         rows.append(_row("sat", "raw uvloop echo", **_saturate("raw", raw.address, raw.pid, opts, client_cores)))
     with Launch(load_config(SELFTEST_CONFIG), 1, cores=[server_core]) as job:
         member = job.members[0]
+        assert member.pid is not None  # a launched member reports its pid with its readiness
         rows.append(_row("sat", "svcframe", **_saturate("svcframe", member.address, member.pid, opts, client_cores)))
     return rows
 
@@ -385,7 +387,8 @@ def bench_overhead(opts: BenchOptions, server_core: int, client_cores: list[int]
     settings = {"off": (False, False), "default": (True, False), "tracing": (True, True)}
     rates: dict[str, list[float]] = {k: [] for k in settings}
     with Launch(load_config(SELFTEST_CONFIG), 1, cores=[server_core]) as job:
-        address = job.members[0].address
+        address, pid = job.members[0].address, job.members[0].pid
+        assert pid is not None  # a launched member reports its pid with its readiness
 
         async def configure(enabled: bool, tracing: bool) -> None:
             async with Engine(None) as engine:
@@ -398,7 +401,7 @@ def bench_overhead(opts: BenchOptions, server_core: int, client_cores: list[int]
         for _ in range(repeats):
             for name, (enabled, tracing) in settings.items():
                 run(configure(enabled, tracing))
-                sat = _saturate("svcframe", address, job.members[0].pid, opts, client_cores)  # server-bound
+                sat = _saturate("svcframe", address, pid, opts, client_cores)  # server-bound
                 rates[name].append(sat["ops_per_second"])
     base = float(np.median(rates["off"]))
     return [

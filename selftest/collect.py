@@ -172,12 +172,12 @@ def _params(opts: CollectOptions, metric: str, **kw: Any) -> SelftestParams:
     workload = {"rpc_rate": "noop", "bandwidth": "bulk"}.get(metric, "storage")
     block = opts.storage_bandwidth_block_size if metric == "storage_bandwidth" else opts.storage_block_size
     return SelftestParams(
-        workload=workload,  # type: ignore[arg-type]
+        workload=workload,
         provider_id=opts.provider_id,
         duration_seconds=opts.duration_seconds,
         warmup_iterations=opts.warmup_iterations,
         bulk_size=opts.bulk_size,
-        storage_op=opts.storage_op,  # type: ignore[arg-type]
+        storage_op=opts.storage_op,
         storage_block_size=block,
         storage_fsync=opts.storage_fsync,
         **kw,

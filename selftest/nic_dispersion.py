@@ -214,7 +214,7 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
                 if on_step is not None:
                     on_step(f"{scenario} / {policy}", len(runs), len(opts.scenarios) * len(opts.nic_policies))
                 params = SelftestParams(
-                    workload="bulk", bulk_size=opts.bulk_size, bulk_direction=opts.bulk_direction,  # type: ignore[arg-type]
+                    workload="bulk", bulk_size=opts.bulk_size, bulk_direction=opts.bulk_direction,
                     clients=opts.clients, duration_seconds=opts.duration_seconds,
                     warmup_iterations=opts.warmup_iterations, resp_buffer_size=0, req_buffer_size=0,
                 )  # fmt: skip

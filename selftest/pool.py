@@ -135,7 +135,7 @@ class ClientPool:
         from svcframe.engine import Engine
         from svcframe.loops import loop_factory
 
-        self._runner = asyncio.Runner(loop_factory=loop_factory(self.event_loop))  # type: ignore[arg-type]
+        self._runner = asyncio.Runner(loop_factory=loop_factory(self.event_loop))
         self._engine = Engine(None)
         self._runner.run(self._engine.start())
         self._spawn(self.size)

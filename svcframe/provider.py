@@ -267,7 +267,8 @@ class Provider:
     def get_config(self) -> dict[str, Any]:
         """The provider's live config: its settings as JSON, every default filled in (a config that creates
         an equal provider)."""
-        return self.settings.model_dump(mode="json")
+        settings: BaseModel = self.settings  # a Config instance (declared Any so that subclasses may narrow it)
+        return settings.model_dump(mode="json")
 
     async def start(self) -> None:
         """Called after registration; acquire resources here (files, databases, connections)."""

@@ -166,8 +166,9 @@ class Connection(asyncio.BufferedProtocol):
         self._cork: list[bytes | memoryview] | None = None  # requests held until the loop's next turn
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    # a stream protocol is given its stream's transport, which writes (typeshed: any BaseTransport)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
         self.last_activity = time.monotonic()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -210,6 +211,8 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed:
             return
         proto = self.protocol
+        frames: list[Frame] | None  # (annotations in a function cost nothing at run time)
+        batch: list[bytes | memoryview]
         try:
             frames = proto.receive(nbytes)
             if not self._open:

@@ -195,7 +195,7 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
     base = load_config(opts.config)
     cores = usable_cores()
     jobs: list[Any] = []
-    runs = []
+    runs: list[dict[str, Any]] = []
     servers: dict[str, str] = dict(opts.servers or {})
     try:
         for k, n in enumerate(nics):

@@ -74,7 +74,6 @@ from typing import Any, BinaryIO, ClassVar
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from providers.kv import DEFAULT_LIST_MAX, KVClient
 from svcframe.bulk import BulkHandle
 from svcframe.engine import Engine, Request
 from svcframe.errors import AppError, ConfigError
@@ -88,6 +87,8 @@ from svcframe.provider import (
     rpc,
 )
 from svcframe.wire import lazy_buffer
+
+from .kv import DEFAULT_LIST_MAX, KVClient
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_BLOB_BYTES = 1 << 30

@@ -80,7 +80,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
@@ -622,15 +622,15 @@ class KVClient:
 
     async def length(self, key: Key) -> int | None:
         """The length in bytes of the value under ``key``, or None when it is missing."""
-        return await self.handle.call("length", {"key": key})
+        return cast("int | None", await self.handle.call("length", {"key": key}))
 
     async def erase(self, key: Key) -> bool:
         """Remove ``key``. Returns True if it existed."""
-        return await self.handle.call("erase", {"key": key})
+        return cast(bool, await self.handle.call("erase", {"key": key}))
 
     async def exists(self, key: Key) -> bool:
         """Whether ``key`` is stored."""
-        return await self.handle.call("exists", {"key": key})
+        return cast(bool, await self.handle.call("exists", {"key": key}))
 
     async def list_keys(
         self, prefix: Key | None = None, max_keys: int = DEFAULT_LIST_MAX, start_after: Key | None = None
@@ -645,15 +645,15 @@ class KVClient:
             arg["prefix"] = prefix
         if start_after is not None:
             arg["start_after"] = start_after
-        return await self.handle.call("list_keys", arg)
+        return cast("list[bytes]", await self.handle.call("list_keys", arg))
 
     async def count(self) -> int:
         """The number of stored keys."""
-        return await self.handle.call("count")
+        return cast(int, await self.handle.call("count"))
 
     async def stats(self) -> dict[str, Any]:
         """The provider's config and live SQLite settings (see ``KVProvider.stats``)."""
-        return await self.handle.call("stats")
+        return cast("dict[str, Any]", await self.handle.call("stats"))
 
 
 __all__ = ["BufferTooSmall", "KVClient", "KVProvider", "ValueTooLarge"]

@@ -38,9 +38,9 @@ from svcframe.launch import Launch, usable_cores
 from svcframe.progress import PROGRESS_MODES
 from svcframe.units import quantity
 
+from . import SELFTEST_CONFIG
 from .bench_client import (
     CLIENT_WORKLOADS,
-    CONFIG,
     HEADLINE,
     TEXT_COLUMNS,
     Table,
@@ -151,9 +151,10 @@ def bench_seq(opts: BenchOptions, server_core: int) -> list[dict[str, Any]]:
             return out
 
         rows.append(_row("seq", "raw uvloop echo", mode="block", **run(raw_seq())))
-    cfg = load_config(CONFIG)
+    cfg = load_config(SELFTEST_CONFIG)
     with Launch(cfg, 1, cores=[server_core]) as job:
-        address = job.members[0].address
+        address, pid = job.members[0].address, job.members[0].pid
+        assert pid is not None  # a launched member reports its pid with its readiness
 
         async def sf_seq(mode: str) -> dict[str, Any]:
             async with Engine(None, progress_mode=mode) as engine:
@@ -224,8 +225,9 @@ def bench_sat(opts: BenchOptions, server_core: int, client_cores: list[int]) -> 
     rows = []
     with PeerServer("raw", server_core) as raw:
         rows.append(_row("sat", "raw uvloop echo", **_saturate("raw", raw.address, raw.pid, opts, client_cores)))
-    with Launch(load_config(CONFIG), 1, cores=[server_core]) as job:
+    with Launch(load_config(SELFTEST_CONFIG), 1, cores=[server_core]) as job:
         member = job.members[0]
+        assert member.pid is not None  # a launched member reports its pid with its readiness
         rows.append(_row("sat", "svcframe", **_saturate("svcframe", member.address, member.pid, opts, client_cores)))
     return rows
 
@@ -295,7 +297,7 @@ def bench_bulk(opts: BenchOptions, server_core: int, client_cores: list[int]) ->
     pool = ClientPool(1).start()
     try:
         for transport in ("tcp", "unix"):
-            cfg = load_config(CONFIG)
+            cfg = load_config(SELFTEST_CONFIG)
             unix = {k: f"{tmp}/{k}.sock" if transport == "unix" else None for k in ("raw", "block", "sf")}
             if transport == "unix":
                 cfg.engine.address = f"unix://{unix['sf']}"
@@ -384,8 +386,9 @@ def bench_overhead(opts: BenchOptions, server_core: int, client_cores: list[int]
 
     settings = {"off": (False, False), "default": (True, False), "tracing": (True, True)}
     rates: dict[str, list[float]] = {k: [] for k in settings}
-    with Launch(load_config(CONFIG), 1, cores=[server_core]) as job:
-        address = job.members[0].address
+    with Launch(load_config(SELFTEST_CONFIG), 1, cores=[server_core]) as job:
+        address, pid = job.members[0].address, job.members[0].pid
+        assert pid is not None  # a launched member reports its pid with its readiness
 
         async def configure(enabled: bool, tracing: bool) -> None:
             async with Engine(None) as engine:
@@ -398,7 +401,7 @@ def bench_overhead(opts: BenchOptions, server_core: int, client_cores: list[int]
         for _ in range(repeats):
             for name, (enabled, tracing) in settings.items():
                 run(configure(enabled, tracing))
-                sat = _saturate("svcframe", address, job.members[0].pid, opts, client_cores)  # server-bound
+                sat = _saturate("svcframe", address, pid, opts, client_cores)  # server-bound
                 rates[name].append(sat["ops_per_second"])
     base = float(np.median(rates["off"]))
     return [

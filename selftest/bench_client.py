@@ -55,13 +55,12 @@ import tempfile
 import time
 from array import array
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-#: the svcframe servers' bootstrap config (the self-test provider, id 1)
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
+from . import SELFTEST_CONFIG
+
 RAW = "raw uvloop"
 MSGPACK = "asyncio+msgpack"
 SVCFRAME = "svcframe"
@@ -78,7 +77,7 @@ READ_SIZES = (64 * 1024, 4 * 1024 * 1024)
 READ_METHODS = ("inline", "into", "push", "pull")
 DEPTH = 32  # client-cpu: noop calls in flight per client process
 SPINDOWN_MSEC = 10.0  # svcframe's default spindown window, used by the raw peer too
-PROVIDER_ID = 1  # the self-test provider in configs/selftest.json
+PROVIDER_ID = 1  # the self-test provider in SELFTEST_CONFIG
 #: a 4 MiB inline result is a body of 4 MiB + its bin header: the read clients accept up to 8 MiB
 MAX_READ_BODY_BYTES = 8 * 1024 * 1024
 #: glibc malloc tuning for the client processes (mallopt(3), "Environment"): buffers up to 32 MiB come from
@@ -164,8 +163,9 @@ class SvcframeSide:
         return cls(engine, address)
 
     def operation(self, op: str, size: int, method: str) -> Operation:
-        from selftest.provider import work_arg
         from svcframe.bulk import BulkHandle
+
+        from .provider import work_arg
 
         engine, address, call = self.engine, self.address, self.engine.call
         if op == "noop":
@@ -305,7 +305,7 @@ class ClientProcess:
     def __init__(self, env: dict[str, str]) -> None:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "selftest.bench_client"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", __spec__.name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.log, env=env, text=True, bufsize=1,
         )  # fmt: skip
 
@@ -411,7 +411,7 @@ class ClientBench:
                 from svcframe.config import load_config
                 from svcframe.launch import Launch
 
-                cfg = load_config(CONFIG)
+                cfg = load_config(SELFTEST_CONFIG)
                 if unix:
                     cfg.engine.address = f"unix://{unix}"
                 member = self.stack.enter_context(Launch(cfg, 1, cores=[self.server_core])).members[0]

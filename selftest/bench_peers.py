@@ -253,7 +253,7 @@ class PeerServer:
 
     def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
         r, w = os.pipe()
-        cmd = [sys.executable, "-m", "selftest.bench_peers", kind, "--ready-fd", str(w), "--cpu", str(core)]
+        cmd = [sys.executable, "-m", __spec__.name, kind, "--ready-fd", str(w), "--cpu", str(core)]
         if unix:
             cmd += ["--unix", unix]
         if spindown_msec:
@@ -557,7 +557,7 @@ def main(argv: list[str]) -> None:
 
     from svcframe.loops import run
 
-    parser = argparse.ArgumentParser(prog="python -m selftest.bench_peers")
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}")
     parser.add_argument("kind", choices=["raw", "block", "msgpack", "zmq", "grpc"])
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--unix", default=None)

@@ -219,7 +219,7 @@ async def _run_bursts(
         admin = ServiceHandle(engine, server, params.admin_provider_id)
         status = await admin.status()
         original = await admin.query_config("engine.[progress_mode, progress_spindown_msec]")
-        modes = []
+        modes: list[dict[str, Any]] = []
         try:
             for mode in params.modes:
                 if on_step is not None:

@@ -61,12 +61,11 @@ from svcframe.config import ServiceConfig, load_config
 from svcframe.launch import Launch, usable_cores
 from svcframe.units import quantity
 
+from . import SELFTEST_CONFIG
 from .driver import SelftestParams, environment, save_results
 from .nodes import NodeSet
 from .nodes import resolve as resolve_nodes
 from .roofline import METRICS, Range, Roofline, Sample, combine_scores, plot
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 
 ALL_METRICS = ("rpc_rate", "bandwidth", "storage_iops", "storage_bandwidth")
 """Metrics collect can measure, in the order it measures them."""
@@ -94,7 +93,7 @@ class CollectOptions:
     """
 
     out: Path = Path("out/roofline")
-    config: Path = DEFAULT_CONFIG
+    config: Path = SELFTEST_CONFIG
     metrics: list[str] = field(default_factory=lambda: ["rpc_rate", "bandwidth"])
     duration_seconds: float = 2.0
     repeats: int = 3
@@ -173,12 +172,12 @@ def _params(opts: CollectOptions, metric: str, **kw: Any) -> SelftestParams:
     workload = {"rpc_rate": "noop", "bandwidth": "bulk"}.get(metric, "storage")
     block = opts.storage_bandwidth_block_size if metric == "storage_bandwidth" else opts.storage_block_size
     return SelftestParams(
-        workload=workload,  # type: ignore[arg-type]
+        workload=workload,
         provider_id=opts.provider_id,
         duration_seconds=opts.duration_seconds,
         warmup_iterations=opts.warmup_iterations,
         bulk_size=opts.bulk_size,
-        storage_op=opts.storage_op,  # type: ignore[arg-type]
+        storage_op=opts.storage_op,
         storage_block_size=block,
         storage_fsync=opts.storage_fsync,
         **kw,

@@ -322,15 +322,16 @@ def _rpc_sizes(engine: Any, rpc_name: str, pid: int) -> dict[str, Any]:
 # -- the driver -------------------------------------------------------------------------------------------
 def environment() -> dict[str, Any]:
     """Where the measurement ran: host, cores, software versions, CPU model."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import msgpack
 
     import svcframe
 
+    uv: str | None
     try:
-        import uvloop
-
-        uv = uvloop.__version__
-    except ImportError:
+        uv = version("uvloop")
+    except PackageNotFoundError:
         uv = None
     cpu_model = ""
     try:
@@ -383,7 +384,7 @@ def run_selftest(
 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(params.clients + 1)
-    results: Any = ctx.Queue()
+    reports: Any = ctx.Queue()
     assignment = [servers[i % len(servers)] for i in range(params.clients)]
     procs: list[Any] = []
     runner = asyncio.Runner(loop_factory=loop_factory(params.event_loop))
@@ -400,7 +401,7 @@ def run_selftest(
             server_config = None
         procs = [
             ctx.Process(
-                target=_client_main, args=(i, assignment[i], params.model_dump_json(), barrier, results), daemon=True
+                target=_client_main, args=(i, assignment[i], params.model_dump_json(), barrier, reports), daemon=True
             )
             for i in range(params.clients)
         ]
@@ -410,7 +411,7 @@ def run_selftest(
         try:
             barrier.wait(warmup_timeout)  # everyone connected and warmed up
         except Exception:
-            raise SelftestError(_client_failure(results, "clients did not finish warm-up")) from None
+            raise SelftestError(_client_failure(reports, "clients did not finish warm-up")) from None
         if on_start is not None:
             on_start()
         before = runner.run(_server_stats(engine, servers, params.provider_id))
@@ -419,12 +420,12 @@ def run_selftest(
         try:
             barrier.wait(warmup_timeout)  # go
         except Exception:
-            raise SelftestError(_client_failure(results, "clients did not start")) from None
-        outs = []
+            raise SelftestError(_client_failure(reports, "clients did not start")) from None
+        outs: list[dict[str, Any]] = []
         deadline = time.monotonic() + params.duration_seconds + params.timeout_seconds + 60
         while len(outs) < params.clients:
             try:
-                out = results.get(timeout=max(0.1, deadline - time.monotonic()))
+                out = reports.get(timeout=max(0.1, deadline - time.monotonic()))
             except Exception:
                 raise SelftestError(f"only {len(outs)} of {params.clients} clients reported results in time") from None
             if "error" in out:

@@ -45,9 +45,8 @@ from svcframe.plumber import NicChoice, Placement, select_nic
 from svcframe.topology import Topology
 from svcframe.units import quantity
 
+from . import SELFTEST_CONFIG
 from .driver import SelftestParams, environment, run_selftest
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 
 #: The client-binding scenarios of Figure 2, in the paper's order.
 SCENARIOS = ("one-core", "two-cores", "unbound")
@@ -134,7 +133,7 @@ class DispersionOptions:
     warmup_iterations: int = 2
     interfaces: list[str] | None = None
     loopback_aliases: bool = False
-    config: Path = DEFAULT_CONFIG
+    config: Path = SELFTEST_CONFIG
     servers: dict[str, str] | None = None
 
 
@@ -196,7 +195,7 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
     base = load_config(opts.config)
     cores = usable_cores()
     jobs: list[Any] = []
-    runs = []
+    runs: list[dict[str, Any]] = []
     servers: dict[str, str] = dict(opts.servers or {})
     try:
         for k, n in enumerate(nics):
@@ -215,7 +214,7 @@ def run_dispersion(topology: Topology, opts: DispersionOptions, on_step: Any = N
                 if on_step is not None:
                     on_step(f"{scenario} / {policy}", len(runs), len(opts.scenarios) * len(opts.nic_policies))
                 params = SelftestParams(
-                    workload="bulk", bulk_size=opts.bulk_size, bulk_direction=opts.bulk_direction,  # type: ignore[arg-type]
+                    workload="bulk", bulk_size=opts.bulk_size, bulk_direction=opts.bulk_direction,
                     clients=opts.clients, duration_seconds=opts.duration_seconds,
                     warmup_iterations=opts.warmup_iterations, resp_buffer_size=0, req_buffer_size=0,
                 )  # fmt: skip

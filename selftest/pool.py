@@ -98,7 +98,7 @@ def _context() -> Any:
         ctx = mp.get_context("forkserver")
     except ValueError:
         return mp.get_context("spawn")
-    ctx.set_forkserver_preload(["selftest.pool", "selftest.driver", "svcframe.engine", "svcframe.loops"])
+    ctx.set_forkserver_preload([__name__, f"{__package__}.driver", "svcframe.engine", "svcframe.loops"])
     return ctx
 
 
@@ -135,7 +135,7 @@ class ClientPool:
         from svcframe.engine import Engine
         from svcframe.loops import loop_factory
 
-        self._runner = asyncio.Runner(loop_factory=loop_factory(self.event_loop))  # type: ignore[arg-type]
+        self._runner = asyncio.Runner(loop_factory=loop_factory(self.event_loop))
         self._engine = Engine(None)
         self._runner.run(self._engine.start())
         self._spawn(self.size)

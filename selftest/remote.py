@@ -319,7 +319,7 @@ class RemoteClientPool:
         self._register_rpcs()
         self.coordinator.run(self._make_events())
         for j, count in sorted(self.clients_per_node.items()):
-            argv = [sys.executable, "-m", "selftest.remote", self.coordinator.address, "--node", str(j)]
+            argv = [sys.executable, "-m", __spec__.name, self.coordinator.address, "--node", str(j)]
             cmd = launcher_command(self.node_set, self.node_set.nodes[j], count, argv, flavour=self.flavour)
             self.procs[j] = _popen(cmd, self.workdir / f"clients-node{j}.log")
         self.coordinator.run(self._watch_launchers())
@@ -583,7 +583,7 @@ async def client_main(coordinator: str, node: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m selftest.remote COORDINATOR_ADDRESS --node J``: one client process (started by a launcher)."""
-    parser = argparse.ArgumentParser(prog="python -m selftest.remote", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=main.__doc__)
     parser.add_argument("coordinator", help="the coordinator engine's address (tcp://HOST:PORT)")
     parser.add_argument("--node", type=int, required=True, help="index of this node in the collection's node set")
     args = parser.parse_args(argv)

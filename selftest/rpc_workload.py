@@ -31,7 +31,6 @@ each, warm-up, barrier, timed loop, one results document. What this module adds:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import importlib.util
 import os
 import sys
@@ -39,6 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from svcframe.packages import import_module
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def load_generator(spec: str) -> Generator:
             cwd = os.getcwd()
             if cwd not in sys.path:
                 sys.path.insert(0, cwd)
-            module = importlib.import_module(module_name)
+            module = import_module(module_name)  # selftest.generators: the repository's or the installed name
     except Exception as exc:  # the user's module: any failure is theirs to read, in one line
         raise ValueError(f"--arg-generator {spec}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, function, None)

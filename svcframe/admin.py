@@ -98,7 +98,7 @@ def _too_costly() -> ConfigError:
     )
 
 
-class _BoundedInterpreter(TreeInterpreter):  # type: ignore[misc]
+class _BoundedInterpreter(TreeInterpreter):
     """jmespath's tree interpreter with a budget: every node visited and every element of a list or map it
     produces counts one step; past MAX_QUERY_STEPS the query is refused."""
 

@@ -158,7 +158,6 @@ class BulkTransfers:
 
     # the engine's state this part uses (svcframe.engine.Engine)
     engine_id: str
-    address: str | None
     default_timeout_seconds: float
     bulk_chunk_bytes: int
     bulk_cma: bool
@@ -175,6 +174,8 @@ class BulkTransfers:
 
     if TYPE_CHECKING:
 
+        @property
+        def address(self) -> str | None: ...
         async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
         def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None: ...
         def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None: ...
@@ -226,7 +227,7 @@ class BulkTransfers:
         _check_range(handle, offset, size, READ)
         if dest is None and handle.engine_id != self.engine_id and size:
             lazy = _LazyDest(size)  # allocated once the owner answers
-            await self._pull_into(handle, offset, size, lazy, timeout_seconds)  # type: ignore[arg-type]
+            await self._pull_into(handle, offset, size, lazy, timeout_seconds)
             return lazy.result()
         if dest is None:
             dest = bytearray(size)
@@ -241,7 +242,7 @@ class BulkTransfers:
         return dest
 
     async def _pull_into(
-        self, handle: BulkHandle, offset: int, size: int, target: memoryview, timeout_seconds: float | None
+        self, handle: BulkHandle, offset: int, size: int, target: memoryview | _LazyDest, timeout_seconds: float | None
     ) -> None:
         """A remote pull into ``target`` (a memoryview, or a _LazyDest): cross-memory attach when it
         applies, else the socket."""
@@ -295,7 +296,7 @@ class BulkTransfers:
         return entry[0][offset : offset + size]
 
     async def _cma_pull(
-        self, handle: BulkHandle, offset: int, target: memoryview, timeout_seconds: float | None
+        self, handle: BulkHandle, offset: int, target: memoryview | _LazyDest, timeout_seconds: float | None
     ) -> bool:
         """Pull by cross-memory attach when the owner is a process of this node on a unix connection: the
         owner checks the handle and answers with the range's address, then we read it into ``target`` (one
@@ -366,13 +367,13 @@ class BulkTransfers:
         else the handle's address is dialled and the engine found there must be the owner."""
         req = self._request_here()  # the handler's request, if we run inside one (svcframe.handlers)
         if req is not None:
-            conn = req[1]
-            if conn.peer_engine_id == handle.engine_id and not conn.closed:
-                return conn
+            caller: Connection = req[1]  # Request.conn
+            if caller.peer_engine_id == handle.engine_id and not caller.closed:
+                return caller
             if not self.allow_third_party_bulk:  # no confused deputy: a caller cannot aim us at another engine
                 raise BulkError(
                     f"the bulk handle belongs to engine {handle.engine_id[:8]}…, not to the caller "
-                    f"({(conn.peer_engine_id or '?')[:8]}…): a handler moves bulk data only for the caller that "
+                    f"({(caller.peer_engine_id or '?')[:8]}…): a handler moves bulk data only for the caller that "
                     "exposed it (engine.allow_third_party_bulk allows handles passed on by others)"
                 )
         conn = self._peers.get(handle.engine_id)
@@ -391,7 +392,7 @@ class BulkTransfers:
         kind: Kind,
         offset: int,
         size: int,
-        dest: memoryview | None,
+        dest: memoryview | _LazyDest | None,
         src: memoryview | None,
         timeout_seconds: float | None,
         *,

@@ -338,7 +338,7 @@ def service_model(types: Mapping[str, type[Provider]]) -> type[ServiceConfig]:
                 f"{title}ProviderSpec",
                 __base__=ProviderSpec,
                 __doc__=f"A provider of type {type_name!r} ({cls.__module__}.{cls.__qualname__}).",
-                type=(Literal[type_name], ...),  # type: ignore[arg-type,valid-type]
+                type=(Literal[type_name], ...),  # type: ignore[arg-type]  # a Literal built at run time
                 config=(settings, ... if required else Field(default_factory=settings)),
             )
         )

@@ -36,8 +36,8 @@ from .registration import MAX_PROVIDER_ID
 from .settings import (  # the engine's section; re-exported: svcframe.config is where configs are read
     EngineConfig,
     StrictModel,
-    format_validation_error,
 )
+from .settings import format_validation_error as format_validation_error
 
 log = logging.getLogger("svcframe.config")
 

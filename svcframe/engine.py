@@ -525,7 +525,7 @@ class Engine(Calls, Handlers, BulkTransfers):
                     conn.protocol.check_late_answer(frame[4])
                 elif not waiter.done():
                     # decoded here, while the body's buffer is this frame's (the decoder reuses large ones)
-                    body = frame[13]
+                    body: bytes | bytearray | memoryview = frame[13]  # type: ignore[assignment]  # None: bulk data only
                     if frame[6]:
                         waiter.set_result((frame[6], decode_status_body(body), len(body)))
                     elif body == _NIL:  # None, the commonest result: no decoder call

@@ -124,7 +124,7 @@ class EngineAPI(Protocol):
     ) -> None: ...
 
 
-class Request(tuple):
+class Request(tuple[Any, ...]):
     """What a handler learns about the call it serves (its first argument).
 
     Attributes:
@@ -143,7 +143,7 @@ class Request(tuple):
     arrival: float = property(operator.itemgetter(4))  # type: ignore[assignment]
 
     def __new__(cls, engine: EngineAPI, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
-        return _new_tuple(cls, (engine, conn, reg, frame, arrival))  # type: ignore[no-any-return]
+        return _new_tuple(cls, (engine, conn, reg, frame, arrival))
 
     def __repr__(self) -> str:
         return f"Request({self.reg.name!r}, provider_id={self.reg.provider_id}, request_id={self.frame.request_id})"
@@ -268,7 +268,7 @@ class Handlers:
                 return
             assert reg is not None
         try:
-            arg = unpack_body(frame[13])
+            arg = unpack_body(frame[13])  # type: ignore[arg-type]  # a request's body is bytes (None: bulk data)
         except ProtocolError as exc:
             raise self._bad_body(conn, frame, str(exc)) from None
         rec = None
@@ -399,7 +399,7 @@ class Handlers:
                 and not conn.closed
                 and conn.serving.get(request_id) is task
             ):  # cancelled before its first step: nothing ran and nothing answered yet
-                frame = task.svcframe_frame  # type: ignore[attr-defined]
+                frame = task.svcframe_frame
                 self._count_error(conn, frame, self._rows.get((frame[2], frame[3])))
                 if self._closing:
                     self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before it ran")

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from .config import ServiceConfig, load_config
 from .errors import LaunchError
@@ -149,7 +150,9 @@ class Launch:
                 open_fds.discard(fd)
                 line = buffers[fd].split(b"\n", 1)[0]
                 try:
-                    msg = json.loads(line) if line else {"ok": False, "error": "exited before reporting readiness"}
+                    msg: dict[str, Any] = (
+                        json.loads(line) if line else {"ok": False, "error": "exited before reporting readiness"}
+                    )
                 except ValueError:
                     msg = {"ok": False, "error": f"bad readiness line {line[:200]!r}"}
                 if not msg.get("ok"):

@@ -423,16 +423,16 @@ def to_prometheus_many(servers: list[tuple[dict[str, str], dict[str, Any]]]) -> 
                             family = steps[name] = SummaryMetricFamily(
                                 name, f"{what} (sampled: one call in timing_sample_every)", labels=names
                             )
-                        family.add_metric(list(values), count, total * (1e-6 if is_time else 1.0))
+                        family.add_metric(list(values), int(count), total * (1e-6 if is_time else 1.0))
                 progress = stats.get("progress", {})
-                for key, family in gauges.items():
+                for key, gauge in gauges.items():
                     value = stats.get("connections", 0) if key == "connections" else progress.get(key, 0)
-                    family.add_metric(base, value)
+                    gauge.add_metric(base, value)
             yield from steps.values()
             yield errors
             yield calls
             yield from gauges.values()
 
     registry = CollectorRegistry()
-    registry.register(_Collector())  # type: ignore[arg-type]
+    registry.register(_Collector())
     return generate_latest(registry)

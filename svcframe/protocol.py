@@ -413,7 +413,8 @@ class Protocol:
         peer = self._peer_from(hello, authenticated=False)
         secret = self.identity.secret
         if secret is None:
-            return self._open(peer)
+            self._open(peer)
+            return None
         mac, client_nonce, via = hello.get("mac"), hello.get("nonce"), hello.get("via")
         ok = isinstance(mac, bytes) and isinstance(client_nonce, bytes) and len(client_nonce) == 16
         ok = ok and via == self._local_endpoint  # a relay's client dialled another endpoint
@@ -427,7 +428,8 @@ class Protocol:
         proof = auth_mac(secret, "server", self._nonce, client_nonce, self.identity.engine_id,  # type: ignore[arg-type]
                          peer.engine_id, self._remote_endpoint)  # fmt: skip
         self._out.append(encode_frame(Kind.HELLO, 0, pack_body({"mac": proof})))
-        return self._open(Peer(peer.engine_id, peer.address, peer.max_body_bytes, peer.cma, True))
+        self._open(Peer(peer.engine_id, peer.address, peer.max_body_bytes, peer.cma, True))
+        return None
 
     def _client_hello(self, hello: dict[str, Any]) -> Closed | None:
         """The server's HELLO, on the client: answer with ours (and our proof), then open or await its proof."""
@@ -446,7 +448,8 @@ class Protocol:
             if hello.get("auth"):
                 return self._refused(f"{self._remote_endpoint} requires a shared secret and none is configured")
             self._out.append(encode_frame(Kind.HELLO, 0, pack_body(reply)))
-            return self._open(peer)
+            self._open(peer)
+            return None
         if not hello.get("auth"):  # a holder of the secret talks only to servers that prove it
             return self._refused(f"{self._remote_endpoint} does not authenticate (no shared secret configured)")
         self._nonce = nonce
@@ -467,7 +470,8 @@ class Protocol:
         mac = hello.get("mac")
         if not isinstance(mac, bytes) or not hmac.compare_digest(mac, expect):
             return self._refused(f"{self._remote_endpoint} did not prove the shared secret (an impostor or a relay?)")
-        return self._open(Peer(peer.engine_id, peer.address, peer.max_body_bytes, peer.cma, True))
+        self._open(Peer(peer.engine_id, peer.address, peer.max_body_bytes, peer.cma, True))
+        return None
 
     def _open(self, peer: Peer) -> None:
         self.peer = peer

@@ -36,7 +36,6 @@ A *library* is a Python module that registers provider types when imported; the 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -46,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .engine import Engine, Request
 from .errors import ConfigError
+from .packages import import_module
 from .settings import EngineConfig, format_validation_error
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,17 +113,21 @@ def load_library(module: str) -> list[str]:
     """Import a provider library (a Python module name) and return the provider types it defines: those it
     registered on import, and those whose class it holds (when it was imported before).
 
+    The libraries svcframe ships answer to their repository names and their installed ones alike
+    (``"providers.kv"`` or ``"svcframe_providers.kv"``: ``svcframe.packages``).
+
     Raises:
         ConfigError: the module cannot be imported (the message says why; a Bedrock module, a ``.so``
             file, is named as such).
     """
     before = set(PROVIDER_TYPES)
     try:
-        importlib.import_module(module)
+        imported = import_module(module).__name__
     except ImportError as exc:
         hint = " (a Bedrock C++ module; svcframe libraries are Python modules)" if module.endswith(".so") else ""
         raise ConfigError(f"library {module!r} cannot be imported{hint}: {exc}") from exc
-    return sorted((set(PROVIDER_TYPES) - before) | {t for t, cls in PROVIDER_TYPES.items() if cls.__module__ == module})
+    held = {t for t, cls in PROVIDER_TYPES.items() if cls.__module__ == imported}
+    return sorted((set(PROVIDER_TYPES) - before) | held)
 
 
 #: The entry-point group naming installed provider libraries (``name = "module"``; svcframe's own: kv, blob,
@@ -263,7 +267,8 @@ class Provider:
     def get_config(self) -> dict[str, Any]:
         """The provider's live config: its settings as JSON, every default filled in (a config that creates
         an equal provider)."""
-        return self.settings.model_dump(mode="json")
+        settings: BaseModel = self.settings  # a Config instance (declared Any so that subclasses may narrow it)
+        return settings.model_dump(mode="json")
 
     async def start(self) -> None:
         """Called after registration; acquire resources here (files, databases, connections)."""

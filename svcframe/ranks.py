@@ -79,7 +79,7 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
         value = env.get(name)
         if value not in (None, ""):
             try:
-                return int(value)  # type: ignore[arg-type]
+                return int(value)
             except ValueError:
                 raise GroupError(f"launcher variable {name}={value!r} is not an integer") from None
     return None

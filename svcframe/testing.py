@@ -236,7 +236,9 @@ class ServerProcess:
             os.close(self.ready_fd)
             self.ready_fd = None
         self.ready_at = time.monotonic()
-        msg = json.loads(buf.split(b"\n")[0]) if buf.strip() else {"ok": False, "error": "exited before readiness"}
+        msg: dict[str, Any] = (
+            json.loads(buf.split(b"\n")[0]) if buf.strip() else {"ok": False, "error": "exited before readiness"}
+        )
         self.ready_message = msg
         if not msg.get("ok"):
             self.kill()

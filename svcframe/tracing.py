@@ -252,7 +252,8 @@ _SDK_PROVIDER: Any = None
 
 def exporter_names() -> list[str]:
     """The trace exporters the standard variables ask for (``OTEL_TRACES_EXPORTER``, else ``otlp`` when an OTLP
-    endpoint is set, else ``console``); ``[]`` for ``none``."""
+    endpoint is set, else ``console``); ``[]`` for ``none``. ``otlp`` is the exporter of the OTLP protocol the
+    variables name (``OTLP_PROTOCOLS``)."""
     names = os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
     if not names:
         endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -304,16 +305,33 @@ def install_sdk(provider: Any = None) -> bool:
     return True
 
 
+#: ``otlp`` by ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` (the specification's
+#: default: ``http/protobuf``, as the otel extra installs): the exporter package's entry point and the package.
+OTLP_PROTOCOLS = {
+    "http/protobuf": ("otlp_proto_http", "opentelemetry-exporter-otlp-proto-http"),
+    "grpc": ("otlp_proto_grpc", "opentelemetry-exporter-otlp-proto-grpc"),
+}
+
+
 def _exporter(name: str) -> Any:
     from importlib.metadata import entry_points
 
     from .errors import ConfigError
 
+    package, what = None, repr(name)
+    if name == "otlp":  # the protocol's own exporter, as the specification says (the SDK's ``otlp`` is gRPC's)
+        protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        if protocol not in OTLP_PROTOCOLS:
+            raise ConfigError(f"OTLP protocol {protocol!r} is not supported here (use: {', '.join(OTLP_PROTOCOLS)})")
+        name, package = OTLP_PROTOCOLS[protocol]
+        what = f"'otlp' (protocol {protocol}: exporter {name!r})"
     found = entry_points(group="opentelemetry_traces_exporter", name=name)
     if not found:
         installed = sorted(ep.name for ep in entry_points(group="opentelemetry_traces_exporter"))
-        hint = " (pip install opentelemetry-exporter-otlp)" if name.startswith("otlp") else ""
+        hint = f" (pip install {package})" if package else ""
         raise ConfigError(
-            f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed{hint}; installed: {', '.join(installed)}"
+            f"OTEL_TRACES_EXPORTER names {what}, which is not installed{hint}; installed: {', '.join(installed)}"
         )
     return next(iter(found)).load()()

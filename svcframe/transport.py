@@ -167,8 +167,9 @@ class Connection(asyncio.BufferedProtocol):
         self._decode: Any = None  # the decoder's buffer_updated, once the handshake opened the connection
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    # a stream protocol is given its stream's transport, which writes (typeshed: any BaseTransport)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
         self.last_activity = time.monotonic()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -211,6 +212,8 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed:
             return
         proto = self.protocol
+        frames: list[Frame] | None  # (annotations in a function cost nothing at run time)
+        batch: list[bytes | memoryview]
         try:
             # open: the decoder itself (what Protocol.receive does in OPEN, one call fewer per read)
             frames = self._decode(nbytes) if self._open else self._handshake_step(proto.receive(nbytes))

@@ -60,7 +60,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -269,7 +269,7 @@ def pack_body(obj: object) -> bytes:
             bits); in debug mode, also a value every receiver would refuse.
     """
     try:
-        body = _packer.pack(obj)
+        body: bytes = _packer.pack(obj)
     except (TypeError, ValueError, OverflowError) as exc:
         _packer.reset()
         raise LocalProtocolError(f"cannot encode {type(obj).__name__} as an RPC body: {exc}; {_TYPES_HINT}") from exc
@@ -443,7 +443,7 @@ class FrameDecoder:
         # Direct mode: a body is being received straight into its own buffer.
         self._direct: memoryview | None = None
         self._direct_pos = 0
-        self._direct_frame: tuple | None = None  # header fields of the frame being received
+        self._direct_frame: tuple[Any, ...] | None = None  # header fields of the frame being received
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
         self._header_only = False  # after bulk data: receive the next header alone (more data may follow)
         self._high = 0  # the highest offset of the receive buffer written since its pages were last released
@@ -522,7 +522,7 @@ class FrameDecoder:
         self.bulk_sink = None
         self._large = None
         self._view.release()
-        self._buf = b""  # the mapping is unmapped when the frames sliced from it are gone
+        self._buf = b""  # type: ignore[assignment]  # closed: the mapping goes with the frames sliced from it
         self._view = memoryview(self._buf)
         self._start = self._end = 0
 
@@ -634,7 +634,7 @@ class FrameDecoder:
             view, buf, end, start = self._view, self._buf, self._end, self._start
         self._start = start
 
-    def _start_direct(self, dest: memoryview, fields: tuple, body_start: int, frames: list[Frame]) -> None:
+    def _start_direct(self, dest: memoryview, fields: tuple[Any, ...], body_start: int, frames: list[Frame]) -> None:
         """Receive a body straight into ``dest``, starting with the bytes already buffered."""
         have = min(self._end - body_start, len(dest))
         if have:

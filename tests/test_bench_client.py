@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from conftest import WAIT_SECONDS
 
+from selftest import SELFTEST_CONFIG
 from selftest.bench import BenchOptions, print_table, run_bench
 from selftest.bench_client import (
-    CONFIG,
     HEADLINE,
     IMPLS,
     MALLOC_TUNING,
@@ -43,7 +43,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def server() -> Any:
-    with Launch(load_config(CONFIG), 1) as job:
+    with Launch(load_config(SELFTEST_CONFIG), 1) as job:
         yield job.members[0].address
 
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import psutil
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from selftest.bursts import BurstParams, bursts_figure, plot_bursts, run_bursts, summarize_mode, timeline_rows
 from svcframe.admin import ServiceHandle
 from svcframe.config import load_config
 from svcframe.engine import Engine
 from svcframe.launch import Launch
 from svcframe.loops import run
-
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 
 
 def test_timeline_arithmetic() -> None:
@@ -56,7 +53,7 @@ def test_bad_parameters() -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    with Launch(load_config(CONFIG), 1) as job:
+    with Launch(load_config(SELFTEST_CONFIG), 1) as job:
         yield job.members[0]
 
 

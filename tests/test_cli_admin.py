@@ -26,8 +26,9 @@ from svcframe.provider import installed_libraries
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "configs" / "schema.json"
 REGENERATE = ".venv/bin/python -m svcframe config schema -o configs/schema.json"
-#: The provider libraries svcframe ships (pyproject.toml's svcframe.providers entry points): the default schema's.
-SHIPPED = ["providers.blob", "providers.kv", "selftest.provider"]
+#: The provider libraries svcframe ships (pyproject.toml's svcframe.providers entry points, by their installed
+#: names): the default schema's.
+SHIPPED = ["svcframe_providers.blob", "svcframe_providers.kv", "svcframe_selftest.provider"]
 WAIT_SECONDS = 10.0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from svcframe.config import parse_config
 from svcframe.group import Member
 from svcframe.launch import Launch
@@ -130,7 +131,7 @@ def test_g_twice_is_an_error_not_the_last_one(flock_file: Path, tmp_path: Path) 
 
 def test_g_reads_launch_and_serve_write_with_group_file(tmp_path: Path) -> None:
     for verb in ("launch", "serve"):
-        line = one_clear_line(cli(verb, "configs/selftest.json", "-g", str(tmp_path / "g.json")))
+        line = one_clear_line(cli(verb, str(SELFTEST_CONFIG), "-g", str(tmp_path / "g.json")))
         assert f"{verb} writes its group file with --group-file FILE" in line
     assert not (tmp_path / "g.json").exists()
 

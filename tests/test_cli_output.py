@@ -34,6 +34,7 @@ from typing import Any
 import click
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from svcframe.cli import main
 from svcframe.config import parse_config
 from svcframe.launch import Launch
@@ -198,8 +199,8 @@ def test_every_command_fails_on_bad_input_with_one_line(tmp_path: Path) -> None:
 # -- tables, JSON and progress against a real server ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    """One server with the self-test provider (configs/selftest.json), a shared secret in the environment."""
-    config = parse_config(json.loads((ROOT / "configs" / "selftest.json").read_text()))
+    """One server with the self-test provider (the shipped config), a shared secret in the environment."""
+    config = parse_config(json.loads(SELFTEST_CONFIG.read_text()))
     with Launch(config, 1) as job:
         yield job.members[0].address
 

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import time
 from contextlib import closing
-from pathlib import Path
 
 import psutil
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from selftest.collect import CollectOptions, collect, plan, step_keys
 from selftest.driver import SelftestError, SelftestParams
 from selftest.pool import ClientPool
@@ -22,8 +22,6 @@ from selftest.roofline import combine_scores
 from selftest.store import ResultsStore
 from svcframe.config import load_config
 from svcframe.launch import Launch
-
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -91,7 +89,7 @@ def test_sweep_storage_scores_and_overhead(tmp_path) -> None:
 
 
 def test_client_pool_reuses_processes_and_recovers_from_a_failed_run() -> None:
-    with Launch(load_config(CONFIG), 1) as job, ClientPool(2) as pool:
+    with Launch(load_config(SELFTEST_CONFIG), 1) as job, ClientPool(2) as pool:
         address = [job.members[0].address]
         pids = set(pool.pids())
         first = pool.run(SelftestParams(clients=2, duration_seconds=0.2, warmup_iterations=2), address)

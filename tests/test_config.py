@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from svcframe.composition import parse_dependency, service_schema
 from svcframe.config import ServiceConfig, load_config, parse_config
 from svcframe.errors import ConfigError
@@ -72,8 +73,8 @@ def test_single_library_string_accepted() -> None:
 
 
 def test_shipped_configs_are_valid() -> None:
-    for name in ("selftest.json", "kv.json"):
-        cfg = load_config(f"configs/{name}")
+    for path in (SELFTEST_CONFIG, "configs/kv.json"):
+        cfg = load_config(path)
         assert cfg.providers
 
 

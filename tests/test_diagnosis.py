@@ -11,18 +11,16 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from selftest.driver import SelftestParams, run_selftest
 from svcframe.config import load_config, parse_config
 from svcframe.diagnosis import diagnose, format_diagnosis
 from svcframe.engine import Engine, Request
 from svcframe.launch import Launch
-
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 
 #: A front provider whose async ``fetch`` calls ``lookup`` on a back provider in another process; ``lookup``
 #: is async and waits (an await, not the event loop); ``crunch`` is a sync handler that holds the loop.
@@ -148,7 +146,7 @@ def test_sync_handler_is_told_about_the_event_loop(composed: dict[str, Any]) -> 
 
 @pytest.fixture(scope="module")
 def selftest_server() -> Iterator[str]:
-    with Launch(load_config(CONFIG), 1) as job:
+    with Launch(load_config(SELFTEST_CONFIG), 1) as job:
         yield job.members[0].address
 
 

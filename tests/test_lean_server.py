@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 from reliability_kit import Procs, server_env
 
+from selftest import SELFTEST_CONFIG
 from svcframe.admin import ServiceHandle
 from svcframe.engine import Engine
 from svcframe.loops import run
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_CONFIGS = sorted(path for path in (ROOT / "configs").glob("*.json") if path.name != "schema.json")
+SHIPPED_CONFIGS = [
+    SELFTEST_CONFIG,
+    *sorted(path for path in (ROOT / "configs").glob("*.json") if path.name != "schema.json"),
+]
 HEAVY = ("numpy", "matplotlib")
 
 

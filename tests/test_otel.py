@@ -4,8 +4,11 @@ RPC semantic conventions and form the call tree; in a real server process the ex
 
 from __future__ import annotations
 
+import gzip
+import http.server
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -150,3 +153,77 @@ def test_an_exporter_that_is_not_installed_is_a_clear_startup_error(tmp_path: Pa
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "no_such_exporter"}
     with pytest.raises(AssertionError, match="OTEL_TRACES_EXPORTER names 'no_such_exporter', which is not installed"):
         ServerProcess.start(config, tmp_path, env=env)
+
+
+class _Collector(http.server.ThreadingHTTPServer):
+    """An OTLP/HTTP trace collector on loopback: keeps each request's path and spans (protobuf), answers 200."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _CollectorRequest)
+        self.received: list[tuple[str, list[Any]]] = []
+        self.arrived = threading.Event()
+
+
+class _CollectorRequest(http.server.BaseHTTPRequestHandler):
+    server: _Collector
+
+    def do_POST(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        request = ExportTraceServiceRequest.FromString(body)
+        spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+        self.server.received.append((self.path, spans))
+        self.server.arrived.set()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_otel_extra_exports_over_otlp_http_with_only_an_endpoint(tmp_path: Path) -> None:
+    """pip install 'svcframe[otel]', "otel": true and OTEL_EXPORTER_OTLP_ENDPOINT: spans reach the collector."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra's exporter is not installed")
+    collector = _Collector()
+    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+    thread.start()
+    config = {"engine": {"monitoring": {"otel": True}}, "libraries": ["selftest.provider"],
+              "providers": [{"name": "st", "type": "selftest", "provider_id": 1}]}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_port}", OTEL_BSP_SCHEDULE_DELAY="50")
+    try:
+        with ServerProcess.start(config, tmp_path, env=env) as server:
+            from svcframe.loops import run
+
+            async def calls() -> None:
+                async with Engine(None, secret=b"svcframe-test-secret") as client:
+                    for _ in range(3):
+                        await client.call(server.address, "stat", None, provider_id=1)
+
+            run(calls())
+            assert collector.arrived.wait(10), server.log()[-3000:]
+            server.stop()  # flushes what the batch processor still holds
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    assert {path for path, _ in collector.received} == {"/v1/traces"}
+    spans = [span for _, batch in collector.received for span in batch if span.name == "stat"]
+    assert len(spans) == 3
+    attributes = {a.key: a.value.string_value for a in spans[0].attributes}
+    assert attributes["rpc.system"] == "svcframe" and attributes["rpc.service"] == "selftest"
+
+
+def test_otlp_over_a_protocol_whose_exporter_is_missing_names_the_package(tmp_path: Path) -> None:
+    from importlib.metadata import entry_points
+
+    if entry_points(group="opentelemetry_traces_exporter", name="otlp_proto_grpc"):
+        pytest.skip("the gRPC OTLP exporter is installed here")
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    with pytest.raises(AssertionError, match=r"'otlp' \(protocol grpc: exporter 'otlp_proto_grpc'\), which is not "
+                       r"installed \(pip install opentelemetry-exporter-otlp-proto-grpc\)"):  # fmt: skip
+        ServerProcess.start({"engine": {"monitoring": {"otel": True}}}, tmp_path, env=env)

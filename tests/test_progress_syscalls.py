@@ -10,17 +10,16 @@ import itertools
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from svcframe.admin import ServiceHandle
 from svcframe.config import load_config
 from svcframe.engine import Engine
 from svcframe.launch import Launch
 from svcframe.loops import run
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 WAIT = re.compile(r"epoll_p?wait\(\d+, .*?, (\d+), (-?\d+)")
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
@@ -28,7 +27,7 @@ pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="strace i
 
 @pytest.fixture(scope="module")
 def server():
-    cfg = load_config(CONFIG)
+    cfg = load_config(SELFTEST_CONFIG)
     cfg.engine.event_loop = "uvloop"
     with Launch(cfg, 1) as job:
         yield job.members[0]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from svcframe.group import read_group_file
 from svcframe.ranks import GroupError, RankInfo, detect, from_environment, rank_address
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
 CLI = [sys.executable, "-m", "svcframe"]
 # servers and CLI share a secret, so the admin shutdown is an authenticated call
 ENV = {**os.environ, "SVCFRAME_SECRET": "test-ranks-secret"}
@@ -95,7 +95,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 def _serve_rank(rank: int, size: int, group: Path, *extra: str) -> subprocess.Popen:
     env = {**ENV, "PMI_RANK": str(rank), "PMI_SIZE": str(size), "SVCFRAME_NO_MPI4PY": "1"}
-    return subprocess.Popen([*CLI, "serve", str(CONFIG), "--group-file", str(group), *extra], env=env,
+    return subprocess.Popen([*CLI, "serve", str(SELFTEST_CONFIG), "--group-file", str(group), *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
@@ -153,7 +153,7 @@ def test_mpiexec_servers_publish_group_file(tmp_path, barrier) -> None:
         env["SVCFRAME_NO_MPI4PY"] = "1"
     mpiexec = _mpiexec()
     assert mpiexec is not None
-    proc = subprocess.Popen([mpiexec, "-n", "3", *CLI, "serve", str(CONFIG), "--group-file", str(group)], env=env,
+    proc = subprocess.Popen([mpiexec, "-n", "3", *CLI, "serve", str(SELFTEST_CONFIG), "--group-file", str(group)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         _wait_for(group, [proc])

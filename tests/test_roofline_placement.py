@@ -113,13 +113,14 @@ def test_workload_file_round_trip_and_unreadable_files(tmp_path: Path) -> None:
 
 
 def test_placement_end_to_end_real_collection_and_real_selftest_run(tmp_path: Path) -> None:
+    from selftest import SELFTEST_CONFIG
     from selftest.collect import CollectOptions, collect
     from selftest.driver import SelftestParams, run_selftest
     from selftest.store import ResultsStore
     from svcframe.config import load_config
     from svcframe.launch import Launch
 
-    config = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
+    config = SELFTEST_CONFIG
     doc = collect(CollectOptions(out=tmp_path / "rl", duration_seconds=0.2, repeats=1, warmup_iterations=5,
                                  grid_servers=[1], grid_clients=[1], sweep_max_servers=0, saturation_depth=2,
                                  store=tmp_path / "r.sqlite"))  # fmt: skip

@@ -5,22 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import readme_quickstart
 
+from selftest import SELFTEST_CONFIG
 from selftest.collect import CollectOptions, collect, plan
 from selftest.driver import SelftestError, SelftestParams, run_selftest
 from svcframe.config import load_config
 from svcframe.launch import Launch
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
-
 
 @pytest.fixture(scope="module")
 def servers():
-    with Launch(load_config(CONFIG), 2) as job:
+    with Launch(load_config(SELFTEST_CONFIG), 2) as job:
         yield [m.address for m in job.members]
 
 

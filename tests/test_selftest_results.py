@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from selftest.driver import SelftestParams, quintain_params, run_selftest
 from svcframe.admin import ServiceHandle
 from svcframe.config import load_config
@@ -27,7 +28,7 @@ DATA = ROOT / "tests" / "data"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    with Launch(load_config(ROOT / "configs" / "selftest.json"), 1) as job:
+    with Launch(load_config(SELFTEST_CONFIG), 1) as job:
         yield job.members[0].address
 
 

@@ -15,18 +15,17 @@ from typing import Any
 
 import pytest
 
+from selftest import SELFTEST_CONFIG
 from svcframe.admin import ServiceHandle
 from svcframe.config import load_config
 from svcframe.engine import Engine
 from svcframe.launch import Launch
 from svcframe.loops import run
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selftest.json"
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    with Launch(load_config(CONFIG), 1) as job:
+    with Launch(load_config(SELFTEST_CONFIG), 1) as job:
         yield job.members[0].address
 
 

@@ -31,10 +31,10 @@ fi
 if [ "${CI:-}" = "true" ] && ! "$VENV/bin/python" -c 'import pyhwloc' 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q --ignore-requires-python "pyhwloc>=3"
 fi
-# CI also installs the mpi extra (mpi4py + the MPICH wheel with its mpiexec): tests/test_ranks.py starts
-# servers under a real mpiexec. Without it those tests skip with the reason.
+# CI also installs the mpi-wheel extra (mpi4py + the MPICH wheel with its mpiexec; a cluster uses the mpi extra
+# and its own MPI): tests/test_ranks.py starts servers under a real mpiexec. Without it those tests skip.
 if [ "${CI:-}" = "true" ] && ! "$VENV/bin/python" -c 'import mpi4py' 2>/dev/null; then
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[test,mpi]" || echo "MPI wheels unavailable: the mpiexec tests skip"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[test,mpi-wheel]" || echo "MPI wheels unavailable: the mpiexec tests skip"
 fi
 export PATH="$VENV/bin:$PATH"
 export MPLBACKEND=Agg

@@ -1,7 +1,7 @@
 """Client CPU per noop call, and where it goes: the client's side of tools/profile_server.py.
 
 A server runs in its own process, pinned to the first usable core: for ``--impl svcframe`` a svcframe server
-with the self-test provider (configs/selftest.json, its ``work`` RPC), for ``raw`` and ``msgpack`` the bench's
+with the self-test provider (selftest/selftest.json, its ``work`` RPC), for ``raw`` and ``msgpack`` the bench's
 reference peers (selftest/bench_peers.py). The client runs in this process, on the last usable core:
 ``--calls`` noop calls with ``--depth`` in flight, in progress mode ``--mode``, with the same client code as
 ``svcframe bench --workload client`` (selftest/bench_client.py). Prints the client's CPU µs per call (its
@@ -32,7 +32,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from selftest.bench_client import CONFIG, IMPLS, MSGPACK, RAW, SIDES, SVCFRAME, Operation, spin_msec
+from selftest import SELFTEST_CONFIG
+from selftest.bench_client import IMPLS, MSGPACK, RAW, SIDES, SVCFRAME, Operation, spin_msec
 from selftest.bench_peers import PeerServer
 from svcframe.config import load_config
 from svcframe.launch import Launch
@@ -49,7 +50,7 @@ def server(impl: str, transport: str, core: int) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="sfpc", dir="/tmp") as tmp:
         unix = f"{tmp}/s.sock" if transport == "unix" else None
         if impl == SVCFRAME:
-            cfg = load_config(CONFIG)
+            cfg = load_config(SELFTEST_CONFIG)
             if unix:
                 cfg.engine.address = f"unix://{unix}"
             with Launch(cfg, 1, cores=[core]) as job:

@@ -42,7 +42,7 @@ def roofline() -> None:
     show_default=True,
 )
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Server config hosting the self-test provider (default: configs/selftest.json).")  # fmt: skip
+              help="Server config hosting the self-test provider (default: the shipped one, see: svcframe selftest config).")  # fmt: skip
 @click.option("--duration-seconds", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Samples of Pc and Ps.")
 @click.option("--paper", is_flag=True, help="The paper's settings: 5-second measurements, five samples.")
@@ -103,7 +103,8 @@ def roofline_collect(
     the summary as one JSON document: {"kind": "svcframe-roofline-summary", "run_id", "store", "metrics": {NAME:
     {"unit", "parameters", "pc", "ps", "ridge", "scores", "above_ceiling", "plot"}}, "combined_score", "weights",
     "validity", "overhead", "model", "sweep_plot"} (the whole model is in the roofline.json it names)."""
-    from ..collect import DEFAULT_CONFIG, CollectOptions, collect, plan
+    from .. import SELFTEST_CONFIG
+    from ..collect import CollectOptions, collect, plan
     from ..report import collect_summary_json, print_collect_summary
     from ..store import default_store_path
 
@@ -130,7 +131,7 @@ def roofline_collect(
         except ValueError:
             fail(f"--weight takes METRIC=NUMBER, got {weights}")
         opts = CollectOptions(
-            out=Path(out), config=Path(config_file) if config_file else DEFAULT_CONFIG,
+            out=Path(out), config=Path(config_file) if config_file else SELFTEST_CONFIG,
             metrics=list(metrics) or list(ALL_METRICS), duration_seconds=duration_seconds, repeats=repeats,
             bulk_size=bulk_size, grid_servers=grid_servers,
             grid_clients=grid_clients, sweep_max_servers=sweep_max_servers,

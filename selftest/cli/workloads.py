@@ -1,4 +1,4 @@
-"""``svcframe selftest run|bursts|nic-dispersion``: the self-test's workloads against live servers (a plugin
+"""``svcframe selftest run|bursts|nic-dispersion|config``: the self-test's workloads against live servers (a plugin
 of the ``svcframe`` command line, registered in pyproject.toml's ``svcframe.cli`` entry points)."""
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from svcframe.loops import EVENT_LOOPS
 from svcframe.plumber import BUCKET_POLICIES, NIC_POLICIES
 from svcframe.progress import PROGRESS_MODES
 
+from .. import SELFTEST_CONFIG
 from ..driver import WORKLOADS
 from ..nic_dispersion import COMPARED_NIC_POLICIES, SCENARIOS
 from ..plotting import PlottingUnavailable
@@ -373,3 +374,12 @@ def selftest_nic_dispersion(
                 title=f"aggregate bandwidth of {clients} clients, {quantity(bulk_size, 'B')} bulk pulls; clients "
                 f"per NIC in the order {', '.join(names)}", console=console)  # fmt: skip
     print_lines(f"plot: {png}", f"results: {js}", console=console)
+
+
+@selftest.command("config")
+def selftest_config() -> None:
+    """Print the path of the shipped self-test server config.
+
+    One server on loopback TCP hosting the self-test provider (provider id 1), e.g.
+    svcframe launch "$(svcframe selftest config)" --procs 2 --group-file group.json"""
+    click.echo(SELFTEST_CONFIG)

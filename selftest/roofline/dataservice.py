@@ -105,7 +105,7 @@ class Range:
         return {"min": self.min, "max": self.max}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | Sequence[float]) -> Range:
+    def from_dict(cls, d: object) -> Range:
         """Inverse of :meth:`to_dict`; also accepts a two-element list ``[min, max]``.
 
         Raises:

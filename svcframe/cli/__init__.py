@@ -16,7 +16,7 @@ Plugins. A distribution adds commands by declaring entry points in the ``svcfram
 the command's, the object a click command or group (bedrockctl's ``add_typer``; uvicorn's registries)::
 
     [project.entry-points."svcframe.cli"]
-    roofline = "selftest.cli.roofline:roofline"
+    roofline = "svcframe_selftest.cli.roofline:roofline"
 
 A plugin is imported only when it is invoked or listed (``svcframe --help``), so the framework's own verbs
 never import it. One that cannot be loaded is one warning line naming it in ``--help`` (the other commands
@@ -25,6 +25,7 @@ are listed as usual) and one error line when it is invoked. A built-in command's
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from typing import Any
 
 import click
 
+from ..packages import import_module
 from . import admin, call, config, observe, serve, topology
 from .common import fail
 
@@ -67,8 +69,8 @@ class RootGroup(click.Group):
     def _load(self, name: str) -> click.Command | None:
         if name not in self._plugins:
             ep = self._entry_points[name]
-            try:
-                command = ep.load()
+            try:  # ep.load(), with the module's repository or installed name (svcframe.packages)
+                command = functools.reduce(getattr, filter(None, (ep.attr or "").split(".")), import_module(ep.module))
             except Exception as exc:  # any failure of a plugin's import: it must not break the other commands
                 command, why = None, f"cannot be loaded: {type(exc).__name__}: {exc}"
             else:

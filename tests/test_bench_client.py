@@ -37,6 +37,10 @@ from svcframe.errors import BulkError, RemoteError
 from svcframe.launch import Launch
 from svcframe.units import quantity
 
+# benchmarks under valgrind: figures, not the Python version's behaviour
+pytestmark = pytest.mark.one_interpreter
+
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 

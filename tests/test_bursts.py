@@ -13,6 +13,9 @@ from svcframe.engine import Engine
 from svcframe.launch import Launch
 from svcframe.loops import run
 
+# burst analysis and its plots: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
 
 def test_timeline_arithmetic() -> None:
     params = BurstParams(bursts=2, burst_seconds=1.0, gap_seconds=1.0, interval_seconds=0.5)

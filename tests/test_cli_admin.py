@@ -23,6 +23,10 @@ from svcframe.launch import Launch
 from svcframe.loops import run
 from svcframe.provider import installed_libraries
 
+# the admin commands' text and exit codes: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "configs" / "schema.json"
 REGENERATE = ".venv/bin/python -m svcframe config schema -o configs/schema.json"

@@ -20,6 +20,10 @@ from svcframe.config import parse_config
 from svcframe.group import Member
 from svcframe.launch import Launch
 
+# the commands' conventions: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -40,6 +40,10 @@ from svcframe.config import parse_config
 from svcframe.launch import Launch
 from svcframe.units import quantity, quantity_range
 
+# the commands' text: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
+
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "svcframe"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")

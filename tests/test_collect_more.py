@@ -23,6 +23,10 @@ from selftest.store import ResultsStore
 from svcframe.config import load_config
 from svcframe.launch import Launch
 
+# roofline collection variants: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

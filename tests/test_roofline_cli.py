@@ -24,6 +24,10 @@ from svcframe.config import parse_config
 from svcframe.launch import Launch
 from svcframe.units import quantity
 
+# the roofline commands and plots: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
+
 ROOT = Path(__file__).resolve().parent.parent
 # Pc 20,000 and Ps 40,000 calls/s (ridge 1/2); bandwidth Pc 1, Ps 0.5 GiB/s; storage IOPS and bandwidth.
 PEAKS = {"rpc_rate": (20_000.0, 40_000.0), "bandwidth": (1.0, 0.5), "storage_iops": (4_000.0, 8_000.0),

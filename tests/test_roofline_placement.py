@@ -14,6 +14,10 @@ from roofline_kit import platform_doc
 from selftest.roofline import Platform
 from selftest.roofline.placement import Workload, WorkloadPoint, place
 
+# roofline placement: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
+
 GIB = 2**30
 
 # RPC rate: Pc 20k, Ps 80k ops/s (ridge 1/4); bandwidth: Pc 2, Ps 1 GiB/s (ridge 1).

@@ -22,6 +22,9 @@ from svcframe.engine import Engine
 from svcframe.launch import Launch
 from svcframe.loops import run
 
+# the results views: our logic, not the Python version's (CI's first interpreter only)
+pytestmark = pytest.mark.one_interpreter
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:

@@ -415,7 +415,7 @@ class BulkTransfers:
         self.progress.inflight += 1
         if not self.progress.blocking:
             self.progress.activity()
-        self._deadlines.add(start + timeout, future)
+        self._deadlines.add(start + timeout, conn.pending, request_id)
         deadline_usec = wire_deadline(timeout - (loop.time() - start))
         if by_cma:  # a pull asks for the range's address; a push gives its source's (kept until answered)
             fields = (

@@ -228,7 +228,7 @@ class Calls:
         progress.inflight += 1
         if not progress.blocking:
             progress.activity()
-        self._deadlines.add(start + timeout, future)
+        self._deadlines.add(start + timeout, pending, request_id)
         status = -1
         payload_bytes = 0
         try:

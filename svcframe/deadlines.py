@@ -16,10 +16,11 @@ class Deadlines:
     """The deadlines of one engine's outgoing calls and bulk transfers, behind ONE loop timer.
 
     A loop timer per call (``loop.call_at`` + ``cancel``) costs about 2 µs on uvloop (measured), as much as
-    the rest of a call's Python work; here a call costs a heap push. Finished calls are not removed (their
-    futures are done);
-    the timer skips them, and the heap is compacted when it holds more than twice the unfinished calls,
-    so memory stays in proportion to the calls in flight.
+    the rest of a call's Python work; here a call costs a heap push. An entry names its call by the
+    connection's table of waiting futures and the request id, never by the future itself: a finished call's
+    future (and its result, perhaps megabytes) is not kept alive by the heap. Finished calls (gone from
+    their table) are not removed; the timer skips them, and the heap is compacted when it holds more than
+    twice the unfinished calls, so its memory stays in proportion to the calls in flight.
 
     On expiry, a waiting future gets ``DeadlineExpired`` (its caller raises DeadlineExceeded).
     """
@@ -27,7 +28,7 @@ class Deadlines:
     __slots__ = ("_heap", "_loop", "_seq", "_timer", "_timer_at")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, asyncio.Future[Any]]] = []
+        self._heap: list[tuple[float, int, dict[int, asyncio.Future[Any]], int]] = []
         self._seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -36,11 +37,12 @@ class Deadlines:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def add(self, deadline: float, future: asyncio.Future[Any]) -> None:
-        """Expire ``future`` at ``deadline`` (loop time, seconds) unless it is done by then."""
+    def add(self, deadline: float, waiting: dict[int, asyncio.Future[Any]], request_id: int) -> None:
+        """Expire the future ``waiting[request_id]`` at ``deadline`` (loop time, seconds) unless by then it is
+        done or no longer in ``waiting`` (the caller removes it when the call ends)."""
         heap = self._heap
         self._seq = seq = self._seq + 1
-        heapq.heappush(heap, (deadline, seq, future))
+        heapq.heappush(heap, (deadline, seq, waiting, request_id))
         if deadline < self._timer_at:
             self._arm(deadline)
         elif len(heap) > 1024 and not seq & 1023:
@@ -58,9 +60,13 @@ class Deadlines:
         self._timer, self._timer_at = None, float("inf")
         heap = self._heap
         now = self._loop.time() if self._loop is not None else 0.0
-        while heap and (heap[0][0] <= now or heap[0][2].done()):
-            _, _, future = heapq.heappop(heap)
-            if not future.done():
+        while heap:
+            deadline, _, waiting, request_id = heap[0]
+            future = waiting.get(request_id)
+            if deadline > now and future is not None and not future.done():
+                break
+            heapq.heappop(heap)
+            if future is not None and not future.done():
                 future.set_exception(DeadlineExpired())
         if heap:
             self._arm(heap[0][0])
@@ -68,7 +74,7 @@ class Deadlines:
     def _compact(self) -> None:
         """Drop finished calls when they are more than half the heap (amortised O(1) per call)."""
         heap = self._heap
-        live = [entry for entry in heap if not entry[2].done()]
+        live = [entry for entry in heap if (f := entry[2].get(entry[3])) is not None and not f.done()]
         if len(live) * 2 < len(heap):
             heapq.heapify(live)
             self._heap = live

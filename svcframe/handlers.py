@@ -517,8 +517,10 @@ class Handlers:
         if frame[1] & F_NO_REPLY:
             return True
         answer = encode_frame(K_RESPONSE, frame[4], pack_body(size), flags=F_INTO)
-        chunk = min(self.bulk_chunk_bytes, conn.peer_max_body_bytes)
-        if size <= chunk:
+        # A result the caller could take inline (one frame within its limit) leaves as one data frame, in the
+        # same write as the answer, with no task: as fast as the inline answer and no copy (4 MiB over tcp:
+        # 1 MiB chunks behind a drain each read at 0.81x raw, one frame at 0.94x, svcframe bench --workload client-read); larger ones are chunked.
+        if size <= conn.peer_max_body_bytes:
             if size:
                 conn.send_many((encode_header(K_BULK_DATA_REPLY, frame[4], size), view, answer))
             else:

@@ -42,7 +42,10 @@ from .monitoring import Monitor
 from .protocol import IncomingPull
 from .wire import (
     F_CMA,
+    F_INTO,
     K_BULK_PUSH,
+    K_CANCEL,
+    K_RESPONSE,
     Frame,
     Kind,
     encode_frame,
@@ -164,6 +167,7 @@ class BulkTransfers:
     cma_bytes: int
     allow_third_party_bulk: bool
     _exposed: dict[bytes, tuple[memoryview, str, str | None]]
+    _lent_bytes: int
     _conns: dict[str, Connection]
     _peers: dict[str, Connection]
     _tasks: set[asyncio.Task[Any]]
@@ -385,6 +389,84 @@ class BulkTransfers:
         if conn.peer_engine_id != handle.engine_id:
             raise BulkError(f"the engine at {handle.address} no longer owns this bulk handle (it restarted)")
         return conn
+
+    # -- a read into the caller's buffer by cross-memory attach (Engine.call(..., into=) on unix://) ------------
+    def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool:
+        """Answer a read into the caller's buffer with the result's address instead of its bytes: the caller
+        copies it with one ``process_vm_readv`` and says so (CANCEL of the request id), so the read is one
+        round trip and one kernel copy, as a Margo handler's bulk push over ``na+sm`` is. The result (an
+        immutable ``bytes``) is exposed meanwhile under a fresh bulk id the answer carries, for the caller to
+        pull over the socket should the kernel refuse the copy. False (answer with the data) when this engine
+        or connection cannot take part, or results lent and not yet read are MAX_LENT_PER_CONNECTION on this
+        connection or hold MAX_LENT_BYTES in all."""
+        size = len(view)
+        if (
+            size < CMA_MIN_BYTES
+            or not self.bulk_cma
+            or conn.peer_pid is None
+            or len(conn.protocol.lent) >= MAX_LENT_PER_CONNECTION
+            or self._lent_bytes + size > MAX_LENT_BYTES
+        ):
+            return False
+        bulk_id = secrets.token_bytes(BULK_ID_BYTES)
+        self._exposed[bulk_id] = (view, READ, None)
+        conn.protocol.lent[request_id] = bulk_id
+        self._lent_bytes += len(view)
+        body = pack_body([len(view), cma.buffer_address(view), bulk_id])
+        conn.send(encode_frame(K_RESPONSE, request_id, body, flags=F_INTO | F_CMA, status=Status.LENT))
+        return True
+
+    def _release_lent(self, conn: Connection, request_id: int) -> None:
+        """The caller has read the result lent for ``request_id`` (or is gone): stop exposing it."""
+        bulk_id = conn.protocol.lent.pop(request_id, None)
+        entry = self._exposed.pop(bulk_id, None) if bulk_id is not None else None
+        if entry is not None:
+            self._lent_bytes -= len(entry[0])
+            entry[0].release()
+
+    async def _take_lent(
+        self, conn: Connection, address: str, request_id: int, fields: Any, into: memoryview, deadline: float
+    ) -> int:
+        """Copy a result lent by address (see ``_lend``) into ``into`` and release it; over the socket when the
+        kernel refuses the copy. Returns the result's size.
+
+        Raises:
+            RemoteProtocolError: the answer is not [size, address, bulk id]; ResultTooLarge: the result is
+            larger than ``into``; BulkError, DeadlineExceeded, ConnectionLost (the socket fallback).
+        """
+        from .errors import ResultTooLarge
+
+        try:
+            if (
+                not isinstance(fields, list)
+                or len(fields) != 3
+                or not all(isinstance(v, int) and v > 0 for v in fields[:2])
+                or not isinstance(fields[2], bytes)
+                or len(fields[2]) != BULK_ID_BYTES
+            ):
+                raise RemoteProtocolError(f"a result lent by address was answered with {fields!r:.60}")
+            size: int = fields[0]
+            source: int = fields[1]
+            bulk_id: bytes = fields[2]
+            if size > len(into):
+                raise ResultTooLarge(f"the result is {size} bytes; the buffer given as into= holds {len(into)}")
+            loop = self._loop or asyncio.get_running_loop()
+            dest = into[:size]
+            try:
+                await _cma_copy(loop, conn, source, dest, deadline)
+                self.cma_bytes += size
+                return size
+            except OSError as exc:
+                if exc.errno in _CMA_REFUSED:
+                    conn.peer_cma = False  # the kernel will keep refusing: the socket from now on
+                    log.warning("cross-memory read from pid %s refused (%s); this connection uses the socket",
+                                conn.peer_pid, exc)  # fmt: skip
+            handle = BulkHandle(address, conn.peer_engine_id or "", bulk_id, size, READ)
+            await self.pull(handle, dest, timeout_seconds=max(deadline - loop.time(), 0.0))
+            return size
+        finally:
+            if not conn.closed:
+                conn.send(encode_frame(K_CANCEL, request_id))  # read (or given up): the owner may let it go
 
     async def _bulk_op(
         self,
@@ -627,6 +709,12 @@ _CMA_REFUSED = frozenset({1, 3, 38})
 #: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
 _CMA_INLINE_BYTES = 8 * 1024 * 1024
 _CMA_PIECE_BYTES = 8 * 1024 * 1024
+#: Results lent by address (reads into the caller's buffer by cross-memory attach) that callers have not yet
+#: read, in bytes, over all connections; past it results are sent as data (a caller that never reads holds
+#: at most this much of the server's memory).
+MAX_LENT_BYTES = 256 * 1024 * 1024
+#: ... and per connection, in results (a caller that reads as it goes holds one per read in flight).
+MAX_LENT_PER_CONNECTION = 16
 
 
 def _owner(handle: BulkHandle) -> str:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from .bulk import as_byte_view
+from .bulk import CMA_MIN_BYTES, as_byte_view
 from .deadlines import DeadlineExpired, Deadlines
 from .errors import (
     AuthenticationFailed,
@@ -27,6 +27,7 @@ from .errors import (
     LocalProtocolError,
     ResultTooLarge,
     ShuttingDown,
+    Status,
     error_from_status,
 )
 from .handlers import _sync, _task_request
@@ -35,6 +36,7 @@ from .protocol import IncomingPull
 from .registration import RegistrationTable
 from .tracing import Tracer, new_span_id, new_trace_id
 from .wire import (
+    F_CMA,
     F_IDEMPOTENT,
     F_INTO,
     F_TRACED,
@@ -53,6 +55,10 @@ if TYPE_CHECKING:
     from .transport import Connection
 
 perf_ns = time.perf_counter_ns
+_S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk._lend): not an error
+#: An into buffer this large asks for the result by cross-memory attach on a same-node connection
+#: (svcframe.bulk.CMA_MIN_BYTES; a smaller one is cheaper over the socket).
+_INTO_CMA_BYTES = CMA_MIN_BYTES
 _NIL = pack_body(None)  # the body of a call without an argument (a pack_body call per such call saved)
 
 
@@ -71,10 +77,14 @@ class Calls:
     monitor: Monitor
     progress: Progress
     tracer: Tracer | None
+    bulk_cma: bool
 
     if TYPE_CHECKING:
 
         async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
+        async def _take_lent(
+            self, conn: Connection, address: str, request_id: int, fields: Any, into: memoryview, deadline: float
+        ) -> int: ...
 
     def call(
         self,
@@ -171,6 +181,8 @@ class Calls:
         if into is not None:
             into = as_byte_view(into, writable=True)
             flags |= F_INTO
+            if len(into) >= _INTO_CMA_BYTES and conn.peer_cma and conn.peer_pid is not None and self.bulk_cma:
+                flags |= F_CMA  # we can copy the result from the server's memory: one round trip, one copy
         if len(body) > conn.peer_max_body_bytes:
             raise LocalProtocolError(
                 f"the argument of {name!r} encodes to {len(body)} bytes, over the {conn.peer_max_body_bytes}-byte "
@@ -251,7 +263,7 @@ class Calls:
             if not progress.blocking:
                 progress.activity()
             if rec is not None:
-                if status != S_OK:
+                if status != S_OK and status != _S_LENT:
                     rec.errors += 1
                 if timed:
                     buf = rec.buffer
@@ -262,6 +274,8 @@ class Calls:
                 parent_span = parent.frame.span_id if parent is not None else 0
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
                               parent_span, lamport, address, status, provider_id)  # fmt: skip
+        if status == _S_LENT and flags & F_CMA:
+            return await self._take_lent(conn, address, request_id, payload, into, start + timeout)
         if status == S_OK:
             if into is not None and into_pull.overflowed:
                 raise ResultTooLarge(

@@ -183,6 +183,7 @@ class Engine(Calls, Handlers, BulkTransfers):
         self._tasks: set[asyncio.Task[Any]] = set()
         # bulk id (16 random bytes) -> (buffer, mode, address of the only peer allowed, or None)
         self._exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
+        self._lent_bytes = 0  # results lent by address to callers that have not read them yet (bulk.MAX_LENT_BYTES)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._root_callpaths: dict[tuple[int, int], int] = {}
         self._deadlines = Deadlines()  # of outgoing calls and bulk transfers, behind one loop timer
@@ -500,6 +501,8 @@ class Engine(Calls, Handlers, BulkTransfers):
             reason = f"connection to {conn.peer_address or conn.peername} lost" + (f": {exc}" if exc else "")
             error = ConnectionLost(reason)
         self._fail_pending(conn, error)
+        for request_id in list(conn.protocol.lent):
+            self._release_lent(conn, request_id)
         for task in list(conn.serving.values()):
             if isinstance(task, asyncio.Task):
                 task.cancel()  # nobody can receive the answer any more
@@ -549,6 +552,8 @@ class Engine(Calls, Handlers, BulkTransfers):
                 task = conn.serving.get(frame.request_id)
                 if isinstance(task, asyncio.Task):
                     task.cancel()
+                elif conn.protocol.lent:  # the caller has read a result lent by address: take it back
+                    self._release_lent(conn, frame.request_id)
             elif kind == K_GOODBYE:
                 conn.goodbye_received(frame)
                 return

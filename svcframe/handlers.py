@@ -44,6 +44,7 @@ from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
 from .registration import Registration, RegistrationTable
 from .tracing import Tracer, new_span_id, new_trace_id
 from .wire import (
+    F_CMA,
     F_INTO,
     F_NO_REPLY,
     F_TRACE_STARTED_HERE,
@@ -246,6 +247,7 @@ class Handlers:
         async def _send_chunks(
             self, conn: Connection, kind: Kind, request_id: int, src: memoryview, first: bytes | None, until: Any
         ) -> None: ...
+        def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool: ...
 
     #: The request whose handler runs here (``current_request.get``), for the other parts of the engine.
     _request_here = staticmethod(current_request.get)
@@ -515,6 +517,9 @@ class Handlers:
             return False
         size = len(view)
         if frame[1] & F_NO_REPLY:
+            return True
+        # the caller can copy it from our memory (same node, unix://): lend an immutable result by address
+        if frame[1] & F_CMA and type(result) is bytes and self._lend(conn, frame[4], view):
             return True
         answer = encode_frame(K_RESPONSE, frame[4], pack_body(size), flags=F_INTO)
         # A result the caller could take inline (one frame within its limit) leaves as one data frame, in the

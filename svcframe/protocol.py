@@ -216,6 +216,7 @@ class Protocol:
         "error",
         "identity",
         "into",
+        "lent",
         "max_pushes",
         "peer",
         "pending",
@@ -245,6 +246,9 @@ class Protocol:
         self.pulls: dict[int, IncomingPull] = {}
         self.serving: dict[int, Any] = {}
         self.pushes: dict[int, IncomingPush] = {}
+        #: request id -> bulk id of a result lent by address (a read into the caller's buffer by cross-memory
+        #: attach), exposed until the caller says it has read it (CANCEL) or the connection ends
+        self.lent: dict[int, bytes] = {}
         self._refused_pushes: dict[int, int] = {}  # request id -> bytes of refused push data still to discard
         self.decoder = FrameDecoder(max_body_bytes, self._bulk_sink)
         self.decoder.legal_kinds = _HANDSHAKE_MASK

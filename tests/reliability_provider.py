@@ -114,6 +114,17 @@ class ReliabilityTestProvider(Provider):
         return {"bulk": handle.to_wire(), "sha256": hashlib.sha256(data).hexdigest()}
 
     @rpc
+    def read(self, req: Request, arg: Any) -> bytes:
+        """``pattern(size, seed)`` as the result (bytes): a read the caller may take into its own buffer."""
+        return pattern(int(arg["size"]), int(arg["seed"]))
+
+    @rpc
+    def bulk_state(self, req: Request, arg: Any) -> dict[str, int]:
+        """This engine's exposed buffers and the bytes it moved by cross-memory attach."""
+        stats = self.engine.statistics()
+        return {"exposed": stats["exposed_bulk_buffers"], "cma_bytes": stats["bulk_cma_bytes"]}
+
+    @rpc
     async def sha_pull(self, req: Request, arg: Any) -> str:
         handle = BulkHandle.from_wire(arg["bulk"])
         data = await req.engine.pull(handle, timeout_seconds=req.remaining_seconds())

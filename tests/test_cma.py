@@ -229,3 +229,116 @@ async def test_cma_pull_past_its_deadline_is_a_deadline_error_not_a_socket_retry
         assert _bulk_counts(server).get("served_pull", 0) == 0
         conn = client._peers[server.engine_id]
         assert conn.peer_cma, "a deadline is not a kernel refusal: the connection keeps cross-memory attach"
+
+
+@uvloop_test
+async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
+    procs: Procs, tmp_path: Path, sockdir: Path
+) -> None:
+    """``call(..., into=buffer)`` over unix: the server lends its bytes result by address, we copy it with one
+    process_vm_readv and release it; nothing stays exposed on the server, the socket carried no data. A
+    buffer below CMA_MIN_BYTES, and a result larger than the buffer, take the socket path and its errors."""
+    from svcframe import ResultTooLarge
+
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/i.sock"))
+    async with Engine(None) as engine:
+        buf = bytearray(4 * MIB)
+        for seed in range(3):
+            n = await engine.call(server.address, "read", {"size": 3 * MIB, "seed": seed}, provider_id=RELTEST_ID,
+                                  into=buf)  # fmt: skip
+            assert n == 3 * MIB and buf[:n] == pattern(3 * MIB, seed)
+        assert engine.cma_bytes == 9 * MIB  # all three by cross-memory attach
+        small = bytearray(CMA_MIN_BYTES - 1)
+        n = await engine.call(server.address, "read", {"size": 1000, "seed": 4}, provider_id=RELTEST_ID, into=small)
+        assert n == 1000 and small[:n] == pattern(1000, 4) and engine.cma_bytes == 9 * MIB  # by the socket
+        with pytest.raises(ResultTooLarge):
+            await engine.call(server.address, "read", {"size": 5 * MIB, "seed": 5}, provider_id=RELTEST_ID, into=buf)
+        state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
+        assert state == {"exposed": 0, "cma_bytes": 0}  # every lent result released; the server copied nothing
+    assert "Traceback" not in server.log()
+
+
+_REFUSED_READER = """
+import asyncio, hashlib, sys
+from svcframe import Engine
+from svcframe.loops import run
+
+
+async def main(address: str) -> None:
+    async with Engine(None) as engine:
+        buf = bytearray(4 << 20)
+        digests = []
+        for seed in (1, 2):
+            n = await engine.call(address, "read", {"size": 3 << 20, "seed": seed}, provider_id=1, into=buf)
+            digests.append(hashlib.sha256(buf[:n]).hexdigest())
+        conn = engine._conns[address]
+        state = await engine.call(address, "bulk_state", None, provider_id=1)
+        print(digests[0], digests[1], engine.cma_bytes, conn.peer_cma, state["exposed"])
+
+
+run(main(sys.argv[1]))
+"""
+
+
+def test_a_read_into_the_callers_buffer_falls_back_when_the_kernel_refuses(
+    procs: Procs, tmp_path: Path, sockdir: Path
+) -> None:
+    """A caller that may not read the server's memory (another user, no CAP_SYS_PTRACE: EPERM) gets the lent
+    result over the socket, correct, and its connection stops asking for cross-memory reads; the server
+    keeps nothing exposed."""
+    import subprocess
+    import sys
+
+    if not shutil.which("setpriv") or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv (util-linux) to run the caller as another user")
+    sockdir.chmod(0o711)  # the caller (nobody) reaches the socket, which the server makes with umask 0
+    umask0 = ["sh", "-c", 'umask 0; exec "$@"', "sh"]
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/f.sock"), prefix=umask0)
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+    proc = subprocess.run([*nobody, sys.executable, "-c", _REFUSED_READER, server.address], capture_output=True,
+                          text=True, timeout=60, cwd="/", env=os.environ.copy())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, second, cma_bytes, peer_cma, exposed = proc.stdout.split()
+    assert first == hashlib.sha256(pattern(3 * MIB, 1)).hexdigest()
+    assert second == hashlib.sha256(pattern(3 * MIB, 2)).hexdigest()
+    assert (cma_bytes, peer_cma, exposed) == ("0", "False", "0")
+    assert "cross-memory read from pid" in proc.stderr  # said once, as the connection gave it up
+
+
+@uvloop_test
+async def test_a_caller_that_never_reads_what_it_was_lent_holds_little(
+    procs: Procs, tmp_path: Path, sockdir: Path
+) -> None:
+    """A raw peer asks for reads by cross-memory attach and never says it has read them: past
+    MAX_LENT_PER_CONNECTION lent results the server answers with the data, and all it lent is released when
+    the connection ends."""
+    from svcframe.bulk import MAX_LENT_PER_CONNECTION
+    from svcframe.errors import Status
+    from svcframe.testing import RawPeer
+    from svcframe.wire import F_CMA, F_INTO, Kind
+
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/h.sock"))
+    size, calls = CMA_MIN_BYTES, MAX_LENT_PER_CONNECTION + 4
+    async with await RawPeer.connect(server.address, secret=os.environ["SVCFRAME_SECRET"].encode()) as peer:
+        for rid in range(1, calls + 1):
+            peer.request(rid, RELTEST_ID, "read", {"size": size, "seed": rid}, flags=F_INTO | F_CMA)
+        lent, data = 0, 0
+        for _ in range(calls):
+            frame = await peer.read_frame()
+            while frame.kind == Kind.BULK_DATA_REPLY:
+                assert len(frame.body or b"") == size and frame.body == pattern(size, frame.request_id)
+                data += 1
+                frame = await peer.read_frame()
+            assert frame.kind == Kind.RESPONSE
+            lent += frame.status == Status.LENT
+        assert (lent, data) == (MAX_LENT_PER_CONNECTION, calls - MAX_LENT_PER_CONNECTION)
+        async with Engine(None) as engine:
+            state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
+            assert state["exposed"] == MAX_LENT_PER_CONNECTION
+    async with Engine(None) as engine:
+        for _ in range(50):  # the server sees the raw peer's connection end
+            state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
+            if state["exposed"] == 0:
+                break
+            await engine.call(server.address, "sleep", 0.01, provider_id=RELTEST_ID)
+        assert state["exposed"] == 0

@@ -273,7 +273,7 @@ class Calls:
             if flags & F_TRACED and tracer is not None:
                 parent_span = parent.frame.span_id if parent is not None else 0
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
-                              parent_span, lamport, address, status, provider_id)  # fmt: skip
+                              parent_span, lamport, address, S_OK if status == _S_LENT else status, provider_id)  # fmt: skip
         if status == _S_LENT and flags & F_CMA:
             return await self._take_lent(conn, address, request_id, payload, into, start + timeout)
         if status == S_OK:

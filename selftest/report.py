@@ -122,7 +122,7 @@ def validity_lines(
     Args:
         models: ``Roofline.to_dict()`` per metric name.
         nodes: the run's ``NodeSet.to_dict()`` (the slots of the server node and the client nodes).
-        load_average: the 1-minute load average at the end of the run, if recorded.
+        load_average: the 1-minute load average as the run began (other processes' load), if recorded.
         usable_cores: the machine's usable cores (``environment["usable_cores"]``), if recorded.
 
     Returns:
@@ -183,8 +183,8 @@ def validity_lines(
         reasons.append(f"at most one validation sample per metric fits its cores ({server_cores} server, "
                        f"{client_cores} client), and one sample cannot test the model's shape")  # fmt: skip
     if load_average is not None and usable_cores and load_average > usable_cores:
-        reasons.append(f"other processes kept the load average at {load_average:.1f} on {usable_cores} usable "
-                       "cores, so its rates are not repeatable; rerun on an idle machine")  # fmt: skip
+        reasons.append(f"other processes held the load average at {load_average:.1f} on {usable_cores} usable "
+                       "cores as the run began, so its rates are not repeatable; rerun on an idle machine")  # fmt: skip
     if reasons:
         lines.append("Verdict: this machine cannot validate the model: " + "; ".join(reasons) + ".")
     elif any(c["count"] for c in claimed.values()):

@@ -187,8 +187,8 @@ def test_summary_says_which_samples_the_model_claims_and_why_others_are_excluded
     assert "one process per core (Carns et al. 2025, section 4.3" in text
     assert "varied by up to 11% (rpc_rate Pc)" in text
     assert ("Verdict: this machine cannot validate the model: at most one validation sample per metric fits its "
-            "cores (1 server, 1 client), and one sample cannot test the model's shape; other processes kept the "
-            "load average at 7.0 on 2 usable cores") in text  # fmt: skip
+            "cores (1 server, 1 client), and one sample cannot test the model's shape; other processes held the "
+            "load average at 7.0 on 2 usable cores as the run began") in text  # fmt: skip
 
 
 def test_verdict_gives_the_claimed_error_when_the_machine_can_validate_the_model() -> None:

@@ -35,6 +35,7 @@ from .errors import (
     DeadlineExceeded,
     ProtocolError,
     RemoteProtocolError,
+    ResultTooLarge,
     Status,
     error_from_status,
 )
@@ -434,8 +435,6 @@ class BulkTransfers:
             RemoteProtocolError: the answer is not [size, address, bulk id]; ResultTooLarge: the result is
             larger than ``into``; BulkError, DeadlineExceeded, ConnectionLost (the socket fallback).
         """
-        from .errors import ResultTooLarge
-
         try:
             if (
                 not isinstance(fields, list)

@@ -31,6 +31,7 @@ import collections
 import functools
 import json
 import os
+import resource
 import socket
 import struct
 import subprocess
@@ -38,6 +39,14 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from svcframe.progress import (
+    CONTENDED_STRIKES,
+    HOLDOFF_MAX_SECONDS,
+    HOLDOFF_MIN_SECONDS,
+    STRIKE_WINDOW_SECONDS,
+    YIELD_LOST_SECONDS,
+)
 
 LEN = struct.Struct("<I")
 SIZE = struct.Struct("<Q")
@@ -52,19 +61,28 @@ class Spindown:
     zero-timeout poll; ``sched_yield`` between polls, as svcframe does). A reply then finds its peer
     polling instead of asleep in ``epoll_wait`` on an idle core, whose wake-up costs tens of µs on a VM.
     ``msec=0``: the loop blocks (asyncio's default); ``msec=inf``: svcframe's ``busy`` mode, polling from
-    the first activity until ``stop()`` (the connection's end)."""
+    the first activity until ``stop()`` (the connection's end). Like svcframe's spindown, a finite window
+    backs off when a yield proves another process wanted the core (svcframe.progress, "Contention"), so a
+    same-core row compares the two stacks under one policy."""
 
     def __init__(self, msec: float) -> None:
         self.seconds = msec / 1000.0
         self.last = 0.0
         self.spinning = False
         self.polls = 0
+        self.holdoff_until = 0.0
+        self.switches = 0
+        self.strikes = 0
+        self.first_strike = 0.0
+        self.contended = 0  # times it backed off
+        self.holdoff = HOLDOFF_MIN_SECONDS
 
     def activity(self) -> None:
         if self.seconds:
-            self.last = time.monotonic()
-            if not self.spinning:
+            self.last = now = time.monotonic()
+            if not self.spinning and now >= self.holdoff_until:
                 self.spinning = True
+                self.switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
                 asyncio.get_running_loop().call_soon(self._poll)
 
     def stop(self) -> None:
@@ -73,10 +91,27 @@ class Spindown:
     def _poll(self) -> None:
         if time.monotonic() - self.last < self.seconds:
             self.polls += 1
+            t = time.perf_counter()
             os.sched_yield()
+            if time.perf_counter() - t > YIELD_LOST_SECONDS and self.seconds != float("inf"):
+                switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+                if switches != self.switches:
+                    self.switches = switches
+                    now = time.monotonic()
+                    if now - self.first_strike > STRIKE_WINDOW_SECONDS:
+                        self.first_strike, self.strikes = now, 0
+                    self.strikes += 1
+                if self.strikes >= CONTENDED_STRIKES:
+                    self.strikes = 0
+                    self.contended += 1
+                    self.holdoff_until = time.monotonic() + self.holdoff
+                    self.holdoff = min(2 * self.holdoff, HOLDOFF_MAX_SECONDS)
+                    self.spinning = False
+                    return
             asyncio.get_running_loop().call_soon(self._poll)
         else:
             self.spinning = False
+            self.holdoff = HOLDOFF_MIN_SECONDS
 
 
 class FrameReceiver(asyncio.BufferedProtocol):

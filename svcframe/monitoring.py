@@ -392,7 +392,7 @@ def to_prometheus_many(servers: list[tuple[dict[str, str], dict[str, Any]]]) -> 
                     f"progress loop {key}" if key != "connections" else "open connections",
                     labels=extra,
                 )
-                for key in ("polls", "blocks", "wakeups", "connections")
+                for key in ("polls", "blocks", "wakeups", "contended", "connections")
             }
             for labels, stats in servers:
                 base = [labels.get(k, "") for k in extra]

@@ -4,6 +4,10 @@ reconfiguration, and (stdlib loop) proof that the selector really runs with a ze
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -249,3 +253,54 @@ async def test_engine_in_block_mode_serves_without_polling(address: str, make_en
         range(50)
     )
     assert server.progress.polls == 0 and client.progress.polls == 0
+
+
+# --- spindown on a shared core (issue 14, item 3) ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def pinned(core: int) -> Iterator[None]:
+    """This process on ``core`` alone for the time of the block."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, [core])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
+def burning(core: int) -> Iterator[None]:
+    """Another process that wants ``core`` all the time (a CPU-bound loop pinned to it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, [{core}])\nwhile True: pass"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_spindown_blocks_while_another_process_needs_its_core(progress_factory: Any) -> None:
+    core = max(os.sched_getaffinity(0))
+    p = progress_factory("spindown", spindown_msec=600_000.0)  # only contention can end this window
+    p.inflight = 1  # work in flight: spindown polls whatever the time
+    assert p.spinning
+    with pinned(core), burning(core):
+        await wait_until(lambda: p.contended >= 1, what="spindown to find the process on its core")
+    stats = p.statistics()
+    assert stats["contended"] >= 1 and stats["blocks"] >= 1, stats
+    # the hold-off ends: work starting polls again
+    await wait_until(lambda: (p.activity(), p.spinning)[1], what="polling to resume after the hold-off")
+    p.inflight = 0
+
+
+async def test_busy_mode_never_backs_off(progress_factory: Any) -> None:
+    core = max(os.sched_getaffinity(0))
+    p = progress_factory("busy")
+    with pinned(core), burning(core):
+        target = p.polls + 50  # yields that each gave the core to the burner
+        await wait_until(lambda: p.polls >= target, what="busy polling beside the burner")
+        assert p.spinning and p.contended == 0

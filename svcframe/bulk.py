@@ -543,11 +543,14 @@ class BulkTransfers:
         first: bytes | None,
         until: asyncio.Future[Any] | None,
     ) -> None:
-        """Send ``src`` as data frames of at most bulk_chunk_bytes, respecting write backpressure."""
-        chunk = self.bulk_chunk_bytes
+        """Send ``src`` (after ``first``, the request it belongs to, if any) as data frames, respecting write
+        backpressure: one frame when the peer takes it whole (``Connection.whole_frame_bytes``), in the same write as
+        ``first``; else frames of bulk_chunk_bytes, each behind a drain (concurrent transfers share the output
+        buffer). Measured (4 MiB reads over tcp, client and server on their own cores, three runs each, A/B): a
+        pull served in 1 MiB chunks behind a drain each 2.99-3.07 GiB/s, as one frame 3.46-3.82; a handler's
+        push 3.34-3.61 either way (its second round trip, the owner's completion, is what it pays)."""
         size = len(src)
-        if first is not None:
-            conn.send(first)
+        chunk = max(size, 1) if size <= conn.whole_frame_bytes else self.bulk_chunk_bytes
         for pos in range(0, size, chunk):
             if conn.closed or (until is not None and until.done()):
                 return
@@ -555,7 +558,14 @@ class BulkTransfers:
             if conn.closed or (until is not None and until.done()):
                 return
             part = src[pos : pos + chunk]
-            conn.send_many((encode_header(kind, request_id, len(part)), part))
+            data_header = encode_header(kind, request_id, len(part))
+            if first is not None:
+                conn.send_many((first, data_header, part))
+                first = None
+            else:
+                conn.send_many((data_header, part))
+        if first is not None and not conn.closed:
+            conn.send(first)  # no data: the request alone
 
     # -- serving the transfers peers make on our buffers ------------------------------------------------
     def _bulk_request(
@@ -610,7 +620,8 @@ class BulkTransfers:
                 self._reply(conn, frame, Status.OK, pack_body(cma.buffer_address(view)))
             return
         self.monitor.record_bulk("served_pull", conn.peer_label, size, 0)
-        if size <= self.bulk_chunk_bytes and not conn.writing_paused:  # small, and room to write: inline
+        if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one frame, room to write: inline
+            # (not chunked, no task: see _send_chunks for the measurement)
             if size:
                 conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
             self._reply(conn, frame, Status.OK, b"")

@@ -522,10 +522,11 @@ class Handlers:
         if frame[1] & F_CMA and type(result) is bytes and self._lend(conn, frame[4], view):
             return True
         answer = encode_frame(K_RESPONSE, frame[4], pack_body(size), flags=F_INTO)
-        # A result the caller could take inline (one frame within its limit) leaves as one data frame, in the
-        # same write as the answer, with no task: as fast as the inline answer and no copy (4 MiB over tcp:
-        # 1 MiB chunks behind a drain each read at 0.81x raw, one frame at 0.94x, svcframe bench --workload client-read); larger ones are chunked.
-        if size <= conn.peer_max_body_bytes:
+        # A result that fits one frame (Connection.whole_frame_bytes: the caller's limit, half our output cap)
+        # leaves as one data frame, in the same write as the answer, with no task: as fast as the inline answer
+        # and no copy (4 MiB over tcp: 1 MiB chunks behind a drain each read at 0.81x raw, one frame at 0.94x,
+        # svcframe bench --workload client-read); larger ones are chunked.
+        if size <= conn.whole_frame_bytes:
             if size:
                 conn.send_many((encode_header(K_BULK_DATA_REPLY, frame[4], size), view, answer))
             else:

@@ -149,7 +149,12 @@ class EngineConfig(StrictModel):
     default_timeout_seconds: float = Field(30.0, gt=0)
     drain_timeout_seconds: float = Field(5.0, ge=0)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=4096, le=1 << 30)
-    bulk_chunk_bytes: int = Field(1024 * 1024, ge=4096, le=1 << 30)
+    bulk_chunk_bytes: int = Field(
+        1024 * 1024,
+        ge=4096,
+        le=1 << 30,
+        description="bulk data larger than the receiving peer's max_body_bytes travels in frames of this size",
+    )
     bulk_cma: bool = Field(
         True, description="same-node bulk over unix:// by cross-memory attach (one kernel copy; Linux)"
     )

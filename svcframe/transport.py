@@ -282,6 +282,13 @@ class Connection(asyncio.BufferedProtocol):
             for data in out:
                 self.transport.write(data)
 
+    @property
+    def whole_frame_bytes(self) -> int:
+        """The largest data that leaves as one frame in one write, with no drain: what the peer takes in one
+        frame (its max_body_bytes), and at most half our slow-reader cap (max_output_bytes), so that one write
+        never trips it. Larger data goes in chunks behind backpressure."""
+        return min(self.peer_max_body_bytes, self.max_output_bytes // 2)
+
     def pause_reading(self) -> None:
         """Stop reading requests (per-connection in-flight cap reached): TCP backpressure to the peer."""
         if not self.reading_paused and self.transport is not None and not self.closed:

@@ -12,6 +12,7 @@ import pytest
 from conftest import WAIT_SECONDS
 
 from svcframe import Engine, Request
+from svcframe.bulk import BulkHandle
 from svcframe.errors import RemoteError, ResultTooLarge
 
 MakeEngine = Callable[..., Awaitable[Engine]]
@@ -108,3 +109,27 @@ async def test_the_data_is_not_copied_on_the_way_in() -> None:
         finally:
             tracemalloc.stop()
     assert n == 8 * MiB and peak < 1 * MiB, f"{peak / MiB:.1f} MiB allocated to take 4 x 8 MiB"
+
+
+async def test_data_over_the_senders_output_cap_is_chunked(address: str, make_engine: MakeEngine) -> None:
+    """A caller whose frame limit (64 MiB) is above the server's slow-reader cap (max_output_bytes, 8 MiB): a
+    32 MiB result read into its buffer, a 32 MiB pull and a handler's 32 MiB push all arrive. Sent as one frame
+    in one write, each would pile 32 MiB up in the server's output buffer and cut the caller off as a slow
+    reader."""
+    size = 32 * MiB
+    server = await make_engine(address, max_output_bytes=8 * MiB, bulk_cma=False)
+    register(server)
+
+    async def push(req: Request, wire: list[object]) -> None:
+        await server.push(BulkHandle.from_wire(wire), pattern(size, 5))
+
+    server.register(1, "push", push)
+    client = await make_engine(None, max_body_bytes=64 * MiB, bulk_cma=False)
+    buf = bytearray(size)
+    n = await client.call(server.address, "read", size, provider_id=1, into=buf, timeout_seconds=WAIT_SECONDS)
+    assert n == size and buf == pattern(size)
+    handle = server.expose(pattern(size, 4), "r")
+    assert await client.pull(handle, buf, timeout_seconds=WAIT_SECONDS) == pattern(size, 4)
+    mine = client.expose(buf, "w", peer=server.address)
+    await client.call(server.address, "push", mine.to_wire(), provider_id=1, timeout_seconds=WAIT_SECONDS)
+    assert buf == pattern(size, 5)

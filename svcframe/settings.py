@@ -153,7 +153,8 @@ class EngineConfig(StrictModel):
         1024 * 1024,
         ge=4096,
         le=1 << 30,
-        description="bulk data larger than the receiving peer's max_body_bytes travels in frames of this size",
+        description="bulk data too large for one frame of the receiving peer travels in frames of this size "
+        "(or of the peer's max_body_bytes, when smaller)",
     )
     bulk_cma: bool = Field(
         True, description="same-node bulk over unix:// by cross-memory attach (one kernel copy; Linux)"

@@ -59,6 +59,7 @@ from .wire import (
     K_BULK_DATA_REPLY,
     K_GOODBYE,
     K_HELLO,
+    MIN_MAX_BODY_BYTES,
     Frame,
     FrameDecoder,
     Kind,
@@ -403,11 +404,15 @@ class Protocol:
         if not isinstance(engine_id, str) or not engine_id:
             raise RemoteProtocolError("malformed HELLO: no engine id")
         address = hello.get("address")
-        limit = hello.get("max_body_bytes")
+        limit = hello.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        if type(limit) is not int or limit < MIN_MAX_BODY_BYTES:  # we send bulk data in frames of its limit
+            raise RemoteProtocolError(
+                f"malformed HELLO: max_body_bytes {limit!r} (a peer takes frames of at least {MIN_MAX_BODY_BYTES} bytes)"
+            )
         return Peer(
             engine_id=engine_id,
             address=address if isinstance(address, str) else None,
-            max_body_bytes=limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_BODY_BYTES,
+            max_body_bytes=limit,
             cma=hello.get("cma") is True and self._peer_on_node,
             authenticated=authenticated,
         )

@@ -27,6 +27,7 @@ from pydantic_core import core_schema
 from .loops import EVENT_LOOPS
 from .plumber import BUCKET_POLICIES, DEFAULT_BUCKET_POLICY, DEFAULT_NIC_POLICY, NIC_POLICIES
 from .progress import PROGRESS_MODES
+from .wire import DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 
 __all__ = [
     "AuthConfig",
@@ -148,7 +149,7 @@ class EngineConfig(StrictModel):
     progress_timeout_ub_msec: float = Field(100.0, ge=0)
     default_timeout_seconds: float = Field(30.0, gt=0)
     drain_timeout_seconds: float = Field(5.0, ge=0)
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=4096, le=1 << 30)
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES, le=1 << 30)
     bulk_chunk_bytes: int = Field(
         1024 * 1024,
         ge=4096,

@@ -103,6 +103,9 @@ NO_PARENT_PROVIDER = 0xFFFF
 #: Default cap on an inline (msgpack) body: 4 MiB, like gRPC's default receive limit. Large payloads
 #: belong in bulk transfers, which are chunked and never limited by this.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: The smallest frame body limit an engine may have, and a peer may announce in its HELLO: bulk data is sent
+#: in frames of at most the receiver's limit, so a smaller one would cost a frame header per few bytes.
+MIN_MAX_BODY_BYTES = 4096
 
 ZERO_TRACE_ID = bytes(16)
 

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from svcframe.errors import AuthenticationFailed, ConnectionLost, LocalProtocolError, RemoteProtocolError, Status
 from svcframe.protocol import Closed, Identity, IncomingPull, Opened, Phase, Protocol, Role
-from svcframe.wire import Frame, Kind, encode_frame, encode_header, pack_body, rpc_id
+from svcframe.wire import MIN_MAX_BODY_BYTES, Frame, Kind, encode_frame, encode_header, pack_body, rpc_id
 
 SECRET = b"s" * 32
 CLIENT_END, SERVER_END = "127.0.0.1:50000", "127.0.0.1:7000"
@@ -276,6 +276,19 @@ def test_malformed_hellos_are_protocol_errors() -> None:
     client.connection_made(CLIENT_END, SERVER_END)
     with pytest.raises(RemoteProtocolError, match="nonce"):
         client.feed(encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "s", "nonce": b"short"})))
+
+
+@pytest.mark.parametrize("limit", [0, 1, 4095, -5, "4 MiB", 2.5e6, True])
+def test_a_hello_announcing_a_frame_limit_below_the_minimum_is_refused(limit: object) -> None:
+    """We send a peer bulk data in frames of at most its announced max_body_bytes: a limit of 1 byte would
+    make a 4 MiB pull four million frames. Below MIN_MAX_BODY_BYTES (or not an int) is a protocol error."""
+    server, _ = make_pair()
+    with pytest.raises(RemoteProtocolError, match="max_body_bytes"):
+        server.feed(encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "c", "max_body_bytes": limit})))
+    assert server.phase is Phase.ERROR
+    server, _ = make_pair()  # the smallest allowed is fine (and one left out means the default)
+    server.feed(encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "c", "max_body_bytes": MIN_MAX_BODY_BYTES})))
+    assert server.phase is not Phase.ERROR
 
 
 def test_bulk_data_beyond_what_was_asked_is_a_protocol_error() -> None:

@@ -7,10 +7,12 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import pytest_asyncio
 import uvloop
@@ -90,6 +92,28 @@ async def wait_until(predicate: Callable[[], bool], within: float = WAIT_SECONDS
         if loop.time() > deadline:
             pytest.fail(f"timed out after {within:g} s waiting for {what}")
         await asyncio.sleep(0.001)
+
+
+def poll_until(predicate: Callable[[], bool], within: float = WAIT_SECONDS, what: str = "condition") -> None:
+    """``wait_until`` for code without an event loop: poll ``predicate`` every 10 ms until true; fail after
+    ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def alive_pids(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` whose process still runs (a zombie has exited)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 @pytest.fixture(params=["tcp", "unix"])

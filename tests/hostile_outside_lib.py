@@ -100,7 +100,7 @@ async def _probe(address: str) -> dict[str, Any]:
             except Exception as exc:
                 failures.append(f"{type(exc).__name__}: {exc}"[:200])
             latencies.append(time.perf_counter() - t0)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the probe's pace: a call every 10 ms (a schedule, not a wait)
     latencies.sort()
     return {
         "calls": len(latencies),

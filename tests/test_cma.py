@@ -7,16 +7,19 @@ kernel refuses (no ptrace access), transfers fall back to the socket and stay co
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import hashlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import WAIT_SECONDS
 from reliability_kit import RELTEST_ID, Procs, service_config
 from reliability_provider import pattern
 
@@ -339,10 +342,8 @@ async def test_a_caller_that_never_reads_what_it_was_lent_holds_little(
         async with Engine(None) as engine:
             state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
             assert state["exposed"] == MAX_LENT_PER_CONNECTION
-    async with Engine(None) as engine:
-        for _ in range(50):  # the server sees the raw peer's connection end
-            state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
-            if state["exposed"] == 0:
-                break
-            await engine.call(server.address, "sleep", 0.01, provider_id=RELTEST_ID)
-        assert state["exposed"] == 0
+    async with Engine(None) as engine:  # until the server sees the raw peer's connection end (polled, bounded)
+        deadline = time.monotonic() + WAIT_SECONDS
+        while (state := await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID))["exposed"]:
+            assert time.monotonic() < deadline, f"{state['exposed']} buffers still lent to an ended connection"
+            await asyncio.sleep(0.01)

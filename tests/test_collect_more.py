@@ -13,6 +13,7 @@ from contextlib import closing
 
 import psutil
 import pytest
+from conftest import alive_pids, poll_until
 
 from selftest import SELFTEST_CONFIG
 from selftest.collect import CollectOptions, collect, plan, step_keys
@@ -105,7 +106,7 @@ def test_client_pool_reuses_processes_and_recovers_from_a_failed_run() -> None:
         assert pool.statistics()["runs"] == 2
         bigger = pool.run(SelftestParams(clients=3, duration_seconds=0.2, warmup_iterations=2), address)
         assert len(bigger["clients"]) == 3 and pids < set(pool.pids())
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert alive_pids(pids) == []
 
 
 def _samples(db, within: float = 60.0, at_least: int = 1) -> int:
@@ -120,17 +121,6 @@ def _samples(db, within: float = 60.0, at_least: int = 1) -> int:
             return n
         time.sleep(0.05)
     pytest.fail(f"no {at_least} sample(s) stored within {within} s")
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for p in pids:
-        try:
-            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def test_ctrl_c_tears_down_and_resume_completes_the_run(tmp_path) -> None:
@@ -151,10 +141,7 @@ def test_ctrl_c_tears_down_and_resume_completes_the_run(tmp_path) -> None:
             proc.communicate()
     assert proc.returncode == 130, err
     assert "resume with: svcframe roofline collect --resume 1" in err
-    deadline = time.monotonic() + 10
-    while _alive(children) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _alive(children) == [], "servers or clients outlived the interrupted collect"
+    poll_until(lambda: not alive_pids(children), what="the servers and clients of the interrupted collect to exit")
     with ResultsStore(db) as store:
         run = store.run(1)
         assert run["status"] == "interrupted"

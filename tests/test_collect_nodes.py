@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from conftest import alive_pids, poll_until
 
 from selftest.collect import CollectOptions, collect, plan
 from selftest.nodes import NodeError, find_launcher
@@ -30,16 +31,10 @@ def _descendants() -> set[int]:
     return {c.pid for c in psutil.Process().children(recursive=True)}
 
 
-def _descendants_gone(before: set[int], within: float = 10.0) -> list[int]:
-    """Children of this process, other than those of ``before`` (earlier tests' helpers in a full run),
-    still alive after ``within`` seconds (bounded polling of a condition)."""
-    deadline = time.monotonic() + within
-    while True:
-        alive = [c.pid for c in psutil.Process().children(recursive=True)
-                 if c.pid not in before and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
+def _new_descendants(before: set[int]) -> list[int]:
+    """Children of this process still running, other than those of ``before`` (earlier tests' helpers in a
+    full run)."""
+    return alive_pids(c.pid for c in psutil.Process().children(recursive=True) if c.pid not in before)
 
 
 @pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec on PATH or beside python (pip install mpich)")
@@ -96,7 +91,7 @@ def test_collect_on_three_hosts_launched_by_mpiexec(tmp_path, figures) -> None:
     assert run["nodes"]["launcher"] == "mpiexec" and [n["slots"] for n in run["nodes"]["nodes"]] == [2, 1, 1]
     assert run["model"]["pc_pairs"] == ["n0-1", "n0-2", "n1-2"]
     assert json.loads((tmp_path / "rl" / "roofline.json").read_text())["run_id"] == doc["run_id"]
-    assert _descendants_gone(before) == []
+    poll_until(lambda: not _new_descendants(before), what="every process the collection started to exit")
     groups = [p for p in (tmp_path / "rl" / "launch").glob("servers-node*.json") if ".config." not in p.name]
     assert groups == []  # group files removed at teardown
     o = doc["overhead"]
@@ -108,7 +103,7 @@ def test_collect_on_three_hosts_launched_by_mpiexec(tmp_path, figures) -> None:
 
 @pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec on PATH or beside python (pip install mpich)")
 def test_ctrl_c_ends_mpiexec_processes_and_resume_completes(tmp_path) -> None:
-    from test_collect_more import _alive, _samples
+    from test_collect_more import _samples
 
     hosts = tmp_path / "hosts"
     hosts.write_text(f"localhost\n127.0.0.1\n{socket.gethostname()}\n")
@@ -128,10 +123,8 @@ def test_ctrl_c_ends_mpiexec_processes_and_resume_completes(tmp_path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, err
-    deadline = time.monotonic() + 15
-    while _alive(children) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _alive(children) == [], "launchers, servers or clients outlived the interrupted collect"
+    poll_until(lambda: not alive_pids(children), within=15.0,
+               what="the launchers, servers and clients of the interrupted collect to exit")  # fmt: skip
     with ResultsStore(db) as store:
         run = store.run(1)
         assert run["status"] == "interrupted" and 0 < len(run["samples"]) < len(run["plan"])

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import readme_quickstart
+from conftest import alive_pids, poll_until, readme_quickstart
 
 from svcframe.admin import ServiceHandle
 from svcframe.config import parse_config
@@ -124,23 +124,6 @@ def test_admin_shutdown_exits_zero(tmp_path) -> None:
     job.stop()
 
 
-def _gone(pid: int, within: float = 15.0) -> bool:
-    """True once ``pid`` no longer exists (or is a zombie), polling for at most ``within`` seconds."""
-    import time
-
-    import psutil
-
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_servers_outlive_the_thread_that_launched_them(tmp_path) -> None:
     """PR_SET_PDEATHSIG fires when the launching *thread* exits; the lifeline pipe only when the process
     does: servers started from a short-lived thread keep serving."""
@@ -174,7 +157,7 @@ def test_servers_exit_when_the_launcher_is_killed(tmp_path) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
-    assert all(_gone(pid) for pid in pids)
+    poll_until(lambda: not alive_pids(pids), within=15.0, what="the servers to exit after their launcher's kill -9")
 
 
 def test_a_clean_launch_leaves_no_work_directory(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from svcframe.admin import ServiceHandle
 from svcframe.config import parse_config
@@ -210,18 +211,8 @@ def test_trace_export_is_valid(relays: list[str], tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_process_samples() -> None:
     async with Engine("tcp://127.0.0.1:0", monitoring={"sample_interval_seconds": 0.02}) as engine:
-        done = asyncio.Event()
         engine.register(1, "x", lambda req, arg: None)
-        loop = asyncio.get_running_loop()
-
-        def check() -> None:
-            if len(engine.statistics()["samples"]) >= 3:
-                done.set()
-            else:
-                loop.call_later(0.01, check)
-
-        check()
-        await asyncio.wait_for(done.wait(), 10)
+        await wait_until(lambda: len(engine.statistics()["samples"]) >= 3, what="3 process samples")
         sample = engine.statistics()["samples"][-1]
         assert set(sample) == {"time", "loop_lag_seconds", "tasks", "inflight", "cpu_utilization", "rss_bytes"}
         assert sample["rss_bytes"] > 1 << 20 and sample["tasks"] >= 1 and sample["loop_lag_seconds"] >= 0

@@ -416,7 +416,7 @@ async def test_add_and_remove_providers_under_load(procs: Procs, tmp_path: Path,
                     kind = type(exc).__name__
                     dynamic["errors"][kind] = dynamic["errors"].get(kind, 0) + 1
                     assert "dyn" in str(exc) or "10" in str(exc), str(exc)
-                    await asyncio.sleep(0.002)
+                    await asyncio.sleep(0.002)  # refused calls fail at once: do not spin (a back-off, not a wait)
                 except Exception as exc:  # a timeout or anything else: a failure
                     dynamic["errors"][repr(exc)] = dynamic["errors"].get(repr(exc), 0) + 1
 

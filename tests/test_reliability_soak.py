@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
 from reliability_kit import KV_ID, MIB, RELTEST_ID, Procs, journal_counts, percentile, scaled, service_config
 
 from svcframe import Engine
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.asyncio(loop_factories=["uvloop"]), pytest.mark.timeou
 
 CLIENTS = 64
 DURATION_SECONDS = scaled(5.0, 30.0)
+WARM_UP_CALLS = 200  # of each kind (no-op, key-value, bulk), before the server's memory is measured
 
 
 async def test_soak_64_clients_mixed_load(procs: Procs, tmp_path: Path, figures: Any) -> None:
@@ -68,8 +70,14 @@ async def test_soak_64_clients_mixed_load(procs: Procs, tmp_path: Path, figures:
                 else:
                     errors.append(f"{rid}: answered {got!r:.80}")
 
-    warm = [asyncio.create_task(client(n, "warm")) for n in range(4)]  # warm up: first-use allocations, SQLite pages
-    await asyncio.sleep(0.5)  # a warm-up window (a measurement setting, not a wait for a condition)
+    # warm up (first-use allocations, SQLite pages) by an amount of work, the same on a fast or a loaded machine;
+    # an error ends the warm-up early and fails the test below (errors are kept)
+    warm = [asyncio.create_task(client(n, "warm")) for n in range(4)]
+    await wait_until(
+        lambda: bool(errors) or all(len(v) >= WARM_UP_CALLS for v in answered.values()),
+        within=60.0,
+        what=f"{WARM_UP_CALLS} warm-up calls of each kind",
+    )
     stop.set()
     await asyncio.gather(*warm)
     stop.clear()

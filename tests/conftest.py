@@ -94,6 +94,17 @@ async def wait_until(predicate: Callable[[], bool], within: float = WAIT_SECONDS
         await asyncio.sleep(0.001)
 
 
+async def check_until(
+    check: Callable[[], Awaitable[bool]], within: float = WAIT_SECONDS, what: str = "condition"
+) -> None:
+    """``wait_until`` for a condition that takes a call to check (an RPC, say): await ``check()`` until true;
+    fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within:g} s waiting for {what}")
+
+
 def poll_until(predicate: Callable[[], bool], within: float = WAIT_SECONDS, what: str = "condition") -> None:
     """``wait_until`` for code without an event loop: poll ``predicate`` every 10 ms until true; fail after
     ``within`` seconds."""

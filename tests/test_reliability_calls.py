@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WAIT_SECONDS, wait_until
+from conftest import WAIT_SECONDS, check_until, wait_until
 from reliability_kit import (
     KV_ID,
     MIB,
@@ -165,8 +165,7 @@ async def test_cancel_after_the_handler_started_reaches_the_server_within_100_ms
                 _events[:] = await server_events(observer, server)
                 return any(e[0] == "start" and e[1] == _rid for e in _events)
 
-            while not await refresh():
-                pass
+            await check_until(refresh, what=f"the server to start {rid}")
             cancelled_at = time.monotonic()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -198,8 +197,10 @@ async def test_cancel_before_the_handler_started_means_it_never_runs(
         async def started(rid: str) -> bool:
             return any(e[0] == "start" and e[1] == rid for e in await server_events(observer, server))
 
-        while not (await started("busy-0") and await started("busy-1")):
-            pass
+        async def both_started() -> bool:
+            return await started("busy-0") and await started("busy-1")
+
+        await check_until(both_started, what="the server to start both busy calls")
         conn = await engine.connection(server.address)
         before = set(conn.pending)
         waiting = asyncio.create_task(call(engine, server, "hold", {"id": "never", "seconds": 0.0}, timeout_seconds=30))

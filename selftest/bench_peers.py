@@ -65,8 +65,9 @@ class Spindown:
     backs off when a yield proves another process wanted the core (svcframe.progress, "Contention"), so a
     same-core row compares the two stacks under one policy."""
 
-    def __init__(self, msec: float) -> None:
+    def __init__(self, msec: float, backoff: bool = True) -> None:
         self.seconds = msec / 1000.0
+        self.backoff = backoff
         self.last = 0.0
         self.spinning = False
         self.polls = 0
@@ -93,7 +94,7 @@ class Spindown:
             self.polls += 1
             t = time.perf_counter()
             os.sched_yield()
-            if time.perf_counter() - t > YIELD_LOST_SECONDS and self.seconds != float("inf"):
+            if time.perf_counter() - t > YIELD_LOST_SECONDS and self.backoff and self.seconds != float("inf"):
                 switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
                 if switches != self.switches:
                     self.switches = switches

@@ -76,12 +76,22 @@ class Progress:
         mode: one of PROGRESS_MODES.
         spindown_msec: how long to keep polling after the last operation completed (spindown mode).
         timeout_ub_msec: upper bound on one blocking wait, in ms (0 = no periodic wake-up).
+        backoff: spindown blocks while it starves another process on its core (see the module); False gives
+            Margo's plain spindown (the attribute of the same name may be changed at any time).
 
     Raises:
         ValueError: unknown mode or negative times.
     """
 
-    def __init__(self, mode: str = "spindown", spindown_msec: float = 10.0, timeout_ub_msec: float = 100.0) -> None:
+    def __init__(
+        self,
+        mode: str = "spindown",
+        spindown_msec: float = 10.0,
+        timeout_ub_msec: float = 100.0,
+        *,
+        backoff: bool = True,
+    ) -> None:
+        self.backoff = backoff
         self.inflight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._spinning = False
@@ -137,7 +147,12 @@ class Progress:
     def activity(self) -> None:
         """Work started or completed: start polling (unless in block mode, or holding off after contention)."""
         self._last = last = time.monotonic()
-        if not self._spinning and self.mode != "block" and self._loop is not None and last >= self._holdoff_until:
+        if (
+            not self._spinning
+            and self.mode != "block"
+            and self._loop is not None
+            and (last >= self._holdoff_until or not self.backoff)
+        ):
             self._spinning = True
             self._polled = last
             self._switches = _involuntary_switches()
@@ -157,7 +172,7 @@ class Progress:
             if last == self._polled:  # nothing happened since the previous poll: an idle spin
                 t = _clock()
                 _yield_cpu()  # like Margo's ABT_thread_yield: let another runnable process have the core
-                if _clock() - t > YIELD_LOST_SECONDS and mode == "spindown" and self._starving():
+                if _clock() - t > YIELD_LOST_SECONDS and mode == "spindown" and self.backoff and self._starving():
                     return
             self._polled = last
             loop.call_soon(self._poll)

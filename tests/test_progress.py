@@ -23,11 +23,13 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def progress_factory() -> Iterator[Any]:
-    """``make(mode, spindown_msec, timeout_ub_msec)``: a Progress started on the running loop, stopped at teardown."""
+    """``make(mode, spindown_msec, timeout_ub_msec, backoff)``: a Progress started on the running loop, stopped at
+    teardown. Without the contention back-off unless asked: on a loaded machine (CI) it would rightly stop the
+    polling that the tests of the window observe."""
     made: list[Progress] = []
 
-    def make(mode: str, spindown_msec: float = 10.0, timeout_ub_msec: float = 10.0) -> Progress:
-        p = Progress(mode, spindown_msec, timeout_ub_msec)
+    def make(mode: str, spindown_msec: float = 10.0, timeout_ub_msec: float = 10.0, backoff: bool = False) -> Progress:
+        p = Progress(mode, spindown_msec, timeout_ub_msec, backoff=backoff)
         p.start(asyncio.get_running_loop())
         made.append(p)
         return p
@@ -216,6 +218,7 @@ async def test_selector_blocks_in_block_mode(progress_factory: Any) -> None:
 async def test_engine_progress_returns_to_idle_after_calls(server: Engine, client: Engine) -> None:
     for engine in (server, client):
         engine.progress.configure("spindown", 10.0, 100.0)
+        engine.progress.backoff = False  # the test watches the polling itself (see progress_factory)
     assert await client.call(server.address, "echo", 1, provider_id=1) == 1  # type: ignore[arg-type]
     with pytest.raises(RemoteError):
         await client.call(server.address, "boom", provider_id=1)  # type: ignore[arg-type]
@@ -285,7 +288,7 @@ def burning(core: int) -> Iterator[None]:
 
 async def test_spindown_blocks_while_another_process_needs_its_core(progress_factory: Any) -> None:
     core = max(os.sched_getaffinity(0))
-    p = progress_factory("spindown", spindown_msec=600_000.0)  # only contention can end this window
+    p = progress_factory("spindown", spindown_msec=600_000.0, backoff=True)  # only contention ends this window
     p.inflight = 1  # work in flight: spindown polls whatever the time
     assert p.spinning
     with pinned(core), burning(core):
@@ -299,7 +302,7 @@ async def test_spindown_blocks_while_another_process_needs_its_core(progress_fac
 
 async def test_busy_mode_never_backs_off(progress_factory: Any) -> None:
     core = max(os.sched_getaffinity(0))
-    p = progress_factory("busy")
+    p = progress_factory("busy", backoff=True)
     with pinned(core), burning(core):
         target = p.polls + 50  # yields that each gave the core to the burner
         await wait_until(lambda: p.polls >= target, what="busy polling beside the burner")

@@ -15,8 +15,8 @@ Workloads (``CLIENT_WORKLOADS``):
   by its calls; also ops/s and the server's CPU µs per call (psutil), which shows whether the server kept up.
 * ``client-seq``: one client, one noop call at a time: p50 / p99 µs, with client and server sharing ONE core
   and on their own cores, for each (server, client) progress-mode pair of ``SEQ_MODES``. The raw peer
-  progresses the same way (``bench_peers.Spindown``: ``block``, ``spindown`` with svcframe's window,
-  ``busy``); the msgpack peer blocks, as asyncio does.
+  progresses the same way (``bench_peers.peer_progress``: svcframe's own progress loop, ``block``,
+  ``spindown`` with its window, ``busy``); the msgpack peer blocks, as asyncio does.
 * ``client-read``: one client reading ``size`` bytes per call (64 KiB, 4 MiB), tcp and unix: GiB/s. svcframe
   by inline ``bytes`` result, by the same result received into the client's buffer (``into``: one round
   trip), by bulk push (the server pushes into a buffer the client exposed once) and by bulk pull (the server
@@ -197,7 +197,7 @@ SIDES: dict[str, Any] = {RAW: RawSide, MSGPACK: MsgpackSide, SVCFRAME: SvcframeS
 
 
 def spin_msec(mode: str) -> float:
-    """The raw peer's polling window for a svcframe progress mode (``bench_peers.Spindown``)."""
+    """The raw peer's polling window for a svcframe progress mode (``bench_peers.peer_progress``)."""
     return {"block": 0.0, "spindown": SPINDOWN_MSEC, "busy": float("inf")}[mode]
 
 

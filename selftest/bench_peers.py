@@ -31,7 +31,6 @@ import collections
 import functools
 import json
 import os
-import resource
 import socket
 import struct
 import subprocess
@@ -40,13 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from svcframe.progress import (
-    CONTENDED_STRIKES,
-    HOLDOFF_MAX_SECONDS,
-    HOLDOFF_MIN_SECONDS,
-    STRIKE_WINDOW_SECONDS,
-    YIELD_LOST_SECONDS,
-)
+from svcframe.progress import Progress
 
 LEN = struct.Struct("<I")
 SIZE = struct.Struct("<Q")
@@ -55,64 +48,19 @@ ACK = b"\x01\x00\x00\x00\x02"
 RECV_BYTES = 256 * 1024  # initial receive buffer (as svcframe's decoder); grows once to the largest frame
 
 
-class Spindown:
-    """svcframe's ``spindown`` progress mode for a plain uvloop loop: after each receive or send, keep the
-    loop polling for ``msec`` (a callback re-scheduled with ``call_soon`` makes every iteration a
-    zero-timeout poll; ``sched_yield`` between polls, as svcframe does). A reply then finds its peer
-    polling instead of asleep in ``epoll_wait`` on an idle core, whose wake-up costs tens of µs on a VM.
-    ``msec=0``: the loop blocks (asyncio's default); ``msec=inf``: svcframe's ``busy`` mode, polling from
-    the first activity until ``stop()`` (the connection's end). Like svcframe's spindown, a finite window
-    backs off when a yield proves another process wanted the core (svcframe.progress, "Contention"), so a
-    same-core row compares the two stacks under one policy."""
-
-    def __init__(self, msec: float, backoff: bool = True) -> None:
-        self.seconds = msec / 1000.0
-        self.backoff = backoff
-        self.last = 0.0
-        self.spinning = False
-        self.polls = 0
-        self.holdoff_until = 0.0
-        self.switches = 0
-        self.strikes = 0
-        self.first_strike = 0.0
-        self.contended = 0  # times it backed off
-        self.holdoff = HOLDOFF_MIN_SECONDS
-
-    def activity(self) -> None:
-        if self.seconds:
-            self.last = now = time.monotonic()
-            if not self.spinning and now >= self.holdoff_until:
-                self.spinning = True
-                self.switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
-                asyncio.get_running_loop().call_soon(self._poll)
-
-    def stop(self) -> None:
-        self.seconds = 0.0
-
-    def _poll(self) -> None:
-        if time.monotonic() - self.last < self.seconds:
-            self.polls += 1
-            t = time.perf_counter()
-            os.sched_yield()
-            if time.perf_counter() - t > YIELD_LOST_SECONDS and self.backoff and self.seconds != float("inf"):
-                switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
-                if switches != self.switches:
-                    self.switches = switches
-                    now = time.monotonic()
-                    if now - self.first_strike > STRIKE_WINDOW_SECONDS:
-                        self.first_strike, self.strikes = now, 0
-                    self.strikes += 1
-                if self.strikes >= CONTENDED_STRIKES:
-                    self.strikes = 0
-                    self.contended += 1
-                    self.holdoff_until = time.monotonic() + self.holdoff
-                    self.holdoff = min(2 * self.holdoff, HOLDOFF_MAX_SECONDS)
-                    self.spinning = False
-                    return
-            asyncio.get_running_loop().call_soon(self._poll)
-        else:
-            self.spinning = False
-            self.holdoff = HOLDOFF_MIN_SECONDS
+def peer_progress(msec: float, backoff: bool = True) -> Progress:
+    """svcframe's progress loop driving a plain uvloop loop: the same code (``svcframe.progress.Progress``), so
+    a raw row and a svcframe row progress alike, contention back-off included. ``msec=0``: block (asyncio's
+    default); ``msec=inf``: busy; else spindown with a window of ``msec``. No periodic wake-up. Started on the
+    running loop unless it blocks (call it from a protocol factory or a coroutine); ``stop()`` it at the
+    connection's end. A
+    reply then finds its peer polling instead of asleep in ``epoll_wait`` on an idle core, whose wake-up
+    costs tens of µs on a VM."""
+    mode = "block" if not msec else "busy" if msec == float("inf") else "spindown"
+    progress = Progress(mode, msec if mode == "spindown" else 0.0, 0.0, backoff=backoff)
+    if mode != "block":  # (a blocking one needs no loop: protocols built outside one, in unit tests)
+        progress.start(asyncio.get_running_loop())
+    return progress
 
 
 class FrameReceiver(asyncio.BufferedProtocol):
@@ -127,7 +75,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     """
 
     def __init__(self, size: int = RECV_BYTES, spindown_msec: float = 0.0) -> None:
-        self.spin = Spindown(spindown_msec)
+        self.spin = peer_progress(spindown_msec)
         self.buf = bytearray(size)
         self.view = memoryview(self.buf)
         self.start = 0  # first byte not consumed
@@ -412,7 +360,6 @@ def block_bulk(address: str, size: int, direction: str, seconds: float, warmup: 
 
     The client side of ``serve_block`` (the machine limit): ``recv_into`` a preallocated buffer,
     header and payload in one ``sendmsg``; ``poll``: a non-blocking socket, polled."""
-    import time
 
     sock = connect_blocking(address)
     sock.setblocking(not poll)
@@ -642,7 +589,6 @@ def blast(kind: str, address: str, depth: int, seconds: float, core: int | None,
     the bottleneck: what a saturation measurement needs. ``kind`` is "raw" (the echo protocol above) or
     "svcframe" (handshake with the shared secret from SVCFRAME_SECRET, then ``work`` requests to provider 1).
     """
-    import time
 
     if core is not None:
         os.sched_setaffinity(0, [core])

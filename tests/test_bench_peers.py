@@ -15,8 +15,8 @@ from selftest.bench_peers import (
     RECV_BYTES,
     RawClient,
     RawServer,
-    Spindown,
     block_bulk,
+    peer_progress,
     raw_noop_frame,
     raw_pull_frame,
     raw_push_header,
@@ -131,13 +131,14 @@ def test_peers_serve_bulk(transport: str, spin: float, tmp_path: Any) -> None:
 
 def test_spindown_keeps_the_loop_polling_until_its_window_ends() -> None:
     async def main() -> tuple[int, int, bool, bool]:
-        idle, spin = Spindown(0), Spindown(60_000, backoff=False)  # (a loaded machine could end it early)
+        # (without the contention back-off: on a loaded machine it could end the window early)
+        idle, spin = peer_progress(0), peer_progress(60_000, backoff=False)
         idle.activity()
         spin.activity()
         for _ in range(5):
             await asyncio.sleep(0)
         polled = spin.polls
-        spin.seconds = 1e-9  # the window is over: the next poll lets the loop block
+        spin.configure("spindown", 1e-6, 0.0)  # the window is over: the next poll lets the loop block
         for _ in range(3):
             await asyncio.sleep(0)
         return idle.polls, polled, spin.spinning, idle.spinning
@@ -178,7 +179,7 @@ def test_spindown_without_end_polls_until_stopped() -> None:
     """The raw peer's ``busy`` mode: an endless window, ended by ``stop()`` (the connection's end)."""
 
     async def main() -> tuple[int, bool, int]:
-        busy = Spindown(float("inf"))
+        busy = peer_progress(float("inf"))
         busy.activity()
         for _ in range(50):
             await asyncio.sleep(0)

@@ -111,47 +111,38 @@ async def test_the_data_is_not_copied_on_the_way_in() -> None:
     assert n == 8 * MiB and peak < 1 * MiB, f"{peak / MiB:.1f} MiB allocated to take 4 x 8 MiB"
 
 
+async def read_pull_and_push(server: Engine, client: Engine, size: int) -> None:
+    """``size`` bytes from ``server`` to ``client`` three ways, each checked: a result read into the client's
+    buffer, a pull of a region the server exposes, and a handler's push into a buffer the client exposes."""
+
+    async def push(req: Request, wire: list[object]) -> None:
+        await server.push(BulkHandle.from_wire(wire), pattern(size, 5))
+
+    register(server)
+    server.register(1, "push", push)
+    buf = bytearray(size)
+    n = await client.call(server.address, "read", size, provider_id=1, into=buf, timeout_seconds=WAIT_SECONDS)
+    assert n == size and buf == pattern(size)
+    handle = server.expose(pattern(size, 4), "r")
+    assert await client.pull(handle, buf, timeout_seconds=WAIT_SECONDS) == pattern(size, 4)
+    mine = client.expose(buf, "w", peer=server.address)
+    await client.call(server.address, "push", mine.to_wire(), provider_id=1, timeout_seconds=WAIT_SECONDS)
+    assert buf == pattern(size, 5)
+
+
 async def test_data_over_the_senders_output_cap_is_chunked(address: str, make_engine: MakeEngine) -> None:
     """A caller whose frame limit (64 MiB) is above the server's slow-reader cap (max_output_bytes, 8 MiB): a
     32 MiB result read into its buffer, a 32 MiB pull and a handler's 32 MiB push all arrive. Sent as one frame
     in one write, each would pile 32 MiB up in the server's output buffer and cut the caller off as a slow
     reader."""
-    size = 32 * MiB
     server = await make_engine(address, max_output_bytes=8 * MiB, bulk_cma=False)
-    register(server)
-
-    async def push(req: Request, wire: list[object]) -> None:
-        await server.push(BulkHandle.from_wire(wire), pattern(size, 5))
-
-    server.register(1, "push", push)
     client = await make_engine(None, max_body_bytes=64 * MiB, bulk_cma=False)
-    buf = bytearray(size)
-    n = await client.call(server.address, "read", size, provider_id=1, into=buf, timeout_seconds=WAIT_SECONDS)
-    assert n == size and buf == pattern(size)
-    handle = server.expose(pattern(size, 4), "r")
-    assert await client.pull(handle, buf, timeout_seconds=WAIT_SECONDS) == pattern(size, 4)
-    mine = client.expose(buf, "w", peer=server.address)
-    await client.call(server.address, "push", mine.to_wire(), provider_id=1, timeout_seconds=WAIT_SECONDS)
-    assert buf == pattern(size, 5)
+    await read_pull_and_push(server, client, 32 * MiB)
 
 
 async def test_data_to_a_peer_with_a_small_frame_limit_fits_its_frames(address: str, make_engine: MakeEngine) -> None:
     """A caller that takes frames of at most 64 KiB (max_body_bytes) from a server that chunks bulk data by
     1 MiB: a 256 KiB result into its buffer, a pull and a handler's push arrive in frames it accepts."""
-    size = 256 * 1024
     server = await make_engine(address, bulk_chunk_bytes=MiB, bulk_cma=False)
-    register(server)
-
-    async def push(req: Request, wire: list[object]) -> None:
-        await server.push(BulkHandle.from_wire(wire), pattern(size, 5))
-
-    server.register(1, "push", push)
     client = await make_engine(None, max_body_bytes=64 * 1024, bulk_chunk_bytes=64 * 1024, bulk_cma=False)
-    buf = bytearray(size)
-    n = await client.call(server.address, "read", size, provider_id=1, into=buf, timeout_seconds=WAIT_SECONDS)
-    assert n == size and buf == pattern(size)
-    handle = server.expose(pattern(size, 4), "r")
-    assert await client.pull(handle, buf, timeout_seconds=WAIT_SECONDS) == pattern(size, 4)
-    mine = client.expose(buf, "w", peer=server.address)
-    await client.call(server.address, "push", mine.to_wire(), provider_id=1, timeout_seconds=WAIT_SECONDS)
-    assert buf == pattern(size, 5)
+    await read_pull_and_push(server, client, 256 * 1024)

@@ -412,8 +412,8 @@ class BulkTransfers:
         bulk_id = secrets.token_bytes(BULK_ID_BYTES)
         self._exposed[bulk_id] = (view, READ, None)
         conn.protocol.lent[request_id] = bulk_id
-        self._lent_bytes += len(view)
-        body = pack_body([len(view), cma.buffer_address(view), bulk_id])
+        self._lent_bytes += size
+        body = pack_body([size, cma.buffer_address(view), bulk_id])
         conn.send(encode_frame(K_RESPONSE, request_id, body, flags=F_INTO | F_CMA, status=Status.LENT))
         return True
 
@@ -546,9 +546,10 @@ class BulkTransfers:
         """Send ``src`` (after ``first``, the request it belongs to, if any) as data frames, respecting write
         backpressure: one frame when the peer takes it whole (``Connection.whole_frame_bytes``), in the same
         write as ``first``; else frames of bulk_chunk_bytes (never over the peer's max_body_bytes), each behind
-        a drain (concurrent transfers share the output buffer). Measured (4 MiB reads over tcp, client and server on their own cores, three runs each, A/B): a
-        pull served in 1 MiB chunks behind a drain each 2.99-3.07 GiB/s, as one frame 3.46-3.82; a handler's
-        push 3.34-3.61 either way (its second round trip, the owner's completion, is what it pays)."""
+        a drain (concurrent transfers share the output buffer). Measured (4 MiB reads over tcp, client and
+        server on their own cores, three runs each, A/B): a pull served in 1 MiB chunks behind a drain each
+        2.99-3.07 GiB/s, as one frame 3.46-3.82; a handler's push 3.34-3.61 either way (its second round
+        trip, the owner's completion, is what it pays)."""
         size = len(src)
         whole = conn.whole_frame_bytes
         chunk = max(size, 1) if size <= whole else min(self.bulk_chunk_bytes, whole)  # never over the peer's limit

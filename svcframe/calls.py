@@ -56,9 +56,6 @@ if TYPE_CHECKING:
 
 perf_ns = time.perf_counter_ns
 _S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk._lend): not an error
-#: An into buffer this large asks for the result by cross-memory attach on a same-node connection
-#: (svcframe.bulk.CMA_MIN_BYTES; a smaller one is cheaper over the socket).
-_INTO_CMA_BYTES = CMA_MIN_BYTES
 _NIL = pack_body(None)  # the body of a call without an argument (a pack_body call per such call saved)
 
 
@@ -181,8 +178,10 @@ class Calls:
         if into is not None:
             into = as_byte_view(into, writable=True)
             flags |= F_INTO
-            if len(into) >= _INTO_CMA_BYTES and conn.peer_cma and conn.peer_pid is not None and self.bulk_cma:
-                flags |= F_CMA  # we can copy the result from the server's memory: one round trip, one copy
+            if len(into) >= CMA_MIN_BYTES and conn.peer_cma and conn.peer_pid is not None and self.bulk_cma:
+                # we can copy the result from the server's memory: one round trip, one copy (a smaller buffer is
+                # cheaper over the socket)
+                flags |= F_CMA
         if len(body) > conn.peer_max_body_bytes:
             raise LocalProtocolError(
                 f"the argument of {name!r} encodes to {len(body)} bytes, over the {conn.peer_max_body_bytes}-byte "

@@ -102,11 +102,9 @@ class Progress:
         self.blocks = 0  # times we let the loop block
         self.wakeups = 0  # periodic wake-ups from progress_timeout_ub_msec
         self.contended = 0  # times spindown found itself starving another process on its core, and blocked
-        self._holdoff_until = 0.0  # spindown: no polling before this time.monotonic() (contention seen)
         self._switches = 0  # _involuntary_switches() at the last long yield (or when polling started)
         self._strikes = 0  # long yields, each with another task on our core, since _first_strike
         self._first_strike = 0.0
-        self._holdoff = HOLDOFF_MIN_SECONDS  # the next hold-off, should contention be found
         self.configure(mode, spindown_msec, timeout_ub_msec)
 
     def configure(self, mode: str, spindown_msec: float, timeout_ub_msec: float) -> None:
@@ -120,7 +118,8 @@ class Progress:
         #: per RPC on a client-only engine, which blocks by default)
         self.blocking = mode == "block"
         self.spindown_seconds = spindown_msec / 1000.0
-        self._holdoff_until = 0.0  # a new setting: poll again at once
+        # a new setting polls again at once: no hold-off, and the next one, should contention be found, short
+        self._holdoff_until = 0.0  # spindown: no polling before this time.monotonic() (contention seen)
         self._holdoff = HOLDOFF_MIN_SECONDS
         self.timeout_ub_seconds = timeout_ub_msec / 1000.0
         if self._loop is not None:

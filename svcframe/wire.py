@@ -132,6 +132,19 @@ _MAGIC_INT = int.from_bytes(MAGIC, "little")
 assert _DECODE.size == HEADER.size and struct.calcsize("<HBBHHIIQIHHIIQ") == 48  # trace id at bytes 48-63
 _BULK_DATA_KINDS = frozenset((int(Kind.BULK_DATA_REPLY), int(Kind.BULK_DATA_PUSH)))
 
+#: The compiled twin of the decoder's per-frame loop (svcframe/_speedups.c), built by ``pip install`` where a C
+#: compiler is found; None without it, or when the environment has ``SVCFRAME_PURE=1`` as this module is
+#: imported (the pure-Python decoder is the definition; CI runs the suite both ways).
+_parse_inline: Callable[..., int] | None = None
+PURE = os.environ.get("SVCFRAME_PURE", "") not in ("", "0")
+if not PURE:
+    try:
+        from . import _speedups
+    except ImportError:
+        PURE = True
+    else:
+        _parse_inline = _speedups.parse_inline
+
 
 class Flag(enum.IntFlag):
     NONE = 0
@@ -567,6 +580,8 @@ class FrameDecoder:
         view, buf, end, max_body, legal = self._view, self._buf, self._end, self.max_body_bytes, self.legal_kinds
         unpack_from, append = _DECODE.unpack_from, frames.append
         start = self._start
+        if _parse_inline is not None:  # the compiled twin of the append branch below takes the frames it can
+            start = _parse_inline(buf, start, end, max_body, legal, frames, Frame, ZERO_TRACE_ID)
         while self._direct is None:
             if end - start < HEADER_SIZE:
                 self._start = start

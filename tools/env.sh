@@ -24,6 +24,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
   fi
 fi
+# A C compiler builds svcframe's compiled decoder loop at install (hatch_build.py; without one, pure Python).
+if ! command -v "$("$PY" -c 'import shlex, sysconfig; print(shlex.split(sysconfig.get_config_var("CC") or "cc")[0])')" \
+    >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "no C compiler: installing gcc with apt-get (for svcframe's compiled decoder loop)" >&2
+  apt-get update -qq && apt-get install -y -qq gcc >/dev/null || echo "gcc unavailable: svcframe installs pure Python" >&2
+fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
 # CI also exercises the hwloc topology backend: pyhwloc 3.x declares Python >= 3.12 but imports on 3.11.

@@ -551,10 +551,10 @@ def print_table(result: dict[str, Any]) -> None:
     from svcframe.cli.common import print_table as table
 
     console = output_console()
-    decoder = result.get("environment", {}).get("svcframe_decoder", "compiled")
-    print_lines(
-        f"svcframe bench: server on one core, clients on the others, loopback; decoder {decoder}", console=console
-    )
+    decoder = result.get("environment", {}).get("svcframe_decoder")  # (not in results of before it was recorded)
+    print_lines("svcframe bench: server on one core, clients on the others, loopback", console=console)
+    if decoder:
+        print_lines(f"svcframe's frame decoder loop: {decoder}", console=console)
     for workload in WORKLOADS:
         rows = [r for r in result["rows"] if r["workload"] == workload]
         if not rows:

@@ -139,11 +139,11 @@ _parse_inline: Callable[..., int] | None = None
 PURE = os.environ.get("SVCFRAME_PURE", "") not in ("", "0")
 if not PURE:
     try:
-        from . import _speedups
+        from ._speedups import parse_inline
     except ImportError:
         PURE = True
     else:
-        _parse_inline = _speedups.parse_inline
+        _parse_inline = parse_inline
 
 
 class Flag(enum.IntFlag):

@@ -15,9 +15,11 @@ LAYERS = ("svcframe", "providers", "selftest")
 
 
 def _modules() -> dict[str, Path]:
+    """Our modules: the Python ones, and the compiled ones by their stubs (svcframe/_speedups.pyi)."""
     found = {}
     for package in LAYERS:
-        for path in sorted((ROOT / package).rglob("*.py")):
+        paths = [*(ROOT / package).rglob("*.py"), *(ROOT / package).rglob("*.pyi")]
+        for path in sorted(p for p in paths if p.suffix == ".py" or not p.with_suffix(".py").exists()):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()

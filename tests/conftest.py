@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -29,6 +30,13 @@ LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 #: The whole suite runs authenticated, as a production service would: every engine, server process and
 #: CLI call the tests start reads this shared secret (tests of the unauthenticated cases unset it).
 os.environ["SVCFRAME_SECRET"] = "svcframe-test-secret"
+
+# Ctrl-C as a terminal delivers it: a shell without job control starts its background jobs with SIGINT ignored
+# (POSIX), and an ignored signal stays ignored across exec, so a CI runner that starts us so would have every
+# child ignore the tests' SIGINT (the Ctrl-C tests of roofline collect). A handled signal is reset to the
+# default at exec: the children then install Python's KeyboardInterrupt handler, as under a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: Bound on any wait in a test for something that should happen "soon" (seconds).
 WAIT_SECONDS = 10.0

@@ -123,6 +123,20 @@ def poll_until(predicate: Callable[[], bool], within: float = WAIT_SECONDS, what
         time.sleep(0.01)
 
 
+async def settled_rss(pid: int, within: float = 5.0) -> int:
+    """Process ``pid``'s RSS (bytes) once it moved by less than 1 MiB over 100 ms (the allocator and the
+    kernel settling after a burst), or its last reading after ``within`` seconds."""
+    process = psutil.Process(pid)
+    last = int(process.memory_info().rss)
+    for _ in range(max(1, int(within / 0.1))):
+        await asyncio.sleep(0.1)  # the interval the stability is judged over, not a wait for an event
+        now = int(process.memory_info().rss)
+        if abs(now - last) < 1 << 20:
+            return now
+        last = now
+    return last
+
+
 def alive_pids(pids: Iterable[int]) -> list[int]:
     """Those of ``pids`` whose process still runs (a zombie has exited)."""
     alive = []

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from conftest import settled_rss, wait_until
 from reliability_kit import (
     MIB,
     RELTEST_ID,
     Procs,
     Sampler,
-    ServerProcess,
     close_writer,
     host_port,
     open_raw,
@@ -99,18 +98,6 @@ def _idle_sockets(address: str, n: int) -> list[socket.socket]:
     return [socket.create_connection((host, port)) for _ in range(n)]
 
 
-async def _settled_rss(server: ServerProcess) -> int:
-    """The server's RSS once it stopped changing by more than 1 MiB over 100 ms."""
-    last = server.rss()
-    for _ in range(50):
-        await asyncio.sleep(0.1)
-        now = server.rss()
-        if abs(now - last) < MIB:
-            return now
-        last = now
-    return last
-
-
 @uvloop_test
 async def test_idle_and_announcing_connections_cost_what_they_sent(procs: Procs, tmp_path: Path, figures: Any) -> None:
     """1,000 idle connections and 100 connections that announce 4 MiB bodies then stop: the server's RSS
@@ -119,7 +106,7 @@ async def test_idle_and_announcing_connections_cost_what_they_sent(procs: Procs,
     server = procs.spawn(service_config(tmp_path, kv=None))
     async with Engine(None) as warm:  # first-use allocations of a served call are not the attack's
         await warm.call(server.address, "noop", 1, provider_id=RELTEST_ID)
-    before = await _settled_rss(server)
+    before = await settled_rss(server.pid)
     server.reset_peak_rss()
     idle: list[socket.socket] = []
     announcing: list[asyncio.StreamWriter] = []
@@ -128,12 +115,12 @@ async def test_idle_and_announcing_connections_cost_what_they_sent(procs: Procs,
             idle = await asyncio.to_thread(_idle_sockets, server.address, 1000)
             for _ in range(100):
                 announcing.append(await _announce_4mib(server.address))
-            held = await _settled_rss(server)
+            held = await settled_rss(server.pid)
         for writer in announcing:
             await close_writer(writer)
         for sock in idle:
             sock.close()
-    after = await _settled_rss(server)
+    after = await settled_rss(server.pid)
     peak = max([server.peak_rss(), *sampler.samples]) - before
     figures.record(
         "hostile: 1,000 idle + 100 announcing 4 MiB, server RSS held", round((held - before) / MIB, 1), "MiB"
@@ -240,14 +227,14 @@ async def test_a_peer_that_announces_a_body_before_its_handshake_costs_a_page(pr
     """Before HELLO, a frame announcing a 4 MiB body is still bounded by what arrived (the handshake
     timeout then drops it); 100 such connections cost the server far less than 100 x 4 MiB."""
     server = procs.spawn(service_config(tmp_path, kv=None))
-    before = await _settled_rss(server)
+    before = await settled_rss(server.pid)
     writers = []
     frame = request(7, RELTEST_ID, "noop", pack_body(b"x" * (4 * MIB - 16)))
     for _ in range(100):
         reader, writer = await open_raw(server.address)
         writer.write(frame[: HEADER_SIZE + 100])
         writers.append((reader, writer))
-    held = await _settled_rss(server)
+    held = await settled_rss(server.pid)
     for _, writer in writers:
         await close_writer(writer)
     assert held - before <= 32 * MIB, f"{(held - before) / MIB:.1f} MiB for 100 announced bodies"

@@ -432,6 +432,7 @@ class FrameDecoder:
         "_direct_frame",
         "_direct_pos",
         "_end",
+        "_head",
         "_header_only",
         "_high",
         "_large",
@@ -454,6 +455,7 @@ class FrameDecoder:
         self.bulk_sink = bulk_sink
         self._buf = lazy_buffer(max(buffer_bytes, 2 * HEADER_SIZE))
         self._view = memoryview(self._buf)
+        self._head = self._view[:KEEP_RECEIVE_BYTES]  # what a read into the empty buffer gets (see get_buffer)
         self._start = 0
         self._end = 0
         # Direct mode: a body is being received straight into its own buffer.
@@ -486,7 +488,7 @@ class FrameDecoder:
             self._header_only = False
         end = self._end
         if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages
-            return self._view[:KEEP_RECEIVE_BYTES]  # above them stay untouched unless a frame needs them
+            return self._head  # above them stay untouched unless a frame needs them (one view, made once)
         if end == len(self._buf):
             self._compact()
         return self._view[self._end :]
@@ -546,9 +548,10 @@ class FrameDecoder:
         self._direct_frame = None
         self.bulk_sink = None
         self._large = None
+        self._head.release()
         self._view.release()
         self._buf = b""  # type: ignore[assignment]  # closed: the mapping goes with the frames sliced from it
-        self._view = memoryview(self._buf)
+        self._view = self._head = memoryview(self._buf)
         self._start = self._end = 0
 
     @property

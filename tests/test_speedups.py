@@ -143,3 +143,38 @@ def test_the_compiled_loop_decides_as_the_pure_one(parts: list[bytes], cuts: lis
     stream = b"".join(parts)
     legal = wire.ALL_KINDS_MASK if hello_legal else wire.ALL_KINDS_MASK & ~(1 << Kind.HELLO)
     assert list(_decode(stream, cuts, True, legal)) == list(_decode(stream, cuts, False, legal))
+
+
+@compiled
+def test_parse_inline_keeps_no_reference() -> None:
+    """Every object it makes belongs to the frames it appends: 20,000 parses of a traced and an untraced frame,
+    the frames dropped each time, leave the traced memory where it was (a leaked reference would keep 14
+    objects per frame: megabytes)."""
+    import gc
+    import tracemalloc
+
+    parse = wire._parse_inline
+    assert parse is not None
+    stream = encode_frame(Kind.RESPONSE, 2**63, b"\x91\xa3abc", trace_id=b"\x07" * 16, span_id=2**40) + encode_frame(
+        Kind.REQUEST, 1, b"", provider_id=7, rpc=2**31
+    )
+
+    def parse_many(n: int) -> None:
+        for _ in range(n):
+            frames: list[Frame] = []
+            assert parse(stream, 0, len(stream), 4096, wire.ALL_KINDS_MASK, frames, Frame, wire.ZERO_TRACE_ID) == len(
+                stream
+            )
+            assert len(frames) == 2
+
+    parse_many(100)  # caches (small ints, the empty bytes) settled
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        parse_many(20_000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes still held after 20,000 parses"

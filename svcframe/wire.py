@@ -299,6 +299,9 @@ def pack_body(obj: object) -> bytes:
 
 #: Receive-buffer bytes an idle connection keeps committed; pages above are given back (FrameDecoder).
 KEEP_RECEIVE_BYTES = 32 * 1024
+#: After bulk data, the next read takes the next header and this many bytes more (FrameDecoder.get_buffer): a
+#: read by into=, pull or push ends with its RESPONSE in one read instead of a header read and a body read.
+AFTER_DATA_TAIL_BYTES = 256
 
 #: Byte strings at least this long are sent as a msgpack bin header followed by the object itself
 #: (``bin_header``), never copied into an encoded body.
@@ -481,10 +484,12 @@ class FrameDecoder:
         if self._header_only:  # the next frame is likely more bulk data: its bytes belong in its destination
             header_end = self._start + HEADER_SIZE
             if header_end > self._end:
-                if header_end > len(self._buf):
+                if header_end + AFTER_DATA_TAIL_BYTES > len(self._buf):
                     self._compact()
                     header_end = self._start + HEADER_SIZE
-                return self._view[self._end : header_end]
+                # the header and a few bytes more: the small frame that usually ends the data (the call's
+                # RESPONSE) comes in the same read, and more data costs at most this many bytes copied
+                return self._view[self._end : header_end + AFTER_DATA_TAIL_BYTES]
             self._header_only = False
         end = self._end
         if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages

@@ -274,6 +274,43 @@ def test_idle_only_between_frames() -> None:
 # --- bulk data frames --------------------------------------------------------------------------------------
 
 
+def _receive(decoder: FrameDecoder, data: bytes) -> tuple[list[Frame], int]:
+    """Receive ``data`` as a socket would, into each ``get_buffer()`` in turn: the frames and the reads."""
+    frames: list[Frame] = []
+    reads = 0
+    while data:
+        buf = decoder.get_buffer()
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        data = data[n:]
+        reads += 1
+        got = decoder.buffer_updated(n)
+        while got:
+            frames += got
+            got = decoder.more()
+    return frames, reads
+
+
+def test_the_response_after_bulk_data_comes_in_the_same_read() -> None:
+    """A read by into= or pull ends with data then the call's RESPONSE: after the data, the next read takes the
+    next header and a few bytes more, so a small RESPONSE is one read (it was two: its header, then its body),
+    and more data behind the header still goes to its destination (at most those bytes copied)."""
+    sink = Sink()
+    decoder = FrameDecoder(bulk_sink=sink, buffer_bytes=64 * 1024)
+    data = os.urandom(48 * 1024)
+    frames, _ = _receive(decoder, encode_frame(Kind.BULK_DATA_REPLY, 3, data))
+    assert len(frames) == 1 and sink.received == [(Kind.BULK_DATA_REPLY, 3, bytearray(data))]
+    response = encode_frame(Kind.RESPONSE, 3, pack_body(len(data)))
+    frames, reads = _receive(decoder, response)
+    assert reads == 1 and [f.kind for f in frames] == [Kind.RESPONSE] and unpack_body(frames[0].body) == len(data)
+    more = os.urandom(48 * 1024)  # bulk data again: its bytes past the tail are received into the destination
+    frames, reads = _receive(
+        decoder, encode_frame(Kind.BULK_DATA_REPLY, 4, data) + encode_frame(Kind.BULK_DATA_REPLY, 5, more)
+    )
+    assert [f.request_id for f in frames] == [4, 5] and sink.received[-1] == (Kind.BULK_DATA_REPLY, 5, bytearray(more))
+    assert reads <= 6 and decoder.idle
+
+
 @pytest.mark.parametrize("kind", BULK_KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("size", [1, 100, 300 * 1024])
 def test_bulk_data_lands_in_the_sink_buffer(kind: Kind, size: int) -> None:

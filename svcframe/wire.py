@@ -468,7 +468,10 @@ class FrameDecoder:
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
         self._header_only = False  # after bulk data: receive the next header alone (more data may follow)
         self._high = 0  # the highest offset of the receive buffer written since its pages were last released
-        self.reuse_large = False  # keep one buffer for bodies larger than the receive buffer (see _parse)
+        # Our own, dialled connections: keep one buffer for bodies larger than the receive buffer (see _parse),
+        # and the receive buffer's pages between reads; release_large() gives both back (the engine's sweep,
+        # on an idle connection). Accepted connections give the pages back after every batch (issue 13).
+        self.reuse_large = False
         self._large: mmap.mmap | None = None
         #: Bit k set: frames of kind k are accepted (the connection's phase sets it: svcframe.protocol);
         #: any other kind raises RemoteProtocolError before its body is buffered.
@@ -493,7 +496,9 @@ class FrameDecoder:
             self._header_only = False
         end = self._end
         if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages
-            return self._head  # above them stay untouched unless a frame needs them (one view, made once)
+            # above them stay untouched unless a frame needs them (one view, made once); with the pages kept
+            # (reuse_large, after large frames), the whole buffer: a 64 KiB result is one read, not two
+            return self._view if self.reuse_large else self._head
         if end == len(self._buf):
             self._compact()
         return self._view[self._end :]
@@ -513,7 +518,7 @@ class FrameDecoder:
             if _parse_inline is not None:
                 start = _parse_inline(self._buf, self._start, end, self.max_body_bytes, self.legal_kinds, frames,
                                       Frame, ZERO_TRACE_ID)  # fmt: skip
-                if start == end and self._high <= KEEP_RECEIVE_BYTES:
+                if start == end and (self._high <= KEEP_RECEIVE_BYTES or self.reuse_large):
                     # all taken, nothing to give back (what _parse's loop does then): the common read ends here,
                     # 60 bytecodes sooner (tools/instructions_per_call.sh, tools/instructions_per_client_call.sh)
                     self._start = self._end = 0
@@ -572,8 +577,11 @@ class FrameDecoder:
         return memoryview(large)[:length]
 
     def release_large(self) -> None:
-        """Drop the kept large-body buffer (an idle connection; unmapped once no frame refers to it)."""
+        """Drop the kept large-body buffer (unmapped once no frame refers to it) and, when nothing is buffered,
+        give back the receive buffer's pages above KEEP_RECEIVE_BYTES: an idle connection (the engine's sweep)."""
         self._large = None
+        if not self._end and self._high > KEEP_RECEIVE_BYTES:
+            self._release_pages()
 
     def _release_pages(self) -> None:
         """Give the kernel back the receive buffer's pages above KEEP_RECEIVE_BYTES (the buffer is empty): an
@@ -607,7 +615,7 @@ class FrameDecoder:
                     raise RemoteProtocolError(self._describe_bad_header(view[start : start + avail]))
                 if avail == 0:
                     self._start = self._end = 0
-                    if self._high > KEEP_RECEIVE_BYTES:
+                    if self._high > KEEP_RECEIVE_BYTES and not self.reuse_large:
                         self._release_pages()
                 elif start + HEADER_SIZE > len(buf):
                     self._compact()

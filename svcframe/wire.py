@@ -299,8 +299,11 @@ def pack_body(obj: object) -> bytes:
 
 #: Receive-buffer bytes an idle connection keeps committed; pages above are given back (FrameDecoder).
 KEEP_RECEIVE_BYTES = 32 * 1024
-#: After bulk data, the next read takes the next header and this many bytes more (FrameDecoder.get_buffer): a
-#: read by into=, pull or push ends with its RESPONSE in one read instead of a header read and a body read.
+#: After a bulk data chunk of HEADER_FIRST_AFTER_BYTES or more, the next read takes the next header and
+#: AFTER_DATA_TAIL_BYTES more (FrameDecoder.get_buffer), so that more data is received into its destination,
+#: not copied, and a read by into=, pull or push ends with its RESPONSE in one read, not a header read and a
+#: body read. After a smaller chunk, reads go on into the receive buffer (its copy costs less than the reads).
+HEADER_FIRST_AFTER_BYTES = 128 * 1024
 AFTER_DATA_TAIL_BYTES = 256
 
 #: Byte strings at least this long are sent as a msgpack bin header followed by the object itself
@@ -695,7 +698,10 @@ class FrameDecoder:
         assert dest is not None and fields is not None
         # A large inline body keeps its own buffer, as a memoryview (msgpack decodes it without another copy).
         if fields[0] in _BULK_DATA_KINDS:
-            self._header_only = True
+            # after a large chunk, more is likely: its bytes go straight to their destination; after a small one,
+            # reads go on into the receive buffer (a 64 KiB read by into= is then one read and one copy, where
+            # the header-first reads took three)
+            self._header_only = len(dest) >= HEADER_FIRST_AFTER_BYTES
             return _new_tuple(Frame, (*fields, None))
         return _new_tuple(Frame, (*fields, dest))
 

@@ -323,23 +323,30 @@ def test_a_dialled_connection_reads_a_large_result_in_one_read_and_keeps_its_pag
 
 
 def test_the_response_after_bulk_data_comes_in_the_same_read() -> None:
-    """A read by into= or pull ends with data then the call's RESPONSE: after the data, the next read takes the
-    next header and a few bytes more, so a small RESPONSE is one read (it was two: its header, then its body),
-    and more data behind the header still goes to its destination (at most those bytes copied)."""
+    """A read by into= or pull ends with data then the call's RESPONSE. After a large chunk the next read takes
+    the next header and a few bytes more, so a small RESPONSE is one read (it was two: its header, then its
+    body), and more data behind the header still goes to its destination (at most those bytes copied). After
+    a small chunk, reads go on into the receive buffer: the next small read's data and RESPONSE are one read."""
     sink = Sink()
     decoder = FrameDecoder(bulk_sink=sink, buffer_bytes=64 * 1024)
-    data = os.urandom(48 * 1024)
+    decoder.reuse_large = True  # a dialled connection, as a caller's
+    data = os.urandom(wire.HEADER_FIRST_AFTER_BYTES + 1000)
     frames, _ = _receive(decoder, encode_frame(Kind.BULK_DATA_REPLY, 3, data))
     assert len(frames) == 1 and sink.received == [(Kind.BULK_DATA_REPLY, 3, bytearray(data))]
-    response = encode_frame(Kind.RESPONSE, 3, pack_body(len(data)))
-    frames, reads = _receive(decoder, response)
+    frames, reads = _receive(decoder, encode_frame(Kind.RESPONSE, 3, pack_body(len(data))))
     assert reads == 1 and [f.kind for f in frames] == [Kind.RESPONSE] and unpack_body(frames[0].body) == len(data)
-    more = os.urandom(48 * 1024)  # bulk data again: its bytes past the tail are received into the destination
+    more = os.urandom(wire.HEADER_FIRST_AFTER_BYTES)  # its bytes past the tail are received into the destination
     frames, reads = _receive(
         decoder, encode_frame(Kind.BULK_DATA_REPLY, 4, data) + encode_frame(Kind.BULK_DATA_REPLY, 5, more)
     )
     assert [f.request_id for f in frames] == [4, 5] and sink.received[-1] == (Kind.BULK_DATA_REPLY, 5, bytearray(more))
     assert reads <= 6 and decoder.idle
+    small = os.urandom(48 * 1024)
+    for request_id in (6, 7, 8):
+        read = encode_frame(Kind.BULK_DATA_REPLY, request_id, small) + encode_frame(Kind.RESPONSE, request_id, b"\xc0")
+        frames, reads = _receive(decoder, read)
+        assert [f.kind for f in frames] == [Kind.BULK_DATA_REPLY, Kind.RESPONSE] and sink.received[-1][2] == small
+        assert reads == (1 if request_id > 6 else 3)  # (the first follows the large chunk: header first)
 
 
 @pytest.mark.parametrize("kind", BULK_KINDS, ids=lambda k: k.name)

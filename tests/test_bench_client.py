@@ -175,6 +175,24 @@ def test_profile_client_lists_where_the_time_goes() -> None:
     assert len(table) == 5 and any("engine.py" in line for line in table)
 
 
+def test_profile_client_counts_the_bytecodes_per_call() -> None:
+    """The exact Python work of a call, by function: the call itself and the receive path are in it, and the
+    raw client runs fewer (the limit)."""
+
+    def bytecodes(impl: str) -> tuple[int, str]:
+        out = subprocess.run(
+            [sys.executable, "tools/profile_client.py", "--impl", impl, "--calls", "300", "--bytecodes", "--top", "6"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        total = re.search(r"bytecodes per noop call: (\d+) \(Python frames run by the calls\); top 6:\n", out)
+        assert total, out
+        return int(total[1]), out.split(total[0], 1)[1]
+
+    ours, table = bytecodes("svcframe")
+    assert "calls.py" in table and "(buffer_updated)" in table and len(table.splitlines()) == 6
+    assert 50 < bytecodes("raw")[0] < ours < 5000
+
+
 @pytest.mark.slow
 def test_client_instruction_count_is_printed() -> None:
     out = subprocess.run(

@@ -6,10 +6,12 @@ reference peers (selftest/bench_peers.py). The client runs in this process, on t
 ``--calls`` noop calls with ``--depth`` in flight, in progress mode ``--mode``, with the same client code as
 ``svcframe bench --workload client`` (selftest/bench_client.py). Prints the client's CPU µs per call (its
 process CPU time over the calls) and, with ``--profile``, the ``--top`` functions by own time (cProfile),
-per call.
+per call; with ``--bytecodes``, the Python bytecodes the calls ran, per call, in all and by function (a trace
+of every opcode: exact and independent of the machine, slow; how the work of issue 14 was found and counted).
 
     python tools/profile_client.py [--impl svcframe|raw|msgpack] [--calls 20000] [--depth 1]
-                                   [--mode block|spindown|busy] [--transport tcp|unix] [--profile] [--top 15]
+                                   [--mode block|spindown|busy] [--transport tcp|unix] [--profile]
+                                   [--bytecodes] [--top 15]
 
 Under callgrind (tools/instructions_per_client_call.sh) only this process is counted: valgrind does not
 follow the server child (``--trace-children=no``, its default).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
 import os
@@ -82,10 +85,12 @@ async def client(impl: str, address: str, args: argparse.Namespace) -> None:
     operation = side.operation("noop", 0, "inline")
     await counted(operation, 200, args.depth)  # warm up: connection, caches
     profiler = cProfile.Profile() if args.profile else None
+    opcodes: collections.Counter[tuple[str, int, str]] = collections.Counter()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profiler:
         profiler.enable()
-    await counted(operation, args.calls, args.depth)
+    with counting_bytecodes(opcodes) if args.bytecodes else contextlib.nullcontext():
+        await counted(operation, args.calls, args.depth)
     if profiler:
         profiler.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
@@ -96,6 +101,52 @@ async def client(impl: str, address: str, args: argparse.Namespace) -> None:
     )
     if profiler:
         print_profile(pstats.Stats(profiler), args.calls, args.top)
+    if args.bytecodes:
+        print_bytecodes(opcodes, args.calls, args.top)
+
+
+@contextlib.contextmanager
+def counting_bytecodes(counts: collections.Counter[tuple[str, int, str]]) -> Iterator[None]:
+    """Count every bytecode this thread runs in the block, by function (file, first line, name): through
+    ``sys.monitoring``'s INSTRUCTION events (Python >= 3.12, PEP 669), else ``sys.settrace`` opcode events
+    (3.11; on 3.12.1 they counted nothing here)."""
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is not None:
+        tool = monitoring.PROFILER_ID
+
+        def on_instruction(code: Any, offset: int) -> None:
+            counts[code.co_filename, code.co_firstlineno, code.co_name] += 1
+
+        monitoring.use_tool_id(tool, "profile_client")
+        monitoring.register_callback(tool, monitoring.events.INSTRUCTION, on_instruction)
+        monitoring.set_events(tool, monitoring.events.INSTRUCTION)
+        try:
+            yield
+        finally:
+            monitoring.set_events(tool, 0)
+            monitoring.register_callback(tool, monitoring.events.INSTRUCTION, None)
+            monitoring.free_tool_id(tool)
+        return
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        if event == "opcode":
+            code = frame.f_code
+            counts[code.co_filename, code.co_firstlineno, code.co_name] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+
+
+def print_bytecodes(counts: collections.Counter[tuple[str, int, str]], calls: int, top: int) -> None:
+    """Bytecodes per noop call, in all and for the ``top`` functions."""
+    print(f"bytecodes per noop call: {sum(counts.values()) / calls:.0f} (Python frames run by the calls); top {top}:")
+    for (path, line, name), n in counts.most_common(top):
+        print(f"{n / calls:8.1f}  {os.path.basename(path)}:{line}({name})")
 
 
 def print_profile(stats: pstats.Stats, calls: int, top: int) -> None:
@@ -119,6 +170,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=PROGRESS_MODES, default="block", help="the client's progress mode")
     parser.add_argument("--transport", choices=["tcp", "unix"], default="tcp")
     parser.add_argument("--profile", action="store_true", help="cProfile the calls; print the top functions")
+    parser.add_argument("--bytecodes", action="store_true", help="count the bytecodes per call, by function")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     if args.impl == "msgpack" and args.mode != "block":

@@ -469,10 +469,10 @@ class FrameDecoder:
         self._direct_pos = 0
         self._direct_frame: tuple[Any, ...] | None = None  # header fields of the frame being received
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
-        self._header_only = False  # after bulk data: receive the next header alone (more data may follow)
+        self._header_only = False  # after a large bulk data chunk: the next read takes a header and a little more
         self._high = 0  # the highest offset of the receive buffer written since its pages were last released
         # Our own, dialled connections: keep one buffer for bodies larger than the receive buffer (see _parse),
-        # and the receive buffer's pages between reads; release_large() gives both back (the engine's sweep,
+        # and the receive buffer's pages between reads; release_idle() gives both back (the engine's sweep,
         # on an idle connection). Accepted connections give the pages back after every batch (issue 13).
         self.reuse_large = False
         self._large: mmap.mmap | None = None
@@ -499,8 +499,8 @@ class FrameDecoder:
             self._header_only = False
         end = self._end
         if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages
-            # above them stay untouched unless a frame needs them (one view, made once); with the pages kept
-            # (reuse_large, after large frames), the whole buffer: a 64 KiB result is one read, not two
+            # above them stay untouched unless a frame needs them (one view, made once); a dialled connection,
+            # which keeps its pages (reuse_large), reads into the whole buffer: a 64 KiB result is one read
             return self._view if self.reuse_large else self._head
         if end == len(self._buf):
             self._compact()
@@ -519,14 +519,13 @@ class FrameDecoder:
                 self._high = end
             frames = []
             if _parse_inline is not None:
-                start = _parse_inline(self._buf, self._start, end, self.max_body_bytes, self.legal_kinds, frames,
-                                      Frame, ZERO_TRACE_ID)  # fmt: skip
-                if start == end and (self._high <= KEEP_RECEIVE_BYTES or self.reuse_large):
-                    # all taken, nothing to give back (what _parse's loop does then): the common read ends here,
-                    # 60 bytecodes sooner (tools/instructions_per_call.sh, tools/instructions_per_client_call.sh)
-                    self._start = self._end = 0
+                self._start = start = _parse_inline(self._buf, self._start, end, self.max_body_bytes,
+                                                    self.legal_kinds, frames, Frame, ZERO_TRACE_ID)  # fmt: skip
+                if start == end:  # all taken: the common read ends here, 60 bytecodes sooner than through _parse
+                    self._emptied()  # (tools/instructions_per_call.sh, tools/instructions_per_client_call.sh)
                     return frames
-                self._start = start
+                self._parse(frames, compiled_ran=True)
+                return frames
         self._parse(frames)
         return frames
 
@@ -579,11 +578,19 @@ class FrameDecoder:
             large = self._large = lazy_buffer(length)  # grows to the largest body seen (at most max_body_bytes)
         return memoryview(large)[:length]
 
-    def release_large(self) -> None:
-        """Drop the kept large-body buffer (unmapped once no frame refers to it) and, when nothing is buffered,
-        give back the receive buffer's pages above KEEP_RECEIVE_BYTES: an idle connection (the engine's sweep)."""
+    def release_idle(self) -> None:
+        """An idle connection (the engine's sweep): drop the kept large-body buffer (unmapped once no frame
+        refers to it) and, when nothing is buffered, give back the receive buffer's pages above
+        KEEP_RECEIVE_BYTES."""
         self._large = None
         if not self._end and self._high > KEEP_RECEIVE_BYTES:
+            self._release_pages()
+
+    def _emptied(self) -> None:
+        """Every buffered byte was taken: the next read starts at the buffer's beginning, and an accepted
+        connection gives back the pages above KEEP_RECEIVE_BYTES (a dialled one keeps them: release_idle)."""
+        self._start = self._end = 0
+        if self._high > KEEP_RECEIVE_BYTES and not self.reuse_large:
             self._release_pages()
 
     def _release_pages(self) -> None:
@@ -601,15 +608,15 @@ class FrameDecoder:
             self._buf[: end - start] = self._view[start:end]
             self._start, self._end = 0, end - start
 
-    def _parse(self, frames: list[Frame]) -> None:
+    def _parse(self, frames: list[Frame], compiled_ran: bool = False) -> None:
         # The hot loop of every connection: locals only, one tuple per frame (the Frame itself), the magic
         # checked as an int, the trace id materialised only when it is set, small bodies sliced out of the
         # receive buffer as bytearrays (one object, one copy).
         view, buf, end, max_body, legal = self._view, self._buf, self._end, self.max_body_bytes, self.legal_kinds
         unpack_from, append = _DECODE.unpack_from, frames.append
         start = self._start
-        if _parse_inline is not None:  # the compiled twin of the append branch below takes the frames it can
-            start = _parse_inline(buf, start, end, max_body, legal, frames, Frame, ZERO_TRACE_ID)
+        if _parse_inline is not None and not compiled_ran:  # the compiled twin of the append branch below
+            start = _parse_inline(buf, start, end, max_body, legal, frames, Frame, ZERO_TRACE_ID)  # takes what it can
         while self._direct is None:
             if end - start < HEADER_SIZE:
                 self._start = start
@@ -617,9 +624,7 @@ class FrameDecoder:
                 if avail >= 4 and view[start : start + 2] != MAGIC:
                     raise RemoteProtocolError(self._describe_bad_header(view[start : start + avail]))
                 if avail == 0:
-                    self._start = self._end = 0
-                    if self._high > KEEP_RECEIVE_BYTES and not self.reuse_large:
-                        self._release_pages()
+                    self._emptied()
                 elif start + HEADER_SIZE > len(buf):
                     self._compact()
                 return

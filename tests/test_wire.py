@@ -307,7 +307,7 @@ def test_a_dialled_connection_reads_a_large_result_in_one_read_and_keeps_its_pag
     """Our own connections (reuse_large) offer the whole receive buffer to every read: a 64 KiB result is one
     read (it was two: the first read stopped at KEEP_RECEIVE_BYTES), and the buffer's pages stay committed
     between reads (they were given back after each batch and faulted in again: 9 page faults per 64 KiB read
-    in the bench) until release_large(), the engine's sweep of an idle connection. An accepted connection
+    in the bench) until release_idle(), the engine's sweep of an idle connection. An accepted connection
     still reads at most KEEP_RECEIVE_BYTES into an empty buffer and gives its pages back after every batch
     (issue 13)."""
     frame = encode_frame(Kind.RESPONSE, 1, pack_body(os.urandom(64 * 1024)))
@@ -318,7 +318,7 @@ def test_a_dialled_connection_reads_a_large_result_in_one_read_and_keeps_its_pag
     pages = 32 * 1024 // os.sysconf("SC_PAGE_SIZE")  # the pages of a 64 KiB frame above KEEP_RECEIVE_BYTES
     assert _page_faults(dialled, frame, 100) < 100  # kept: (about) none per read
     assert _page_faults(accepted, frame, 100) >= 100 * pages // 2  # given back and faulted in again each time
-    dialled.release_large()  # idle: the pages go back, and fault in again on the next large read
+    dialled.release_idle()  # idle: the pages go back, and fault in again on the next large read
     assert _page_faults(dialled, frame, 1) >= pages // 2
 
 

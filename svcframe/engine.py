@@ -252,10 +252,8 @@ class Engine(Calls, Handlers, BulkTransfers):
         now = time.monotonic()
         idle_timeout = self.idle_timeout_seconds if self._server is not None else 0
         for conn in list(self._all_conns):
-            if (
-                now - conn.last_activity > self._sweep_interval()
-            ):  # idle since the last sweep: no large buffer nor pages kept
-                conn.protocol.decoder.release_idle()
+            if now - conn.last_activity > self._sweep_interval():  # idle since the last sweep:
+                conn.protocol.decoder.release_idle()  # no large buffer nor receive pages kept
             started = conn.frame_started
             if started and now - started > self.frame_timeout_seconds and not conn.protocol.idle:
                 conn.abort(RemoteProtocolError(f"a frame did not complete within {self.frame_timeout_seconds:g} s"))

@@ -9,12 +9,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WAIT_SECONDS
+from conftest import poll_until
 
 from selftest import SELFTEST_CONFIG
 from selftest.bench import BenchOptions, print_table, run_bench
@@ -104,10 +103,8 @@ def test_client_processes_run_with_and_without_the_malloc_tuning(monkeypatch: py
         client = ClientProcess(client_environment(malloc))
         proc = Path(f"/proc/{client.proc.pid}")
         try:
-            deadline = time.monotonic() + WAIT_SECONDS
-            while b"selftest.bench_client" not in (proc / "cmdline").read_bytes():  # until it has exec'd
-                assert time.monotonic() < deadline, "the client process did not start"
-                time.sleep(0.001)
+            cmdline = proc / "cmdline"  # (bound per iteration: the lambda runs now)
+            poll_until(lambda: b"selftest.bench_client" in cmdline.read_bytes(), what="the client to exec")  # noqa: B023
             environ = (proc / "environ").read_bytes().split(b"\0")
             found = dict(e.decode().split("=", 1) for e in environ if e.startswith(b"MALLOC_"))
             assert found == expected  # what glibc reads when the process starts

@@ -11,13 +11,13 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import poll_until
 
 from providers.blob import BlobClient
 from providers.kv import KVClient
@@ -93,11 +93,12 @@ def service() -> Iterator[dict[str, Any]]:
     index_job = Launch(index_cfg, 1)
     try:
         waiting = f"providers[0].dependencies.index: 'blob_index@{index_address}': not available yet"
-        deadline = time.monotonic() + WAIT_SECONDS
-        while waiting not in store_job.log_tail(0):  # the blob server is up and waits for its index
+
+        def waits_for_its_index() -> bool:  # the blob server is up and says it waits for its index
             assert not ready.is_set(), f"the blob server did not wait for its index: {outcome}"
-            assert time.monotonic() < deadline, "the blob server never reported waiting for its index"
-            time.sleep(0.01)
+            return waiting in store_job.log_tail(0)
+
+        poll_until(waits_for_its_index, WAIT_SECONDS, "the blob server to report waiting for its index")
         index_job.start()
         assert ready.wait(WAIT_SECONDS + 5), "the blob server never became ready"
         if "error" in outcome:

@@ -7,19 +7,17 @@ kernel refuses (no ptrace access), transfers fall back to the socket and stay co
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import hashlib
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WAIT_SECONDS
+from conftest import check_until
 from reliability_kit import RELTEST_ID, Procs, service_config
 from reliability_provider import pattern
 
@@ -343,7 +341,9 @@ async def test_a_caller_that_never_reads_what_it_was_lent_holds_little(
             state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
             assert state["exposed"] == MAX_LENT_PER_CONNECTION
     async with Engine(None) as engine:  # until the server sees the raw peer's connection end (polled, bounded)
-        deadline = time.monotonic() + WAIT_SECONDS
-        while (state := await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID))["exposed"]:
-            assert time.monotonic() < deadline, f"{state['exposed']} buffers still lent to an ended connection"
-            await asyncio.sleep(0.01)
+
+        async def nothing_lent() -> bool:
+            state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
+            return not state["exposed"]
+
+        await check_until(nothing_lent, what="no buffer lent to the ended connection")

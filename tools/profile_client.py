@@ -3,14 +3,15 @@
 A server runs in its own process, pinned to the first usable core: for ``--impl svcframe`` a svcframe server
 with the self-test provider (selftest/selftest.json, its ``work`` RPC), for ``raw`` and ``msgpack`` the bench's
 reference peers (selftest/bench_peers.py). The client runs in this process, on the last usable core:
-``--calls`` noop calls with ``--depth`` in flight, in progress mode ``--mode``, with the same client code as
+``--calls`` noop calls (or reads of ``--read`` bytes by ``--method``) with ``--depth`` in flight, in progress mode ``--mode``, with the same client code as
 ``svcframe bench --workload client`` (selftest/bench_client.py). Prints the client's CPU µs per call (its
 process CPU time over the calls) and, with ``--profile``, the ``--top`` functions by own time (cProfile),
 per call; with ``--bytecodes``, the Python bytecodes the calls ran, per call, in all and by function (a trace
 of every opcode: exact and independent of the machine, slow; how the work of issue 14 was found and counted).
 
     python tools/profile_client.py [--impl svcframe|raw|msgpack] [--calls 20000] [--depth 1]
-                                   [--mode block|spindown|busy] [--transport tcp|unix] [--profile]
+                                   [--mode block|spindown|busy] [--transport tcp|unix]
+                                   [--read BYTES [--method inline|into|push|pull]] [--profile]
                                    [--bytecodes] [--top 15]
 
 Under callgrind (tools/instructions_per_client_call.sh) only this process is counted: valgrind does not
@@ -36,7 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from selftest import SELFTEST_CONFIG
-from selftest.bench_client import IMPLS, MSGPACK, RAW, SIDES, SVCFRAME, Operation, spin_msec
+from selftest.bench_client import IMPLS, MSGPACK, RAW, READ_METHODS, SIDES, SVCFRAME, Operation, spin_msec
 from selftest.bench_peers import PeerServer
 from svcframe.config import load_config
 from svcframe.launch import Launch
@@ -82,7 +83,8 @@ async def counted(operation: Operation, calls: int, depth: int) -> None:
 
 async def client(impl: str, address: str, args: argparse.Namespace) -> None:
     side = await SIDES[impl].open(address, args.mode)
-    operation = side.operation("noop", 0, "inline")
+    what = "noop" if not args.read else "read"
+    operation = side.operation(what, args.read, args.method)
     await counted(operation, 200, args.depth)  # warm up: connection, caches
     profiler = cProfile.Profile() if args.profile else None
     opcodes: collections.Counter[tuple[str, int, str]] = collections.Counter()
@@ -96,7 +98,7 @@ async def client(impl: str, address: str, args: argparse.Namespace) -> None:
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     await side.close()
     print(
-        f"{impl} client, {args.calls} noop calls, depth {args.depth}, {args.mode}: {args.calls / wall:,.0f} calls/s, "
+        f"{impl} client, {args.calls} {'noop' if not args.read else f'{args.read}-byte {args.method} read'} calls, depth {args.depth}, {args.mode}: {args.calls / wall:,.0f} calls/s, "
         f"client CPU {cpu / args.calls * 1e6:.2f} µs/call (utilisation {cpu / wall:.0%})"
     )
     if profiler:
@@ -144,7 +146,7 @@ def counting_bytecodes(counts: collections.Counter[tuple[str, int, str]]) -> Ite
 
 def print_bytecodes(counts: collections.Counter[tuple[str, int, str]], calls: int, top: int) -> None:
     """Bytecodes per noop call, in all and for the ``top`` functions."""
-    print(f"bytecodes per noop call: {sum(counts.values()) / calls:.0f} (Python frames run by the calls); top {top}:")
+    print(f"bytecodes per call: {sum(counts.values()) / calls:.0f} (Python frames run by the calls); top {top}:")
     for (path, line, name), n in counts.most_common(top):
         print(f"{n / calls:8.1f}  {os.path.basename(path)}:{line}({name})")
 
@@ -169,6 +171,8 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=1, help="calls in flight")
     parser.add_argument("--mode", choices=PROGRESS_MODES, default="block", help="the client's progress mode")
     parser.add_argument("--transport", choices=["tcp", "unix"], default="tcp")
+    parser.add_argument("--read", type=int, default=0, metavar="BYTES", help="read BYTES per call instead of a noop")
+    parser.add_argument("--method", choices=READ_METHODS, default="inline", help="how --read reads")
     parser.add_argument("--profile", action="store_true", help="cProfile the calls; print the top functions")
     parser.add_argument("--bytecodes", action="store_true", help="count the bytecodes per call, by function")
     parser.add_argument("--top", type=int, default=15)

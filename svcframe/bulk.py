@@ -117,6 +117,8 @@ def as_byte_view(buf: object, *, writable: bool) -> memoryview:
     Raises:
         BulkUsageError: not a buffer, not contiguous, or read-only when ``writable``.
     """
+    if type(buf) is bytearray:  # the common buffer, writable and flat: 27 bytecodes -> 6 per into= call
+        return memoryview(buf)
     try:
         view = memoryview(buf)  # type: ignore[arg-type]
     except TypeError as exc:

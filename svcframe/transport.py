@@ -378,7 +378,7 @@ class Connection(asyncio.BufferedProtocol):
         batch = self._batch
         if batch is not None:
             batch.extend(parts)
-            self._batch_bytes += sum(len(p) for p in parts)
+            self._batch_bytes += sum(map(len, parts))  # (no generator: 22-31 bytecodes per reply saved)
             if self._batch_bytes > BATCH_FLUSH_BYTES:
                 self._flush_batch()
         elif not self.closed:

@@ -246,13 +246,18 @@ def encode_frame(kind: int, request_id: int, body: bytes = b"", **fields: int | 
 # tools/instructions_per_call.sh: a keyword call of encode_header costs about 1.2k instructions more per call.
 _REQUEST = struct.Struct("<4sHHIIQIHHIIQ16sQQ")  # HEADER without magic, version and kind
 _RESPONSE_OK = struct.Struct("<4s8xIQ56x")  # HEADER of an OK response: all zeros but body length and request id
-assert _REQUEST.size == _RESPONSE_OK.size == HEADER_SIZE
+_RESPONSE_FLAGS = struct.Struct("<4sH6xIQ56x")  # the same with flags
+assert _REQUEST.size == _RESPONSE_OK.size == _RESPONSE_FLAGS.size == HEADER_SIZE
 
 #: ``pack_request_header(flags, provider_id, rpc_id, body_length, request_id, deadline_usec, status,
 #: parent_provider_id, parent_rpc_id, 0, callpath, trace_id, span_id, lamport) -> bytes``: a REQUEST header.
 pack_request_header = functools.partial(_REQUEST.pack, MAGIC + bytes([WIRE_VERSION, 2]))
 #: ``pack_ok_response_header(body_length, request_id) -> bytes``: the header of a RESPONSE with status OK.
 pack_ok_response_header = functools.partial(_RESPONSE_OK.pack, MAGIC + bytes([WIRE_VERSION, 3]))
+#: ``pack_ok_response_header_flags(flags, body_length, request_id) -> bytes``: the same, with flags.
+pack_ok_response_header_flags = functools.partial(_RESPONSE_FLAGS.pack, MAGIC + bytes([WIRE_VERSION, 3]))
+#: ``pack_data_reply_header(body_length, request_id) -> bytes``: the header of a BULK_DATA_REPLY frame.
+pack_data_reply_header = functools.partial(_RESPONSE_OK.pack, MAGIC + bytes([WIRE_VERSION, 7]))
 
 
 _packer = msgpack.Packer(use_bin_type=True, strict_types=False, autoreset=True)
@@ -434,12 +439,12 @@ class FrameDecoder:
 
     __slots__ = (
         "_buf",
+        "_data_max",
         "_direct",
         "_direct_frame",
         "_direct_pos",
         "_end",
         "_head",
-        "_header_only",
         "_high",
         "_large",
         "_start",
@@ -469,7 +474,9 @@ class FrameDecoder:
         self._direct_pos = 0
         self._direct_frame: tuple[Any, ...] | None = None  # header fields of the frame being received
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
-        self._header_only = False  # after a large bulk data chunk: the next read takes a header and a little more
+        # The compiled loop takes whole bulk data frames under this many bytes; 0 after a large bulk data chunk,
+        # when the next read takes a header and a little more (get_buffer) and _parse takes the data
+        self._data_max = HEADER_FIRST_AFTER_BYTES
         self._high = 0  # the highest offset of the receive buffer written since its pages were last released
         # Our own, dialled connections: keep one buffer for bodies larger than the receive buffer (see _parse),
         # and the receive buffer's pages between reads; release_idle() gives both back (the engine's sweep,
@@ -487,7 +494,7 @@ class FrameDecoder:
         direct = self._direct
         if direct is not None:
             return direct[self._direct_pos :]
-        if self._header_only:  # the next frame is likely more bulk data: its bytes belong in its destination
+        if not self._data_max:  # the next frame is likely more bulk data: its bytes belong in its destination
             header_end = self._start + HEADER_SIZE
             if header_end > self._end:
                 if header_end + AFTER_DATA_TAIL_BYTES > len(self._buf):
@@ -496,7 +503,7 @@ class FrameDecoder:
                 # the header and a few bytes more: the small frame that usually ends the data (the call's
                 # RESPONSE) comes in the same read, and more data costs at most this many bytes copied
                 return self._view[self._end : header_end + AFTER_DATA_TAIL_BYTES]
-            self._header_only = False
+            self._data_max = HEADER_FIRST_AFTER_BYTES
         end = self._end
         if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages
             # above them stay untouched unless a frame needs them (one view, made once); a dialled connection,
@@ -519,8 +526,8 @@ class FrameDecoder:
                 self._high = end
             frames = []
             if _parse_inline is not None:
-                self._start = start = _parse_inline(self._buf, self._start, end, self.max_body_bytes,
-                                                    self.legal_kinds, frames, Frame, ZERO_TRACE_ID)  # fmt: skip
+                self._start = start = _parse_inline(self._buf, self._start, end, self.max_body_bytes, self.legal_kinds,
+                                                    frames, Frame, ZERO_TRACE_ID, self.bulk_sink, self._data_max)  # fmt: skip
                 if start == end:  # all taken: the common read ends here, 60 bytecodes sooner than through _parse
                     self._emptied()  # (tools/instructions_per_call.sh, tools/instructions_per_client_call.sh)
                     return frames
@@ -615,8 +622,10 @@ class FrameDecoder:
         view, buf, end, max_body, legal = self._view, self._buf, self._end, self.max_body_bytes, self.legal_kinds
         unpack_from, append = _DECODE.unpack_from, frames.append
         start = self._start
-        if _parse_inline is not None and not compiled_ran:  # the compiled twin of the append branch below
-            start = _parse_inline(buf, start, end, max_body, legal, frames, Frame, ZERO_TRACE_ID)  # takes what it can
+        if _parse_inline is not None and not compiled_ran:  # the compiled twin of the two branches that take
+            # a whole frame below (an inline body; small bulk data, first in the batch): it takes what it can
+            start = _parse_inline(buf, start, end, max_body, legal, frames, Frame, ZERO_TRACE_ID, self.bulk_sink,
+                                  self._data_max)  # fmt: skip
         while self._direct is None:
             if end - start < HEADER_SIZE:
                 self._start = start
@@ -649,12 +658,22 @@ class FrameDecoder:
                     return  # the frames before it may set up its sink: dispatch them first (see more())
                 if self.bulk_sink is None:
                     raise RemoteProtocolError("bulk data frame on a connection that expects none")
+                if body_end > end and length < self._data_max and length + HEADER_SIZE <= len(buf):
+                    # small data still arriving: wait for all of it here, as for an inline body, so the frame
+                    # behind it (the call's RESPONSE) comes in the same read and the compiled loop takes both (a
+                    # 64 KiB read by into= split by loopback's 64 KiB segments took three reads, now two)
+                    if body_end > len(buf):
+                        self._compact()
+                    return
                 dest = self.bulk_sink(kind, request_id, length)
                 if len(dest) != length:
                     raise RemoteProtocolError(f"bulk sink returned {len(dest)} bytes for {length}")
                 self._start_direct(dest, (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider,
                                           parent_rpc, callpath, trace_id, span_id, lamport), body_start, frames)  # fmt: skip
                 view, buf, end, start = self._view, self._buf, self._end, self._start
+                if _parse_inline is not None and self._direct is None:  # what follows (the call's RESPONSE)
+                    start = _parse_inline(buf, start, end, max_body, legal, frames, Frame, ZERO_TRACE_ID, None,
+                                          HEADER_FIRST_AFTER_BYTES)  # fmt: skip
                 continue
             if body_end <= end:
                 append(_new_tuple(Frame, (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider,
@@ -706,7 +725,7 @@ class FrameDecoder:
             # after a large chunk, more is likely: its bytes go straight to their destination; after a small one,
             # reads go on into the receive buffer (a 64 KiB read by into= is then one read and one copy, where
             # the header-first reads took three)
-            self._header_only = len(dest) >= HEADER_FIRST_AFTER_BYTES
+            self._data_max = 0 if len(dest) >= HEADER_FIRST_AFTER_BYTES else HEADER_FIRST_AFTER_BYTES
             return _new_tuple(Frame, (*fields, None))
         return _new_tuple(Frame, (*fields, dest))
 

@@ -8,7 +8,6 @@ import os
 import shlex
 import shutil
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from svcframe.wire import HEADER_SIZE, Frame, FrameDecoder, Kind, encode_frame, 
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+DATA_MAX = wire.HEADER_FIRST_AFTER_BYTES
 compiled = pytest.mark.skipif(wire.PURE, reason="the pure-Python decoder was asked for or built (SVCFRAME_PURE)")
 
 
@@ -49,15 +49,17 @@ def test_parse_inline_checks_its_bounds() -> None:
     assert parse is not None
     buf = bytearray(encode_frame(Kind.RESPONSE, 1, b"\xc0"))
     frames: list[Frame] = []
-    assert parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, frames, Frame, wire.ZERO_TRACE_ID) == len(buf)
+    assert parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, frames, Frame, wire.ZERO_TRACE_ID, None, DATA_MAX) == len(
+        buf
+    )
     assert frames == [Frame(3, 0, 0, 0, 1, 0, 0, 0xFFFF, 0, 0, wire.ZERO_TRACE_ID, 0, 0, b"\xc0")]
     for start, end in ((0, len(buf) + 1), (5, 4), (-1, 10)):
         with pytest.raises(ValueError, match="start <= end"):
-            parse(buf, start, end, 4096, wire.ALL_KINDS_MASK, [], Frame, wire.ZERO_TRACE_ID)
+            parse(buf, start, end, 4096, wire.ALL_KINDS_MASK, [], Frame, wire.ZERO_TRACE_ID, None, DATA_MAX)
     with pytest.raises(TypeError):
-        parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, (), Frame, wire.ZERO_TRACE_ID)
+        parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, (), Frame, wire.ZERO_TRACE_ID, None, DATA_MAX)
     with pytest.raises(TypeError):
-        parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, [], dict, wire.ZERO_TRACE_ID)
+        parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, [], dict, wire.ZERO_TRACE_ID, None, DATA_MAX)
     with pytest.raises(TypeError):
         parse(buf, 0, len(buf))
 
@@ -78,45 +80,116 @@ def test_it_leaves_what_is_not_a_complete_inline_frame_to_the_python_loop() -> N
         "an unknown kind": one[:3] + b"\xc8" + one[4:],
     }
     legal = wire.ALL_KINDS_MASK & ~(1 << Kind.HELLO)
+    called: list[tuple[int, int, int]] = []
+
+    def sink(kind: int, request_id: int, length: int) -> memoryview:
+        called.append((kind, request_id, length))
+        return memoryview(bytearray(length))
+
     for what, tail in cases.items():
         frames: list[Frame] = []
         buf = one + tail
-        assert parse(buf, 0, len(buf), 4096, legal, frames, Frame, wire.ZERO_TRACE_ID) == len(one), what
+        assert parse(buf, 0, len(buf), 4096, legal, frames, Frame, wire.ZERO_TRACE_ID, None, DATA_MAX) == len(one), what
         assert len(frames) == 1 and frames[0].trace_id == b"t" * 16 and frames[0].body == b"\x91\x01", what
+    # bulk data behind another frame (its sink may come from that frame's dispatch), or with no sink, or as
+    # large as the chunks after which the decoder reads header first: the Python loop's
+    data = encode_header(Kind.BULK_DATA_REPLY, 1, 8) + bytes(8)
+    for what, buf, sink_given, data_max in (
+        ("behind a frame", one + data, sink, DATA_MAX),
+        ("without a sink", data, None, DATA_MAX),
+        ("a large chunk", data, sink, 8),
+    ):
+        frames = []
+        assert parse(buf, 0, len(buf), 4096, legal, frames, Frame, wire.ZERO_TRACE_ID, sink_given, data_max) == len(
+            buf
+        ) - len(data), what
+    assert called == []
 
 
-def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> Iterator[object]:
-    """What a decoder makes of ``stream`` received in pieces cut at ``cuts``: its frames (bulk data frames
-    with the data their sink received), then its error, if any."""
+@compiled
+def test_it_takes_small_bulk_data_into_the_sinks_buffer() -> None:
+    """A complete bulk data frame first in the batch: the sink is asked for its destination (kind, request id,
+    length) and gets exactly its bytes; its Frame has the body None, and what follows is taken too."""
+    parse = wire._parse_inline
+    assert parse is not None
+    dests: list[bytearray] = []
+    called: list[tuple[int, int, int]] = []
+
+    def sink(kind: int, request_id: int, length: int) -> memoryview:
+        called.append((kind, request_id, length))
+        dests.append(bytearray(length))
+        return memoryview(dests[-1])
+
+    payload = bytes(range(256)) * 4
+    answer = encode_frame(Kind.RESPONSE, 2**40, b"\xcd\x04\x00")
+    buf = bytearray(encode_header(Kind.BULK_DATA_REPLY, 2**40, len(payload)) + payload + answer)
+    frames: list[Frame] = []
+    assert parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, frames, Frame, wire.ZERO_TRACE_ID, sink, DATA_MAX) == len(
+        buf
+    )
+    assert called == [(Kind.BULK_DATA_REPLY, 2**40, len(payload))] and dests == [bytearray(payload)]
+    assert [(f.kind, f.request_id, f.body) for f in frames] == [
+        (Kind.BULK_DATA_REPLY, 2**40, None),
+        (Kind.RESPONSE, 2**40, b"\xcd\x04\x00"),
+    ]
+    # a sink's error propagates, nothing taken; a destination of the wrong size or read-only is refused
+    bad_sinks = {
+        "raises": (lambda k, r, n: (_ for _ in ()).throw(wire.RemoteProtocolError("no such pull")), "no such pull"),
+        "short": (lambda k, r, n: memoryview(bytearray(n - 1)), "returned 1023 bytes for 1024"),
+        "read-only": (lambda k, r, n: bytes(n), "writable"),
+    }
+    for what, (bad, message) in bad_sinks.items():
+        frames = []
+        with pytest.raises((wire.RemoteProtocolError, BufferError), match=message):
+            parse(buf, 0, len(buf), 4096, wire.ALL_KINDS_MASK, frames, Frame, wire.ZERO_TRACE_ID, bad, DATA_MAX)
+        assert frames == [], what
+
+
+def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> list[object]:
+    """What a decoder makes of ``stream`` received in pieces cut at ``cuts``, in order: the batches of frames
+    each read and each ``more()`` return (bulk data frames with the data their sink received), the sink's calls
+    between them, then the error, if any."""
     saved = wire._parse_inline
     if not compiled_loop:
         wire._parse_inline = None  # the pure-Python loop: the definition
+    events: list[object] = []
     try:
         sunk: list[bytearray] = []
 
         def sink(kind: int, request_id: int, length: int) -> memoryview:
+            events.append(("sink", kind, request_id, length))
+            if request_id % 7 == 3:  # as the protocol's sink refuses data for an unknown request
+                raise wire.RemoteProtocolError(f"data for unknown request {request_id}")
             sunk.append(bytearray(length))
             return memoryview(sunk[-1])
 
         decoder = FrameDecoder(max_body_bytes=4096, bulk_sink=sink, buffer_bytes=1024)
         decoder.legal_kinds = legal
-        pos = 0
-        try:
-            for cut in [*sorted(set(cuts)), len(stream)]:
-                if cut <= pos or cut > len(stream):
-                    continue
-                for frame in decoder.feed(stream[pos:cut]):
-                    yield tuple(frame)
-                    if frame.body is None:
-                        yield bytes(sunk[-1])
-                pos = cut
-        except Exception as exc:  # the decision, compared: type and message
-            yield (type(exc).__name__, str(exc))
+        data = memoryview(stream)
+        for cut in [*sorted(set(cuts)), len(stream)]:
+            while len(stream) - len(data) < min(cut, len(stream)):
+                buf = decoder.get_buffer()
+                n = min(len(buf), len(data), cut - (len(stream) - len(data)))
+                buf[:n] = data[:n]
+                data = data[n:]
+                got = decoder.buffer_updated(n)
+                while got:  # a batch, as the transport dispatches it
+                    events.append([(tuple(f), None if f.body is not None else bytes(sunk[-1])) for f in got])
+                    got = decoder.more()
+    except Exception as exc:  # the decision, compared: type and message
+        events.append((type(exc).__name__, str(exc)))
     finally:
         wire._parse_inline = saved
+    return events
 
 
 _kinds = st.sampled_from(list(Kind))
+_data = st.builds(
+    lambda kind, rid, body: encode_header(kind, rid, len(body)) + body,
+    st.sampled_from([Kind.BULK_DATA_REPLY, Kind.BULK_DATA_PUSH]),
+    st.integers(0, 20),
+    st.binary(max_size=3000),
+)
 _frame = st.builds(
     lambda kind, rid, body, traced, status: encode_frame(
         kind, rid, body, status=status, trace_id=b"\x01" * 16 if traced else bytes(16)
@@ -133,39 +206,45 @@ _noise = st.one_of(st.binary(min_size=1, max_size=100), st.just(encode_header(Ki
 @compiled
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    parts=st.lists(st.one_of(_frame, _frame, _frame, _noise), min_size=1, max_size=12),
+    parts=st.lists(st.one_of(_frame, _frame, _frame, _data, _noise), min_size=1, max_size=12),
     cuts=st.lists(st.integers(1, 20_000), max_size=8),
     hello_legal=st.booleans(),
 )
 def test_the_compiled_loop_decides_as_the_pure_one(parts: list[bytes], cuts: list[int], hello_legal: bool) -> None:
-    """Frames of every kind, traced or not, bodies up to and over the receive buffer, bulk data, noise and a
-    header over the size limit, received in random pieces: the same frames, data and error either way."""
+    """Frames of every kind, traced or not, bodies up to and over the receive buffer, bulk data (small and over
+    the receive buffer, first in a batch or behind other frames, some refused by the sink), noise and a header
+    over the size limit, received in random pieces: the same frames, data, sink calls and error either way."""
     stream = b"".join(parts)
     legal = wire.ALL_KINDS_MASK if hello_legal else wire.ALL_KINDS_MASK & ~(1 << Kind.HELLO)
-    assert list(_decode(stream, cuts, True, legal)) == list(_decode(stream, cuts, False, legal))
+    assert _decode(stream, cuts, True, legal) == _decode(stream, cuts, False, legal)
 
 
 @compiled
 def test_parse_inline_keeps_no_reference() -> None:
     """Every object it makes belongs to the frames it appends: 20,000 parses of a traced and an untraced frame,
-    the frames dropped each time, leave the traced memory where it was (a leaked reference would keep 14
+    and a bulk data frame, the frames dropped each time, leave the traced memory where it was (a leaked reference would keep 14
     objects per frame: megabytes)."""
     import gc
     import tracemalloc
 
     parse = wire._parse_inline
     assert parse is not None
-    stream = encode_frame(Kind.RESPONSE, 2**63, b"\x91\xa3abc", trace_id=b"\x07" * 16, span_id=2**40) + encode_frame(
-        Kind.REQUEST, 1, b"", provider_id=7, rpc=2**31
+    dest = memoryview(bytearray(100))
+    stream = (
+        encode_header(Kind.BULK_DATA_REPLY, 9, 100)
+        + bytes(100)
+        + encode_frame(Kind.RESPONSE, 2**63, b"\x91\xa3abc", trace_id=b"\x07" * 16, span_id=2**40)
+        + encode_frame(Kind.REQUEST, 1, b"", provider_id=7, rpc=2**31)
     )
 
     def parse_many(n: int) -> None:
         for _ in range(n):
             frames: list[Frame] = []
-            assert parse(stream, 0, len(stream), 4096, wire.ALL_KINDS_MASK, frames, Frame, wire.ZERO_TRACE_ID) == len(
-                stream
-            )
-            assert len(frames) == 2
+            taken = parse(
+                stream, 0, len(stream), 4096, wire.ALL_KINDS_MASK, frames, Frame, wire.ZERO_TRACE_ID,
+                lambda k, r, n: dest, DATA_MAX,
+            )  # fmt: skip
+            assert taken == len(stream) and len(frames) == 3
 
     parse_many(100)  # caches (small ints, the empty bytes) settled
     gc.collect()

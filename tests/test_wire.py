@@ -349,6 +349,28 @@ def test_the_response_after_bulk_data_comes_in_the_same_read() -> None:
         assert reads == (1 if request_id > 6 else 3)  # (the first follows the large chunk: header first)
 
 
+def test_small_bulk_data_cut_by_the_network_waits_in_the_receive_buffer() -> None:
+    """Loopback TCP delivers a 64 KiB read as a 65,483-byte segment and the rest: the data's frame waits whole
+    in the receive buffer (as an inline body does), so the second read brings the data's end and the RESPONSE
+    behind it, and both are taken together (going straight into the destination made it three reads: the
+    data's last bytes alone, then the RESPONSE). The sink is asked once, when all of the data is there."""
+    sink = Sink()
+    decoder = FrameDecoder(bulk_sink=sink)
+    decoder.reuse_large = True
+    data = os.urandom(64 * 1024)
+    stream = encode_frame(Kind.BULK_DATA_REPLY, 9, data) + encode_frame(Kind.RESPONSE, 9, pack_body(len(data)))
+    mss = 65_483
+    buf = decoder.get_buffer()
+    buf[:mss] = stream[:mss]
+    assert decoder.buffer_updated(mss) == [] and sink.received == []
+    buf = decoder.get_buffer()
+    assert len(buf) >= len(stream) - mss  # the rest goes into the receive buffer, not the destination
+    buf[: len(stream) - mss] = stream[mss:]
+    frames = decoder.buffer_updated(len(stream) - mss)
+    assert [f.kind for f in frames] == [Kind.BULK_DATA_REPLY, Kind.RESPONSE] and decoder.idle
+    assert sink.received == [(Kind.BULK_DATA_REPLY, 9, bytearray(data))]
+
+
 @pytest.mark.parametrize("kind", BULK_KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("size", [1, 100, 300 * 1024])
 def test_bulk_data_lands_in_the_sink_buffer(kind: Kind, size: int) -> None:

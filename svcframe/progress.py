@@ -28,7 +28,12 @@ needing our core: typically the very peer whose reply we wait for, or whose requ
 per round trip), or a CPU-bound process we take half the core from (a strike per time slice). Spinning
 there only delays it, so spindown then stops polling and blocks, and does not poll again for a
 hold-off that starts at ``HOLDOFF_MIN_SECONDS`` and doubles, up to ``HOLDOFF_MAX_SECONDS``, each time the
-next try finds the core contended again; a spindown window that ends without contention resets it. (A
+next try finds the core contended again (within ``RECONTENDED_SECONDS`` of the hold-off's end); a spindown
+window that ends without contention resets it, and so does contention found later than that: a new
+episode, not the same competitor (under a steady load the window never ends, and rare bursts of kernel
+work, about one a second on the server's core of a 64 KiB read workload, doubled the hold-off each time
+until the server blocked 2 s out of every 2: ``svcframe bench --workload client-read``, 64 KiB reads
+fell from 830-910 to 470-580 MiB/s over five samples). (A
 short first hold-off matters: a connection's start, with the processes setting it up on our core, can
 look like contention for a moment.) Measured (``svcframe bench --workload client-seq``,
 client and server on one core, server spindown, client block): p50 52.9 µs spinning, 45.4 µs backing off
@@ -56,6 +61,9 @@ STRIKE_WINDOW_SECONDS = 0.02
 #: first time, and at most (doubling while each new try finds contention again).
 HOLDOFF_MIN_SECONDS = 0.05
 HOLDOFF_MAX_SECONDS = 2.0
+#: Contention found within this long after a hold-off ended is the same competitor (the hold-off doubles);
+#: later, a new episode (it starts again at HOLDOFF_MIN_SECONDS).
+RECONTENDED_SECONDS = 0.1
 
 
 def _involuntary_switches() -> int:
@@ -102,6 +110,7 @@ class Progress:
         self.blocks = 0  # times we let the loop block
         self.wakeups = 0  # periodic wake-ups from progress_timeout_ub_msec
         self.contended = 0  # times spindown found itself starving another process on its core, and blocked
+        self.last_holdoff = 0.0  # seconds: how long it held off (blocked) the last time
         self._switches = 0  # _involuntary_switches() at the last long yield (or when polling started)
         self._strikes = 0  # long yields, each with another task on our core, since _first_strike
         self._first_strike = 0.0
@@ -195,6 +204,9 @@ class Progress:
             return False
         self._strikes = 0
         self.contended += 1
+        if now - self._holdoff_until > RECONTENDED_SECONDS:
+            self._holdoff = HOLDOFF_MIN_SECONDS  # a new episode, not the competitor of the last hold-off
+        self.last_holdoff = self._holdoff
         self._holdoff_until = now + self._holdoff
         self._holdoff = min(2 * self._holdoff, HOLDOFF_MAX_SECONDS)
         self._spinning = False
@@ -225,4 +237,5 @@ class Progress:
             "wakeups": self.wakeups,
             "contended": self.contended,
             "holding_off": self.mode == "spindown" and time.monotonic() < self._holdoff_until,
+            "last_holdoff_msec": self.last_holdoff * 1000.0,
         }

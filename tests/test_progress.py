@@ -307,3 +307,44 @@ async def test_busy_mode_never_backs_off(progress_factory: Any) -> None:
         target = p.polls + 50  # yields that each gave the core to the burner
         await wait_until(lambda: p.polls >= target, what="busy polling beside the burner")
         assert p.spinning and p.contended == 0
+
+
+@contextlib.contextmanager
+def bursting(core: int, bursts: int, burn_seconds: float, rest_seconds: float) -> Iterator[subprocess.Popen[bytes]]:
+    """Another process on ``core`` that wants it in ``bursts`` short bursts, far apart (a schedule), then exits."""
+    code = (
+        f"import os, time; os.sched_setaffinity(0, [{core}])\n"
+        f"for _ in range({bursts}):\n"
+        f"    end = time.monotonic() + {burn_seconds}\n"
+        "    while time.monotonic() < end: pass\n"
+        f"    time.sleep({rest_seconds})\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_rare_bursts_of_contention_do_not_escalate_the_hold_off(progress_factory: Any) -> None:
+    """Under a steady load (the spindown window never ends), bursts of contention far apart are new episodes:
+    each holds off the minimum. (They doubled it each time: 50, 100, 200, 400 ms, until a server under load
+    blocked most of the time; 64 KiB reads lost 40%.) The hold-off of one persistent competitor still doubles
+    (test above: the core stays contended when it polls again)."""
+    from svcframe.progress import HOLDOFF_MIN_SECONDS, RECONTENDED_SECONDS
+
+    core = max(os.sched_getaffinity(0))
+    p = progress_factory("spindown", spindown_msec=600_000.0, backoff=True)
+    p.inflight = 1
+    seen: list[float] = []
+    with pinned(core), bursting(core, bursts=4, burn_seconds=0.06, rest_seconds=0.45) as proc:
+        while proc.poll() is None or len(seen) < p.contended:
+            if p.contended > len(seen):
+                seen.append(p.last_holdoff)
+            if not p.spinning:
+                p.activity()  # polls again once the hold-off is over (work goes on)
+            await asyncio.sleep(0.005)  # the loop turns: polling, and the burner's bursts, run meanwhile
+    p.inflight = 0
+    assert len(seen) >= 3, f"the 4 bursts were found {len(seen)} times"
+    assert max(seen) <= 2 * HOLDOFF_MIN_SECONDS, (seen, RECONTENDED_SECONDS)

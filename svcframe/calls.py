@@ -178,7 +178,7 @@ class Calls:
         if into is not None:
             into = as_byte_view(into, writable=True)
             flags |= F_INTO
-            if len(into) >= CMA_MIN_BYTES and conn.peer_cma and conn.peer_pid is not None and self.bulk_cma:
+            if conn.peer_cma and len(into) >= CMA_MIN_BYTES and conn.peer_pid is not None and self.bulk_cma:
                 # we can copy the result from the server's memory: one round trip, one copy (a smaller buffer is
                 # cheaper over the socket)
                 flags |= F_CMA
@@ -225,7 +225,7 @@ class Calls:
         pending = conn.pending
         pending[request_id] = future
         if into is not None:
-            conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
+            conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, True)  # (overflow_ok)
         conn.send_request(
             pack_request_header(
                 flags, provider_id, rid, len(body), request_id, deadline_usec, 0, parent_provider,

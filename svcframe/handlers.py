@@ -509,17 +509,20 @@ class Handlers:
         call raises ResultTooLarge): nothing about it travels in the request, so the request path of every
         call pays nothing for this one (measured: a flag test there cost 300-450 instructions per call).
         """
-        if result is None or type(result) in _NOT_BUFFERS:
+        if type(result) is bytes:  # the common result: sent as it is (no view made: 24 bytecodes per read)
+            view: bytes | memoryview = result
+        elif result is None or type(result) in _NOT_BUFFERS:
             return False
-        try:
-            view = as_byte_view(result, writable=False)
-        except BulkUsageError:
-            return False
+        else:
+            try:
+                view = as_byte_view(result, writable=False)
+            except BulkUsageError:
+                return False
         size = len(view)
         if frame[1] & F_NO_REPLY:
             return True
         # the caller can copy it from our memory (same node, unix://): lend an immutable result by address
-        if frame[1] & F_CMA and type(result) is bytes and self._lend(conn, frame[4], view):
+        if frame[1] & F_CMA and type(result) is bytes and self._lend(conn, frame[4], memoryview(result)):
             return True
         body = pack_body(size)
         answer = pack_ok_response_header_flags(F_INTO, len(body), frame[4]) + body  # (fast encoders: wire.py)
@@ -533,7 +536,7 @@ class Handlers:
             else:
                 conn.send(answer)
         else:
-            task = asyncio.get_running_loop().create_task(self._send_into(conn, frame, view, answer))
+            task = asyncio.get_running_loop().create_task(self._send_into(conn, frame, memoryview(view), answer))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return True

@@ -163,7 +163,7 @@ class IncomingPull:
 
     __slots__ = ("cursor", "dest", "overflow_ok", "overflowed")
 
-    def __init__(self, dest: Any, *, overflow_ok: bool = False) -> None:
+    def __init__(self, dest: Any, overflow_ok: bool = False) -> None:
         self.dest = dest  # a memoryview, or an object that makes one when sliced (bulk's lazy destination)
         self.cursor = 0
         self.overflow_ok = overflow_ok
@@ -569,15 +569,14 @@ class Protocol:
             if p is None:
                 self.check_late_answer(request_id)
                 return _discard(length)  # a transfer we gave up on: drop its late data
-            end = p.cursor + length
+            start = p.cursor
+            p.cursor = end = start + length
             if end > len(p.dest) or p.overflowed:
                 if p.overflow_ok:
                     p.overflowed = True
                     return _discard(length)
                 raise RemoteProtocolError(f"peer sent {end} bytes for a {len(p.dest)}-byte pull")
-            view = p.dest[p.cursor : end]
-            p.cursor = end
-            return view  # type: ignore[no-any-return]
+            return p.dest[start:end]  # type: ignore[no-any-return]
         assert kind == K_BULK_DATA_PUSH
         incoming = self.pushes.get(request_id)
         if incoming is None:

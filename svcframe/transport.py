@@ -36,7 +36,7 @@ DEFAULT_HANDSHAKE_TIMEOUT_SECONDS = 10.0
 #: Replies of one received batch are written as soon as they pass this many bytes (bounded memory).
 BATCH_FLUSH_BYTES = 1024 * 1024
 #: Frames of one connection dispatched in one turn of the loop; the rest wait for the next turn, reading
-#: paused (Transport._dispatch). A pipelined flood's read of 256 KiB holds about 2,600 small requests, some
+#: paused (Connection._dispatch). A pipelined flood's read of 256 KiB holds about 2,600 small requests, some
 #: 25 ms of handlers: the other connections waited that long (a health call took 127 ms under the hostile
 #: suite's attack once); a share of 256 is about 2.5 ms.
 FRAMES_PER_TURN = 256

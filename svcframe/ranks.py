@@ -236,8 +236,8 @@ async def publish_group(
         await asyncio.sleep(interval)  # bounded polling of a condition, not a guess at readiness
         interval = min(interval * 2, 0.1)
     members = [verified[r] for r in range(info.size)]
+    shutil.rmtree(members_dir, ignore_errors=True)  # first: whoever sees the group file sees no member files
     write_group_file(target, members, _metadata(info, "filesystem"))
-    shutil.rmtree(members_dir, ignore_errors=True)
     return members
 
 

@@ -62,6 +62,7 @@ from .transport import (
     parse_address,
 )
 from .wire import (
+    F_INTO,
     K_BULK_DATA_PUSH,
     K_BULK_DATA_REPLY,
     K_BULK_PULL,
@@ -543,8 +544,9 @@ class Engine(Calls, Handlers, BulkTransfers):
                 self._on_request(conn, frame, arrival_ns, arrival)
             elif kind == K_BULK_DATA_PUSH:
                 self._on_push_data(conn, frame)
-            elif kind == K_BULK_DATA_REPLY:
-                pass  # already written into the destination by the protocol's bulk sink
+            elif kind == K_BULK_DATA_REPLY:  # already written into the destination by the protocol's bulk sink
+                if frame[1] & F_INTO:  # the whole result of an into= call, and its answer
+                    self._into_answered(conn, frame[4])
             elif kind == K_BULK_PULL:
                 self._on_pull_request(conn, frame)
             elif kind == K_BULK_PUSH:
@@ -558,6 +560,16 @@ class Engine(Calls, Handlers, BulkTransfers):
             elif kind == K_GOODBYE:
                 conn.goodbye_received(frame)
                 return
+
+    @staticmethod
+    def _into_answered(conn: Connection, request_id: int) -> None:
+        """A data frame flagged INTO answered our into= call ``request_id``: its result is the byte count
+        (what the pull received, or was announced when it overflowed the caller's buffer). Data flagged so for
+        any other request answers nothing (its bytes went to the sink's discard)."""
+        pull = conn.protocol.pulls.get(request_id)
+        waiter = conn.pending.get(request_id)
+        if pull is not None and pull.overflow_ok and waiter is not None and not waiter.done():
+            waiter.set_result((0, pull.cursor, pull.cursor))
 
     def statistics(self) -> dict[str, Any]:
         """Counters of this engine: connections, in-flight work, progress loop, per-RPC statistics."""

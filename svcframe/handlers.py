@@ -58,7 +58,7 @@ from .wire import (
     bin_header,
     encode_frame,
     pack_body,
-    pack_data_reply_header,
+    pack_data_reply_header_flags,
     pack_ok_response_header,
     pack_ok_response_header_flags,
     unpack_body,
@@ -500,10 +500,11 @@ class Handlers:
 
     def _reply_into(self, conn: Connection, frame: Frame, reg: Registration, result: Any) -> bool:
         """The caller takes the result as data into its own buffer (``Engine.call(..., into=...)``): a bytes-like
-        result goes as BULK_DATA_REPLY frames (zero-copy, straight into the caller's buffer), then a RESPONSE
-        flagged INTO whose body is the byte count. One round trip and no task on either side, as a handler's
-        HG_BULK_PUSH into the caller's memory is in Margo. False for a result that is not bytes-like (it is
-        answered inline). Large results leave chunk by chunk behind write backpressure (a task).
+        result goes as BULK_DATA_REPLY data (zero-copy, straight into the caller's buffer): one frame flagged
+        INTO, which is also the answer, or (over one frame's size) chunks behind write backpressure (a task)
+        then a RESPONSE flagged INTO whose body is the byte count (as is an empty result's). One round trip
+        and no task on either side, as a handler's HG_BULK_PUSH into the caller's memory is in Margo. False for
+        a result that is not bytes-like (it is answered inline).
 
         The caller checks the size against its buffer (its protocol discards what would overflow it, and the
         call raises ResultTooLarge): nothing about it travels in the request, so the request path of every
@@ -524,17 +525,18 @@ class Handlers:
         # the caller can copy it from our memory (same node, unix://): lend an immutable result by address
         if frame[1] & F_CMA and type(result) is bytes and self._lend(conn, frame[4], memoryview(result)):
             return True
+        # A result that fits one frame (Connection.whole_frame_bytes: the caller's limit, half our output cap)
+        # leaves as one data frame flagged INTO, which is also the answer (its length the count), with no task
+        # and no copy (4 MiB over tcp: 1 MiB chunks behind a drain each read at 0.81x raw, one frame at 0.94x;
+        # 64 KiB: a RESPONSE after the data, a third buffer in the write, cost the server 2.5 µs and the read
+        # 4 µs: svcframe bench --workload client-read); larger ones are chunked, then answered by a RESPONSE.
+        if 0 < size <= conn.whole_frame_bytes:
+            conn.send_many((pack_data_reply_header_flags(F_INTO, size, frame[4]), view))
+            return True
         body = pack_body(size)
         answer = pack_ok_response_header_flags(F_INTO, len(body), frame[4]) + body  # (fast encoders: wire.py)
-        # A result that fits one frame (Connection.whole_frame_bytes: the caller's limit, half our output cap)
-        # leaves as one data frame, in the same write as the answer, with no task: as fast as the inline answer
-        # and no copy (4 MiB over tcp: 1 MiB chunks behind a drain each read at 0.81x raw, one frame at 0.94x,
-        # svcframe bench --workload client-read); larger ones are chunked.
-        if size <= conn.whole_frame_bytes:
-            if size:
-                conn.send_many((pack_data_reply_header(size, frame[4]), view, answer))
-            else:
-                conn.send(answer)
+        if not size:
+            conn.send(answer)
         else:
             task = asyncio.get_running_loop().create_task(self._send_into(conn, frame, memoryview(view), answer))
             self._tasks.add(task)

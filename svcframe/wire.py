@@ -153,7 +153,8 @@ class Flag(enum.IntFlag):
     NO_REPLY = 4  # one-way request: the server sends no response
     CMA = 8  # a BULK_PUSH whose data the receiver reads from the sender's memory (svcframe.cma): no data frames
     INTO = 16  # REQUEST: the caller takes a bytes-like result as raw data into its own buffer; RESPONSE: the
-    #            result went so (BULK_DATA_REPLY frames before it), its body the byte count
+    #            result went so (BULK_DATA_REPLY frames before it), its body the byte count; BULK_DATA_REPLY:
+    #            the whole result, and the call's answer (no RESPONSE follows; the count is its length)
     TRACE_STARTED_HERE = 0x8000  # local, never sent: this server started the trace of a call that came untraced
 
 
@@ -256,8 +257,8 @@ pack_request_header = functools.partial(_REQUEST.pack, MAGIC + bytes([WIRE_VERSI
 pack_ok_response_header = functools.partial(_RESPONSE_OK.pack, MAGIC + bytes([WIRE_VERSION, 3]))
 #: ``pack_ok_response_header_flags(flags, body_length, request_id) -> bytes``: the same, with flags.
 pack_ok_response_header_flags = functools.partial(_RESPONSE_FLAGS.pack, MAGIC + bytes([WIRE_VERSION, 3]))
-#: ``pack_data_reply_header(body_length, request_id) -> bytes``: the header of a BULK_DATA_REPLY frame.
-pack_data_reply_header = functools.partial(_RESPONSE_OK.pack, MAGIC + bytes([WIRE_VERSION, 7]))
+#: ``pack_data_reply_header_flags(flags, body_length, request_id) -> bytes``: a BULK_DATA_REPLY header.
+pack_data_reply_header_flags = functools.partial(_RESPONSE_FLAGS.pack, MAGIC + bytes([WIRE_VERSION, 7]))
 
 
 _packer = msgpack.Packer(use_bin_type=True, strict_types=False, autoreset=True)

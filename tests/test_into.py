@@ -5,8 +5,10 @@ larger than the buffer is ResultTooLarge and the connection goes on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from conftest import WAIT_SECONDS
@@ -146,3 +148,57 @@ async def test_data_to_a_peer_with_a_small_frame_limit_fits_its_frames(address: 
     server = await make_engine(address, bulk_chunk_bytes=MiB, bulk_cma=False)
     client = await make_engine(None, max_body_bytes=64 * 1024, bulk_chunk_bytes=64 * 1024, bulk_cma=False)
     await read_pull_and_push(server, client, 256 * 1024)
+
+
+async def test_data_flagged_as_an_answer_answers_only_an_into_call(make_engine: MakeEngine) -> None:
+    """A result that fits one frame comes as one data frame flagged INTO, which is also the call's answer.
+    A peer that sends such a frame for a call that is not an into= call (here, a relay that slips one in before
+    every RESPONSE) answers nothing: its bytes are dropped and the call gets its real answer."""
+    from svcframe.wire import F_INTO, HEADER, HEADER_SIZE, Kind, encode_frame
+
+    server = await make_engine("tcp://127.0.0.1:0", secret=None)
+    register(server)
+    server.register(1, "echo", lambda req, arg: arg)
+    host, port = server.address[len("tcp://") :].rsplit(":", 1)
+    slipped = 0
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slip: bool) -> None:
+        nonlocal slipped
+        try:
+            while True:
+                header = await reader.readexactly(HEADER_SIZE)
+                fields = HEADER.unpack(header)
+                body = await reader.readexactly(fields[6])
+                if slip and fields[2] == Kind.RESPONSE:
+                    writer.write(encode_frame(Kind.BULK_DATA_REPLY, fields[7], b"forged", flags=F_INTO))
+                    slipped += 1
+                writer.write(header + body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+    relays: list[asyncio.Task[Any]] = []
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        relays.append(asyncio.current_task())  # type: ignore[arg-type]
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(forward(reader, up_writer, False), forward(up_reader, writer, True))
+
+    relay_server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    via = f"tcp://127.0.0.1:{relay_server.sockets[0].getsockname()[1]}"
+    client = Engine(None, secret=None)
+    try:
+        await client.start()
+        assert await client.call(via, "echo", "real", provider_id=1, timeout_seconds=WAIT_SECONDS) == "real"
+        buf = bytearray(100)  # an into= call gets its data, whatever comes after its answer
+        assert await client.call(via, "read", 50, provider_id=1, into=buf, timeout_seconds=WAIT_SECONDS) == 50
+        assert bytes(buf[:50]) == pattern(50)
+        assert await client.call(via, "echo", [1, 2], provider_id=1, timeout_seconds=WAIT_SECONDS) == [1, 2]
+    finally:
+        await client.close()  # then the relay's connections end, both ways
+        await asyncio.wait_for(asyncio.gather(*relays), WAIT_SECONDS)
+        relay_server.close()
+        await relay_server.wait_closed()
+    assert slipped == 2

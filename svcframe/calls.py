@@ -225,7 +225,7 @@ class Calls:
         pending = conn.pending
         pending[request_id] = future
         if into is not None:
-            conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, True)  # (overflow_ok)
+            conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
         conn.send_request(
             pack_request_header(
                 flags, provider_id, rid, len(body), request_id, deadline_usec, 0, parent_provider,

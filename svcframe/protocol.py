@@ -163,7 +163,7 @@ class IncomingPull:
 
     __slots__ = ("cursor", "dest", "overflow_ok", "overflowed")
 
-    def __init__(self, dest: Any, overflow_ok: bool = False) -> None:
+    def __init__(self, dest: Any, *, overflow_ok: bool = False) -> None:
         self.dest = dest  # a memoryview, or an object that makes one when sliced (bulk's lazy destination)
         self.cursor = 0
         self.overflow_ok = overflow_ok

@@ -3,8 +3,8 @@
 A server runs in its own process, pinned to the first usable core: for ``--impl svcframe`` a svcframe server
 with the self-test provider (selftest/selftest.json, its ``work`` RPC), for ``raw`` and ``msgpack`` the bench's
 reference peers (selftest/bench_peers.py). The client runs in this process, on the last usable core:
-``--calls`` noop calls (or reads of ``--read`` bytes by ``--method``) with ``--depth`` in flight, in progress mode ``--mode``, with the same client code as
-``svcframe bench --workload client`` (selftest/bench_client.py). Prints the client's CPU µs per call (its
+``--calls`` noop calls (or reads of ``--read`` bytes by ``--method``) with ``--depth`` in flight, in progress
+mode ``--mode``, with the same client code as ``svcframe bench --workload client`` (selftest/bench_client.py). Prints the client's CPU µs per call (its
 process CPU time over the calls) and, with ``--profile``, the ``--top`` functions by own time (cProfile),
 per call; with ``--bytecodes``, the Python bytecodes the calls ran, per call, in all and by function (a trace
 of every opcode: exact and independent of the machine, slow; how the work of issue 14 was found and counted).

@@ -1,13 +1,18 @@
-/* svcframe._speedups: the per-frame hot loop of svcframe.wire.FrameDecoder in C.
+/* svcframe._speedups: the receive interface and per-frame hot loop of svcframe.wire.FrameDecoder in C.
  *
- * One function, parse_inline, the compiled twin of the two branches of FrameDecoder._parse that most frames
- * take: a complete, valid frame with an inline body, and a complete bulk data frame (a read's data, under
- * ``data_max`` bytes) that is first in its batch, whose bytes go where the decoder's bulk sink says. It appends
- * those frames to a list and returns the offset of the first frame it did not take. It takes a frame only where
- * the Python loop would append the very same Frame (and call the sink the same way); anything else (an
- * incomplete header or body, a bulk data frame behind other frames or without a sink, a body over the receive
- * buffer, a bad header) is left where it starts, for FrameDecoder._parse, which has the whole of the semantics
- * and the error messages. So the pure-Python decoder stays the definition, and tests/test_speedups.py checks
+ * parse_inline is the compiled twin of the two branches of FrameDecoder._parse that most frames take: a
+ * complete, valid frame with an inline body, and a complete bulk data frame (a read's data, under ``data_max``
+ * bytes) that is first in its batch, whose bytes go where the decoder's bulk sink says. It appends those frames
+ * to a list and returns the offset of the first frame it did not take. It takes a frame only where the Python
+ * loop would append the very same Frame (and call the sink the same way); anything else (an incomplete header
+ * or body, a bulk data frame behind other frames or without a sink, a body over the receive buffer, a bad
+ * header) is left where it starts, for FrameDecoder._parse, which has the whole of the semantics and the error
+ * messages.
+ *
+ * DecoderCore is the twin of svcframe.wire._PyDecoderCore: FrameDecoder's state, get_buffer, buffer_updated and
+ * idle, which run this loop without a Python frame per read, and answer our calls (FrameDecoder.answers): an OK
+ * RESPONSE first in its batch gives its call's future what svcframe.wire.answer_call would, once the whole read
+ * decoded without an error. So the pure-Python decoder stays the definition, and tests/test_speedups.py checks
  * the two agree on valid, truncated and hostile input.
  *
  * Bounded by what was received: it reads only below ``end``, which the caller keeps within the buffer, and a
@@ -18,6 +23,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -25,6 +32,7 @@
 #define FRAME_FIELDS 14
 #define MAGIC_INT 0x4653u /* b"SF" little-endian */
 #define WIRE_VERSION 1
+#define K_RESPONSE 3
 #define K_BULK_DATA_REPLY 7
 #define K_BULK_DATA_PUSH 8
 
@@ -118,8 +126,133 @@ sink_data(PyObject *sink, unsigned kind, const unsigned char *p, Py_ssize_t leng
     return 0;
 }
 
+typedef struct {
+    PyObject *s_done, *s_set_result; /* method names, interned once per module (per interpreter) */
+    PyObject *s_get_buffer_slow, *s_direct_updated, *s_compact, *s_parse, *s_release_pages;
+    PyObject *frame_type, *zero_trace, *unpack; /* what DecoderCore decodes with (configure()) */
+    Py_ssize_t keep_bytes;                        /* wire.KEEP_RECEIVE_BYTES (configure()) */
+    PyObject *core_type;                          /* DecoderCore */
+} module_state;
+
+/* The answer to the call waiting for the OK RESPONSE at p, as svcframe.wire.answer_call gives it: its future in
+ * ``answers`` (by request id) and ``(0, unpack(body), length)`` (None without a decoder call for a msgpack nil
+ * body) are appended to ``answered``, for core_buffer_updated to give once the whole read decoded without an
+ * error. 1: taken; 0: not ours (no such call, its future done, or a body unpack refuses: the Python dispatch
+ * has the whole of the semantics and the error); -1 with an exception set on failure. */
+static int
+answer(module_state *st, PyObject *answers, PyObject *unpack, PyObject *answered, const unsigned char *p,
+       Py_ssize_t length)
+{
+    PyObject *key = PyLong_FromUnsignedLongLong(rd64(p + 16));
+    if (key == NULL)
+        return -1;
+    PyObject *waiter = PyDict_GetItemWithError(answers, key); /* borrowed */
+    Py_DECREF(key);
+    if (waiter == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(answered); i += 2)
+        if (PyList_GET_ITEM(answered, i) == waiter) /* answered earlier in this read: this one is the dispatch's */
+            return 0;
+    Py_INCREF(waiter);
+    PyObject *done = PyObject_CallMethodNoArgs(waiter, st->s_done);
+    int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
+    Py_XDECREF(done);
+    if (is_done) {
+        Py_DECREF(waiter);
+        return is_done < 0 ? -1 : 0;
+    }
+    PyObject *value;
+    if (length == 1 && p[HEADER_SIZE] == 0xc0) { /* nil: the commonest result */
+        Py_INCREF(Py_None);
+        value = Py_None;
+    } else {
+        PyObject *body = PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE, length);
+        value = body == NULL ? NULL : PyObject_CallOneArg(unpack, body);
+        Py_XDECREF(body);
+        if (value == NULL) {
+            Py_DECREF(waiter);
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return -1;
+            PyErr_Clear(); /* a body the decoder refuses: the Python dispatch decodes it again and answers the error */
+            return 0;
+        }
+    }
+    PyObject *result = Py_BuildValue("(iNn)", 0, value, length);
+    int rc = result == NULL || PyList_Append(answered, waiter) < 0 || PyList_Append(answered, result) < 0 ? -1 : 1;
+    Py_XDECREF(result);
+    Py_DECREF(waiter);
+    return rc;
+}
+
+/* Give the answers collected by answer() (future, result, future, result, ...): -1 with an exception set. */
+static int
+give_answers(module_state *st, PyObject *answered)
+{
+    for (Py_ssize_t i = 0; i + 1 < PyList_GET_SIZE(answered); i += 2) {
+        PyObject *waiter = PyList_GET_ITEM(answered, i);
+        PyObject *done = PyObject_CallMethodNoArgs(waiter, st->s_done);
+        int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
+        Py_XDECREF(done);
+        if (is_done < 0)
+            return -1;
+        if (is_done) /* (answered meanwhile: nothing the read's own decoding does) */
+            continue;
+        PyObject *rc = PyObject_CallMethodOneArg(waiter, st->s_set_result, PyList_GET_ITEM(answered, i + 1));
+        if (rc == NULL)
+            return -1;
+        Py_DECREF(rc);
+    }
+    return 0;
+}
+
+/* The loop of parse_inline over base[start:end] (see its docstring): the offset of the first frame not taken,
+ * or -1 with an exception set. */
+static Py_ssize_t
+parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssize_t end, long long max_body,
+           unsigned long long legal, PyObject *frames, PyTypeObject *frame_type, PyObject *zero_trace, PyObject *sink,
+           long long data_max, PyObject *answers, PyObject *unpack, PyObject *answered)
+{
+    while (end - start >= HEADER_SIZE) {
+        const unsigned char *p = base + start;
+        unsigned kind = p[3];
+        uint32_t length = rd32(p + 12);
+        if (rd16(p) != MAGIC_INT || p[2] != WIRE_VERSION || rd32(p + 36) != 0 || kind >= 64 ||
+            !((legal >> kind) & 1) || (long long)length > max_body || (Py_ssize_t)length > end - start - HEADER_SIZE)
+            break; /* not ours to take: the Python loop decides */
+        if (kind == K_RESPONSE && answered != NULL && !PyList_GET_SIZE(frames) && !rd16(p + 28)) {
+            /* an OK answer first in its batch (the frames before it are dispatched first) */
+            int rc = answer(st, answers, unpack, answered, p, (Py_ssize_t)length);
+            if (rc < 0)
+                return -1;
+            if (rc) {
+                start += HEADER_SIZE + (Py_ssize_t)length;
+                continue;
+            }
+        }
+        int data = kind == K_BULK_DATA_REPLY || kind == K_BULK_DATA_PUSH;
+        if (data) {
+            /* first in its batch (the frames before it may set up its sink: they are dispatched first), small
+             * (after a large chunk the decoder reads header first), and a sink to ask */
+            if (sink == Py_None || PyList_GET_SIZE(frames) || (answered != NULL && PyList_GET_SIZE(answered)) ||
+                (long long)length >= data_max)
+                break;
+            if (sink_data(sink, kind, p, (Py_ssize_t)length) < 0)
+                return -1;
+        }
+        PyObject *frame = new_frame(frame_type, p, (Py_ssize_t)length, zero_trace, data);
+        if (frame == NULL)
+            return -1;
+        int rc = PyList_Append(frames, frame);
+        Py_DECREF(frame);
+        if (rc < 0)
+            return -1;
+        start += HEADER_SIZE + (Py_ssize_t)length;
+    }
+    return start;
+}
+
 static PyObject *
-parse_inline(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+parse_inline(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "parse_inline takes 10 arguments");
@@ -130,7 +263,6 @@ parse_inline(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "parse_inline: frames must be a list, frame_type a tuple subclass");
         return NULL;
     }
-    PyTypeObject *frame_type = (PyTypeObject *)args[6];
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     Py_ssize_t end = PyLong_AsSsize_t(args[2]);
     long long max_body = PyLong_AsLongLong(args[3]);
@@ -146,44 +278,300 @@ parse_inline(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_ValueError, "parse_inline: need 0 <= start <= end <= len(buffer)");
         return NULL;
     }
-    const unsigned char *base = (const unsigned char *)view.buf;
-    while (end - start >= HEADER_SIZE) {
-        const unsigned char *p = base + start;
-        unsigned kind = p[3];
-        uint32_t length = rd32(p + 12);
-        if (rd16(p) != MAGIC_INT || p[2] != WIRE_VERSION || rd32(p + 36) != 0 || kind >= 64 ||
-            !((legal >> kind) & 1) || (long long)length > max_body || (Py_ssize_t)length > end - start - HEADER_SIZE)
-            break; /* not ours to take: the Python loop decides */
-        int data = kind == K_BULK_DATA_REPLY || kind == K_BULK_DATA_PUSH;
-        if (data) {
-            /* first in its batch (the frames before it may set up its sink: they are dispatched first), small
-             * (after a large chunk the decoder reads header first), and a sink to ask */
-            if (sink == Py_None || PyList_GET_SIZE(frames) || (long long)length >= data_max)
-                break;
-            if (sink_data(sink, kind, p, (Py_ssize_t)length) < 0) {
-                PyBuffer_Release(&view);
-                return NULL;
-            }
-        }
-        PyObject *frame = new_frame(frame_type, p, (Py_ssize_t)length, zero_trace, data);
-        if (frame == NULL) {
-            PyBuffer_Release(&view);
+    start = parse_loop((module_state *)PyModule_GetState(module), (const unsigned char *)view.buf, start, end,
+                       max_body, legal, frames, (PyTypeObject *)args[6], zero_trace, sink, data_max, NULL, NULL, NULL);
+    PyBuffer_Release(&view);
+    return start < 0 ? NULL : PyLong_FromSsize_t(start);
+}
+
+
+/* ---- DecoderCore: the receive interface of svcframe.wire.FrameDecoder ------------------------------------- */
+
+static struct PyModuleDef speedups_module;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *buf, *view, *head, *direct, *bulk_sink, *answers;
+    Py_ssize_t start, end, high, data_max, direct_pos;
+    long long max_body;
+    unsigned long long legal;
+    char reuse_large;
+} Core;
+
+#define IS_NONE(o) ((o) == NULL || (o) == Py_None)
+
+static module_state *
+core_state(PyObject *self)
+{
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(self), &speedups_module);
+    return module == NULL ? NULL : (module_state *)PyModule_GetState(module);
+}
+
+static PyObject *
+core_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwargs))
+{
+    Core *self = (Core *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    PyObject **slots[] = {&self->buf, &self->view, &self->head, &self->direct, &self->bulk_sink, &self->answers};
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+        Py_INCREF(Py_None);
+        *slots[i] = Py_None;
+    }
+    return (PyObject *)self;
+}
+
+static int
+core_traverse(Core *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->buf);
+    Py_VISIT(self->view);
+    Py_VISIT(self->head);
+    Py_VISIT(self->direct);
+    Py_VISIT(self->bulk_sink);
+    Py_VISIT(self->answers);
+    return 0;
+}
+
+static int
+core_clear(Core *self)
+{
+    Py_CLEAR(self->buf);
+    Py_CLEAR(self->view);
+    Py_CLEAR(self->head);
+    Py_CLEAR(self->direct);
+    Py_CLEAR(self->bulk_sink);
+    Py_CLEAR(self->answers);
+    return 0;
+}
+
+static void
+core_dealloc(Core *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    core_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+/* get_buffer(sizehint=-1): FrameDecoder's get_buffer when no body is received into its own destination and no
+ * header-first read is due (those are _get_buffer_slow's). */
+static PyObject *
+core_get_buffer(Core *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "get_buffer takes at most one argument");
+        return NULL;
+    }
+    if (!IS_NONE(self->direct) || !self->data_max) {
+        module_state *st = core_state((PyObject *)self);
+        return st == NULL ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, st->s_get_buffer_slow);
+    }
+    if (!self->end) { /* nothing buffered: the view made once */
+        PyObject *v = self->reuse_large ? self->view : self->head;
+        Py_INCREF(v);
+        return v;
+    }
+    Py_ssize_t size = PyObject_Size(self->view);
+    if (size < 0)
+        return NULL;
+    if (self->end >= size) {
+        module_state *st = core_state((PyObject *)self);
+        PyObject *rc = st == NULL ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, st->s_compact);
+        if (rc == NULL)
             return NULL;
-        }
-        int rc = PyList_Append(frames, frame);
-        Py_DECREF(frame);
-        if (rc < 0) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        start += HEADER_SIZE + (Py_ssize_t)length;
+        Py_DECREF(rc);
+    }
+    return PySequence_GetSlice(self->view, self->end, PY_SSIZE_T_MAX);
+}
+
+/* buffer_updated(nbytes): FrameDecoder's buffer_updated; a body received into its own destination is
+ * _direct_updated's, and what the compiled loop does not take is _parse's. */
+static PyObject *
+core_buffer_updated(Core *self, PyObject *arg)
+{
+    module_state *st = core_state((PyObject *)self);
+    if (st == NULL)
+        return NULL;
+    if (!IS_NONE(self->direct))
+        return PyObject_CallMethodOneArg((PyObject *)self, st->s_direct_updated, arg);
+    if (st->frame_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t nbytes = PyLong_AsSsize_t(arg);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (!IS_NONE(self->answers) && !PyDict_Check(self->answers)) {
+        PyErr_SetString(PyExc_TypeError, "answers must be a dict or None");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(self->buf, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t first = self->start, end = self->end + nbytes;
+    if (nbytes < 0 || first < 0 || first > self->end || end > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "buffer_updated: more bytes than the buffer given holds");
+        return NULL;
+    }
+    self->end = end;
+    if (end > self->high)
+        self->high = end;
+    PyObject *frames = PyList_New(0);
+    PyObject *answered = IS_NONE(self->answers) ? NULL : PyList_New(0); /* given once the read decoded */
+    if (frames == NULL || (answered == NULL && !IS_NONE(self->answers))) {
+        Py_XDECREF(frames);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
+                                  (PyTypeObject *)st->frame_type, st->zero_trace, self->bulk_sink ? self->bulk_sink : Py_None,
+                                  self->data_max, self->answers, st->unpack, answered);
+    if (start >= 0 && answered != NULL && PyList_GET_SIZE(answered) && !PyList_GET_SIZE(frames) && end - start > 3 &&
+        (((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_REPLY ||
+         ((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_PUSH)) {
+        /* answers, then bulk data: the Python loop holds data behind the frames before it (their dispatch may set
+         * up its sink), so this read is decoded without answering, all of it frames (rare: a read of ours is
+         * answered by the data's last frame) */
+        if (PyList_SetSlice(answered, 0, PY_SSIZE_T_MAX, NULL) < 0)
+            start = -1;
+        else
+            start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
+                               (PyTypeObject *)st->frame_type, st->zero_trace,
+                               self->bulk_sink ? self->bulk_sink : Py_None, self->data_max, NULL, NULL, NULL);
     }
     PyBuffer_Release(&view);
-    return PyLong_FromSsize_t(start);
+    if (start < 0)
+        goto fail;
+    self->start = start;
+    if (start == end) { /* all taken (_emptied): the next read starts at the beginning */
+        self->start = self->end = 0;
+        if (self->high > st->keep_bytes && !self->reuse_large) {
+            PyObject *rc = PyObject_CallMethodNoArgs((PyObject *)self, st->s_release_pages);
+            if (rc == NULL)
+                goto fail;
+            Py_DECREF(rc);
+        }
+    } else {
+        /* the rest is the Python loop's; an error there (a bad frame behind the answers) answers nothing, as the
+         * pure-Python decoder's error loses the whole batch */
+        PyObject *rc = PyObject_CallMethodObjArgs((PyObject *)self, st->s_parse, frames, Py_True, NULL);
+        if (rc == NULL)
+            goto fail;
+        Py_DECREF(rc);
+    }
+    if (answered != NULL) {
+        int rc = give_answers(st, answered);
+        Py_DECREF(answered);
+        answered = NULL;
+        if (rc < 0)
+            goto fail;
+    }
+    if (!PyList_GET_SIZE(frames) && start != first) { /* calls answered, nothing else: see FrameDecoder.answers */
+        Py_DECREF(frames);
+        Py_RETURN_NONE;
+    }
+    return frames;
+fail:
+    Py_XDECREF(answered);
+    Py_DECREF(frames);
+    return NULL;
+}
+
+static PyObject *
+core_idle(Core *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(IS_NONE(self->direct) && self->start == self->end);
+}
+
+static PyMemberDef core_members[] = {
+    {"_buf", T_OBJECT, offsetof(Core, buf), 0, NULL},
+    {"_view", T_OBJECT, offsetof(Core, view), 0, NULL},
+    {"_head", T_OBJECT, offsetof(Core, head), 0, NULL},
+    {"_direct", T_OBJECT, offsetof(Core, direct), 0, NULL},
+    {"bulk_sink", T_OBJECT, offsetof(Core, bulk_sink), 0, NULL},
+    {"answers", T_OBJECT, offsetof(Core, answers), 0, NULL},
+    {"_start", T_PYSSIZET, offsetof(Core, start), 0, NULL},
+    {"_end", T_PYSSIZET, offsetof(Core, end), 0, NULL},
+    {"_high", T_PYSSIZET, offsetof(Core, high), 0, NULL},
+    {"_data_max", T_PYSSIZET, offsetof(Core, data_max), 0, NULL},
+    {"_direct_pos", T_PYSSIZET, offsetof(Core, direct_pos), 0, NULL},
+    {"max_body_bytes", T_LONGLONG, offsetof(Core, max_body), 0, NULL},
+    {"legal_kinds", T_ULONGLONG, offsetof(Core, legal), 0, NULL},
+    {"reuse_large", T_BOOL, offsetof(Core, reuse_large), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef core_methods[] = {
+    {"get_buffer", (PyCFunction)(void (*)(void))core_get_buffer, METH_FASTCALL,
+     "get_buffer(sizehint=-1) -> memoryview: see svcframe.wire.FrameDecoder."},
+    {"buffer_updated", (PyCFunction)core_buffer_updated, METH_O,
+     "buffer_updated(nbytes) -> list[Frame] | None: see svcframe.wire.FrameDecoder."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef core_getset[] = {
+    {"idle", (getter)core_idle, NULL, "True when no partial frame is buffered.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot core_slots[] = {
+    {Py_tp_doc, "The state and receive interface (get_buffer, buffer_updated, idle) of svcframe.wire.FrameDecoder "
+                "in C: the compiled twin of svcframe.wire._PyDecoderCore."},
+    {Py_tp_new, core_new},
+    {Py_tp_dealloc, core_dealloc},
+    {Py_tp_traverse, core_traverse},
+    {Py_tp_clear, core_clear},
+    {Py_tp_members, core_members},
+    {Py_tp_methods, core_methods},
+    {Py_tp_getset, core_getset},
+    {0, NULL},
+};
+
+static PyType_Spec core_spec = {
+    "svcframe._speedups.DecoderCore",
+    sizeof(Core),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    core_slots,
+};
+
+PyDoc_STRVAR(configure_doc,
+"configure(frame_type, zero_trace_id, unpack, keep_bytes) -> None\n\n"
+"What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID, the strict msgpack decoder call of\n"
+"answers, and KEEP_RECEIVE_BYTES.");
+
+static PyObject *
+configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "configure takes 4 arguments");
+        return NULL;
+    }
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure: frame_type must be a tuple subclass");
+        return NULL;
+    }
+    Py_ssize_t keep = PyLong_AsSsize_t(args[3]);
+    if (keep == -1 && PyErr_Occurred())
+        return NULL;
+    module_state *st = (module_state *)PyModule_GetState(module);
+    Py_INCREF(args[0]);
+    Py_XSETREF(st->frame_type, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(st->zero_trace, args[1]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(st->unpack, args[2]);
+    st->keep_bytes = keep;
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef speedups_methods[] = {
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -194,8 +582,58 @@ static PyMethodDef speedups_methods[] = {
 static int
 speedups_exec(PyObject *module)
 {
+    module_state *st = (module_state *)PyModule_GetState(module);
+    st->s_done = PyUnicode_InternFromString("done");
+    st->s_set_result = PyUnicode_InternFromString("set_result");
+    st->s_get_buffer_slow = PyUnicode_InternFromString("_get_buffer_slow");
+    st->s_direct_updated = PyUnicode_InternFromString("_direct_updated");
+    st->s_compact = PyUnicode_InternFromString("_compact");
+    st->s_parse = PyUnicode_InternFromString("_parse");
+    st->s_release_pages = PyUnicode_InternFromString("_release_pages");
+    if (!st->s_done || !st->s_set_result || !st->s_get_buffer_slow || !st->s_direct_updated || !st->s_compact ||
+        !st->s_parse || !st->s_release_pages)
+        return -1;
+    st->core_type = PyType_FromModuleAndSpec(module, &core_spec, NULL);
+    if (st->core_type == NULL || PyModule_AddObjectRef(module, "DecoderCore", st->core_type) < 0)
+        return -1;
     /* the SHA-256 of the source this was compiled from (hatch_build.py): a stale build is found by a test */
     return PyModule_AddStringConstant(module, "SOURCE_SHA256", SVCFRAME_SOURCE_SHA256);
+}
+
+static int
+speedups_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    Py_VISIT(st->s_done);
+    Py_VISIT(st->s_set_result);
+    Py_VISIT(st->s_get_buffer_slow);
+    Py_VISIT(st->s_direct_updated);
+    Py_VISIT(st->s_compact);
+    Py_VISIT(st->s_parse);
+    Py_VISIT(st->s_release_pages);
+    Py_VISIT(st->frame_type);
+    Py_VISIT(st->zero_trace);
+    Py_VISIT(st->unpack);
+    Py_VISIT(st->core_type);
+    return 0;
+}
+
+static int
+speedups_clear(PyObject *module)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    Py_CLEAR(st->s_done);
+    Py_CLEAR(st->s_set_result);
+    Py_CLEAR(st->s_get_buffer_slow);
+    Py_CLEAR(st->s_direct_updated);
+    Py_CLEAR(st->s_compact);
+    Py_CLEAR(st->s_parse);
+    Py_CLEAR(st->s_release_pages);
+    Py_CLEAR(st->frame_type);
+    Py_CLEAR(st->zero_trace);
+    Py_CLEAR(st->unpack);
+    Py_CLEAR(st->core_type);
+    return 0;
 }
 
 static struct PyModuleDef_Slot speedups_slots[] = {
@@ -210,11 +648,11 @@ static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     "svcframe._speedups",
     "The compiled hot loop of svcframe.wire.FrameDecoder (optional: svcframe runs without it).",
-    0,
+    sizeof(module_state),
     speedups_methods,
     speedups_slots,
-    NULL,
-    NULL,
+    speedups_traverse,
+    speedups_clear,
     NULL,
 };
 

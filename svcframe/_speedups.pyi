@@ -1,4 +1,5 @@
-# The compiled twin of svcframe.wire.FrameDecoder's loop (svcframe/_speedups.c); see its docstrings.
+# The compiled twin of svcframe.wire.FrameDecoder's loop and receive interface (svcframe/_speedups.c); see its
+# docstrings.
 from typing import Any
 
 SOURCE_SHA256: str
@@ -12,5 +13,28 @@ def parse_inline(
     frames: list[Any],
     frame_type: type,
     zero_trace_id: bytes,
+    sink: Any,
+    data_max: int,
     /,
 ) -> int: ...
+def configure(frame_type: type, zero_trace_id: bytes, unpack: Any, keep_bytes: int, /) -> None: ...
+
+class DecoderCore:
+    _buf: Any
+    _view: memoryview
+    _head: memoryview
+    _direct: memoryview | None
+    bulk_sink: Any
+    answers: dict[int, Any] | None
+    _start: int
+    _end: int
+    _high: int
+    _data_max: int
+    _direct_pos: int
+    max_body_bytes: int
+    legal_kinds: int
+    reuse_large: bool
+    def get_buffer(self, sizehint: int = -1, /) -> memoryview: ...
+    def buffer_updated(self, nbytes: int, /) -> list[Any] | None: ...
+    @property
+    def idle(self) -> bool: ...

@@ -46,7 +46,7 @@ from . import cma
 from .bulk import BulkTransfers
 from .calls import Calls
 from .deadlines import Deadlines
-from .errors import ConfigError, ConnectionLost, DeadlineExceeded, ProtocolError, RemoteProtocolError, RPCError
+from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
 from .handlers import Handlers, Request, current_callpath, current_request
 from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
@@ -73,9 +73,8 @@ from .wire import (
     K_RESPONSE,
     Frame,
     Status,
+    answer_call,
     check_secret,
-    decode_status_body,
-    unpack_body,
 )
 
 __all__ = ["FROM_ENVIRONMENT", "SECRET_ENV", "Engine", "Registration", "Request", "current_callpath", "current_request"]
@@ -516,6 +515,12 @@ class Engine(Calls, Handlers, BulkTransfers):
             if not waiter.done():
                 waiter.set_exception(error)
 
+    def on_answers(self, conn: Connection) -> None:
+        """A read of ``conn`` completed only answers to our calls, given to their futures by its decoder (see
+        svcframe.wire.FrameDecoder.answers): activity, as a batch of frames is."""
+        if not self.progress.blocking:
+            self.progress.activity()
+
     def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
         if not self.progress.blocking:
             self.progress.activity()
@@ -528,16 +533,7 @@ class Engine(Calls, Handlers, BulkTransfers):
                     conn.protocol.check_late_answer(frame[4])
                 elif not waiter.done():
                     # decoded here, while the body's buffer is this frame's (the decoder reuses large ones)
-                    body: bytes | bytearray | memoryview = frame[13]  # type: ignore[assignment]  # None: bulk data only
-                    if frame[6]:
-                        waiter.set_result((frame[6], decode_status_body(body), len(body)))
-                    elif body == _NIL:  # None, the commonest result: no decoder call
-                        waiter.set_result((0, None, 1))
-                    else:
-                        try:
-                            waiter.set_result((0, unpack_body(body), len(body)))
-                        except ProtocolError as exc:
-                            waiter.set_exception(exc)
+                    answer_call(waiter, frame[6], frame[13])  # type: ignore[arg-type]  # None: bulk data only
             elif kind == K_REQUEST:
                 if not arrival_ns:  # (a batch of responses reads no clock: two C calls per call saved on a client)
                     arrival_ns, arrival = perf_ns(), self._loop.time()  # type: ignore[union-attr]

@@ -302,11 +302,13 @@ class Protocol:
         """Where the next received bytes go (the decoder's buffer, or a bulk destination)."""
         return self.decoder.get_buffer()
 
-    def receive(self, nbytes: int) -> list[Any]:
+    def receive(self, nbytes: int) -> list[Any] | None:
         """``nbytes`` were written into the last ``get_buffer()``: the frames and events now complete.
 
         Returns:
-            In ``OPEN``, the decoded frames (any kind but HELLO). While the handshake completes, an
+            In ``OPEN``, the decoded frames (any kind but HELLO), or None when the read completed only answers
+            to calls, which the decoder gave to their futures (``FrameDecoder.answers``, set by the transport).
+            While the handshake completes, an
             ``Opened`` (then the frames that followed the HELLO) or a ``Closed`` event.
 
         Raises:

@@ -96,6 +96,7 @@ class ConnectionOwner(Protocol):
     """What a connection reports to (the engine)."""
 
     def on_frames(self, conn: Connection, frames: list[Frame]) -> None: ...
+    def on_answers(self, conn: Connection) -> None: ...
     def on_open(self, conn: Connection) -> None: ...
     def on_close(self, conn: Connection, exc: BaseException | None) -> None: ...
     def admit(self, conn: Connection) -> str | None: ...
@@ -224,7 +225,11 @@ class Connection(asyncio.BufferedProtocol):
             # open: the decoder itself (what Protocol.receive does in OPEN, one call fewer per read)
             frames = self._decode(nbytes) if self._open else self._handshake_step(proto.receive(nbytes))
             if not frames:
-                if not self.frame_started:  # a frame is under way: the owner's sweep bounds how long it takes
+                if frames is None:  # the decoder answered our calls itself (FrameDecoder.answers): frames completed
+                    self.last_activity = now = time.monotonic()
+                    self.frame_started = 0.0 if proto.decoder.idle else now
+                    self.owner.on_answers(self)
+                elif not self.frame_started:  # a frame is under way: the owner's sweep bounds how long it takes
                     self.frame_started = time.monotonic()
                 return
             # activity = a frame completed, not a byte received; a frame begun behind it is timed from now
@@ -287,12 +292,12 @@ class Connection(asyncio.BufferedProtocol):
         if self._backlog is None and not self.reading_paused and self.transport is not None and not self.closed:
             self.transport.resume_reading()  # (unless backpressure paused it: resume_reading then)
 
-    def _handshake_step(self, events: list[Any]) -> list[Frame]:
+    def _handshake_step(self, events: list[Any] | None) -> list[Frame]:
         """Send what the handshake produced and act on its outcome (the protocol's Opened / Closed events);
         return the frames after it."""
         self._write_protocol_output()
         if not events:
-            return events
+            return []
         self.last_activity = time.monotonic()
         event = events[0]
         if isinstance(event, Opened):
@@ -308,6 +313,8 @@ class Connection(asyncio.BufferedProtocol):
             self.peer_label = peer.address or f"clients@{self.peer_host or 'local'}"
             self._open = True
             self._decode = self.protocol.decoder.buffer_updated
+            # our calls' futures, which the decoder's compiled loop may answer itself (what on_frames would do)
+            self.protocol.decoder.answers = self.pending
             if self._handshake_timer is not None:
                 self._handshake_timer.cancel()
                 self._handshake_timer = None

@@ -60,7 +60,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 
@@ -68,6 +68,7 @@ from .errors import (  # Status: errors owns the table
     ConfigError,
     FrameTooLarge,
     LocalProtocolError,
+    ProtocolError,
     RemoteProtocolError,
     Status,
 )
@@ -136,14 +137,15 @@ _BULK_DATA_KINDS = frozenset((int(Kind.BULK_DATA_REPLY), int(Kind.BULK_DATA_PUSH
 #: compiler is found; None without it, or when the environment has ``SVCFRAME_PURE=1`` as this module is
 #: imported (the pure-Python decoder is the definition; CI runs the suite both ways).
 _parse_inline: Callable[..., int] | None = None
+_DecoderCore: type | None = None  # its state and receive interface (FrameDecoder's base), also compiled
 PURE = os.environ.get("SVCFRAME_PURE", "") not in ("", "0")
 if not PURE:
     try:
-        from ._speedups import parse_inline
+        from ._speedups import DecoderCore, configure, parse_inline
     except ImportError:
         PURE = True
     else:
-        _parse_inline = parse_inline
+        _parse_inline, _DecoderCore = parse_inline, DecoderCore
 
 
 class Flag(enum.IntFlag):
@@ -352,6 +354,27 @@ def unpack_body(body: bytes | bytearray | memoryview) -> object:
     return value
 
 
+_NIL = b"\xc0"  # msgpack's nil: the body of a None result
+
+
+def answer_call(waiter: Any, status: int, body: bytes | bytearray | memoryview) -> None:
+    """Give the future ``waiter`` of a call (not done) its answer, a RESPONSE's ``status`` and ``body``:
+    ``(status, value, len(body))``, the value decoded by ``unpack_body`` (``decode_status_body`` for a non-OK
+    status), or the RemoteProtocolError of a body it refuses. The engine's dispatch answers calls with it;
+    the compiled core answers OK ones the same way (FrameDecoder.answers)."""
+    if status:
+        waiter.set_result((status, decode_status_body(body), len(body)))
+    elif body == _NIL:  # None, the commonest result: no decoder call
+        waiter.set_result((0, None, 1))
+    else:
+        try:
+            value = unpack_body(body)
+        except ProtocolError as exc:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result((0, value, len(body)))
+
+
 def decode_status_body(body: bytes | bytearray | memoryview | None) -> object:
     """The body of a non-OK RESPONSE, decoded (``svcframe.errors.error_from_status`` reads it); None when it
     is malformed: the status alone still says what failed."""
@@ -370,6 +393,13 @@ def _str_keyed_dict(pairs: list[tuple[object, object]]) -> dict[str, object]:
         if type(key) is not str:
             raise RemoteProtocolError(f"map key {key!r:.40} is a {type(key).__name__}; only str keys are allowed")
     return dict(pairs)  # type: ignore[arg-type]
+
+
+#: unpack_body's decoder call itself, for the compiled loop (FrameDecoder.answers): it hands any body this
+#: refuses, and so its error, to the Python dispatch (which decodes it again with unpack_body).
+_unpack_strict = functools.partial(
+    msgpack.unpackb, ext_hook=_refuse_ext, max_ext_len=0, object_pairs_hook=_str_keyed_dict
+)
 
 
 #: The shortest shared secret accepted (bytes): 128 bits, as the nonces.
@@ -418,44 +448,38 @@ def lazy_buffer(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size)
 
 
-class FrameDecoder:
-    """Incremental frame decoder with a zero-copy receive interface.
+class _Decoding:
+    """FrameDecoder's methods beyond its receive interface (shared by the compiled and the pure-Python core)."""
 
-    Two ways to feed it:
+    if not TYPE_CHECKING:  # (the state's slots are the core's and the final class's; mypy reads them below)
+        __slots__ = ()
 
-    * ``feed(data) -> list[Frame]``: copies ``data`` in (tests, fuzzing, any byte source);
-    * ``get_buffer() -> memoryview`` then ``buffer_updated(n) -> list[Frame]``: the caller receives
-      straight into the decoder's buffer (``asyncio.BufferedProtocol``). While a bulk data body is being
-      received, ``get_buffer`` returns the destination itself, so bulk bytes land in the user's buffer.
+    # the state, kept by the core (DecoderCore or _PyDecoderCore)
+    _buf: mmap.mmap | bytearray
+    _view: memoryview
+    _head: memoryview
+    _direct: memoryview | None
+    _direct_frame: tuple[Any, ...] | None
+    _large: mmap.mmap | None
+    bulk_sink: BulkSink | None
+    answers: dict[int, Any] | None
+    _start: int
+    _end: int
+    _high: int
+    _data_max: int
+    _direct_pos: int
+    max_body_bytes: int
+    legal_kinds: int
+    reuse_large: bool
+    held: bool
 
-    Args:
-        max_body_bytes: largest body accepted (inline or one bulk data chunk); a larger announced
-            length raises FrameTooLarge before any of it is buffered.
-        bulk_sink: where bulk data bodies go (see ``BulkSink``); None rejects bulk data frames.
-        buffer_bytes: size of the receive buffer for headers and small bodies.
+    if TYPE_CHECKING:
 
-    Raises (from feed / buffer_updated): RemoteProtocolError (bad magic, version, kind, reserved
-    bits), FrameTooLarge. After an error the decoder is unusable: drop the connection.
-    """
+        def get_buffer(self, sizehint: int = -1) -> memoryview: ...
+        def buffer_updated(self, nbytes: int) -> list[Frame] | None: ...
 
-    __slots__ = (
-        "_buf",
-        "_data_max",
-        "_direct",
-        "_direct_frame",
-        "_direct_pos",
-        "_end",
-        "_head",
-        "_high",
-        "_large",
-        "_start",
-        "_view",
-        "bulk_sink",
-        "held",
-        "legal_kinds",
-        "max_body_bytes",
-        "reuse_large",
-    )
+        @property
+        def idle(self) -> bool: ...
 
     def __init__(
         self,
@@ -487,11 +511,16 @@ class FrameDecoder:
         #: Bit k set: frames of kind k are accepted (the connection's phase sets it: svcframe.protocol);
         #: any other kind raises RemoteProtocolError before its body is buffered.
         self.legal_kinds = ALL_KINDS_MASK
+        #: Calls waiting for their answer, by request id (the connection's pending futures), or None. With the
+        #: compiled loop, an OK RESPONSE first in its batch for one of them is not returned as a frame: its
+        #: future, when not done, gets ``(0, unpack_body(body), len(body))``, what Engine.on_frames gives it,
+        #: and buffer_updated returns None when that was all the read completed (a client's sequential call
+        #: then costs no Frame, no dispatch: tools/instructions_per_client_call.sh).
+        self.answers: dict[int, Any] | None = None
 
     # -- receive interface --------------------------------------------------------------------------
-    def get_buffer(self, sizehint: int = -1) -> memoryview:
-        """Where the next received bytes should be written (never empty). ``sizehint`` is ignored (asyncio's
-        ``BufferedProtocol.get_buffer`` passes one: the pump calls this directly)."""
+    def _get_buffer_slow(self) -> memoryview:
+        """get_buffer while a body is received into its own destination, or when a header-first read is due."""
         direct = self._direct
         if direct is not None:
             return direct[self._direct_pos :]
@@ -505,35 +534,15 @@ class FrameDecoder:
                 # RESPONSE) comes in the same read, and more data costs at most this many bytes copied
                 return self._view[self._end : header_end + AFTER_DATA_TAIL_BYTES]
             self._data_max = HEADER_FIRST_AFTER_BYTES
-        end = self._end
-        if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages
-            # above them stay untouched unless a frame needs them (one view, made once); a dialled connection,
-            # which keeps its pages (reuse_large), reads into the whole buffer: a 64 KiB result is one read
-            return self._view if self.reuse_large else self._head
-        if end == len(self._buf):
-            self._compact()
-        return self._view[self._end :]
+        return self.get_buffer()
 
-    def buffer_updated(self, nbytes: int) -> list[Frame]:
-        """``nbytes`` were written into the last ``get_buffer()``; return the frames now complete."""
-        if self._direct is not None:
-            self._direct_pos += nbytes
-            if self._direct_pos < len(self._direct):
-                return []
-            frames = [self._finish_direct()]
-        else:
-            self._end = end = self._end + nbytes
-            if end > self._high:
-                self._high = end
-            frames = []
-            if _parse_inline is not None:
-                self._start = start = _parse_inline(self._buf, self._start, end, self.max_body_bytes, self.legal_kinds,
-                                                    frames, Frame, ZERO_TRACE_ID, self.bulk_sink, self._data_max)  # fmt: skip
-                if start == end:  # all taken: the common read ends here, 60 bytecodes sooner than through _parse
-                    self._emptied()  # (tools/instructions_per_call.sh, tools/instructions_per_client_call.sh)
-                    return frames
-                self._parse(frames, compiled_ran=True)
-                return frames
+    def _direct_updated(self, nbytes: int) -> list[Frame]:
+        """buffer_updated while a body is received into its own destination."""
+        assert self._direct is not None
+        self._direct_pos += nbytes
+        if self._direct_pos < len(self._direct):
+            return []
+        frames = [self._finish_direct()]
         self._parse(frames)
         return frames
 
@@ -573,11 +582,6 @@ class FrameDecoder:
         self._buf = b""  # type: ignore[assignment]  # closed: the mapping goes with the frames sliced from it
         self._view = self._head = memoryview(self._buf)
         self._start = self._end = 0
-
-    @property
-    def idle(self) -> bool:
-        """True when no partial frame is buffered (a clean place to close the stream)."""
-        return self._direct is None and self._start == self._end
 
     # -- internals -----------------------------------------------------------------------------------
     def _large_view(self, length: int) -> memoryview:
@@ -746,3 +750,113 @@ class FrameDecoder:
         if 0 < raw[3] <= _KIND_MAX:
             return f"a {Kind(raw[3]).name} frame is not allowed in this phase of the connection"
         return f"unknown frame kind {raw[3]}"
+
+
+class _PyDecoderCore:
+    """FrameDecoder's state and receive interface in Python: the definition, whose compiled twin is
+    svcframe._speedups.DecoderCore (the same state and methods; it also runs the compiled loop, answers calls
+    (``answers``) and empties the buffer without a Python call). What both leave to ``_Decoding``: a body
+    received into its own destination, a header-first read, and every frame the compiled loop does not take."""
+
+    __slots__ = (
+        "_buf",
+        "_data_max",
+        "_direct",
+        "_direct_pos",
+        "_end",
+        "_head",
+        "_high",
+        "_start",
+        "_view",
+        "answers",
+        "bulk_sink",
+        "legal_kinds",
+        "max_body_bytes",
+        "reuse_large",
+    )
+
+    if TYPE_CHECKING:
+        _buf: mmap.mmap | bytearray
+        _view: memoryview
+        _head: memoryview
+        _direct: memoryview | None
+        _start: int
+        _end: int
+        _high: int
+        _data_max: int
+        reuse_large: bool
+
+        def _get_buffer_slow(self) -> memoryview: ...
+        def _direct_updated(self, nbytes: int) -> list[Frame]: ...
+        def _compact(self) -> None: ...
+        def _parse(self, frames: list[Frame], compiled_ran: bool = False) -> None: ...
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes should be written (never empty). ``sizehint`` is ignored (asyncio's
+        ``BufferedProtocol.get_buffer`` passes one: the pump calls this directly)."""
+        if self._direct is not None or not self._data_max:
+            return self._get_buffer_slow()
+        end = self._end
+        if not end:  # nothing buffered: a read from the start takes at most KEEP_RECEIVE_BYTES, so the pages
+            # above them stay untouched unless a frame needs them (one view, made once); a dialled connection,
+            # which keeps its pages (reuse_large), reads into the whole buffer: a 64 KiB result is one read
+            return self._view if self.reuse_large else self._head
+        if end == len(self._buf):
+            self._compact()
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> list[Frame] | None:
+        """``nbytes`` were written into the last ``get_buffer()``; return the frames now complete, or None when
+        the read completed only answers to ``answers``' calls (given to their futures: the compiled core only)."""
+        if self._direct is not None:
+            return self._direct_updated(nbytes)
+        self._end = end = self._end + nbytes
+        if end > self._high:
+            self._high = end
+        frames: list[Frame] = []
+        self._parse(frames)
+        return frames
+
+    @property
+    def idle(self) -> bool:
+        """True when no partial frame is buffered (a clean place to close the stream)."""
+        return self._direct is None and self._start == self._end
+
+
+class PyFrameDecoder(_Decoding, _PyDecoderCore):
+    """FrameDecoder in pure Python (what FrameDecoder is without the compiled core, or with SVCFRAME_PURE=1)."""
+
+    __slots__ = ("_direct_frame", "_large", "held")
+
+
+if TYPE_CHECKING or _DecoderCore is None:  # noqa: SIM108  (mypy reads the pure core as the type)
+    _Core = _PyDecoderCore
+else:
+    _Core = _DecoderCore
+
+
+class FrameDecoder(_Decoding, _Core):
+    """Incremental frame decoder with a zero-copy receive interface.
+
+    Two ways to feed it:
+
+    * ``feed(data) -> list[Frame]``: copies ``data`` in (tests, fuzzing, any byte source);
+    * ``get_buffer() -> memoryview`` then ``buffer_updated(n) -> list[Frame]``: the caller receives
+      straight into the decoder's buffer (``asyncio.BufferedProtocol``). While a bulk data body is being
+      received, ``get_buffer`` returns the destination itself, so bulk bytes land in the user's buffer.
+
+    Args:
+        max_body_bytes: largest body accepted (inline or one bulk data chunk); a larger announced
+            length raises FrameTooLarge before any of it is buffered.
+        bulk_sink: where bulk data bodies go (see ``BulkSink``); None rejects bulk data frames.
+        buffer_bytes: size of the receive buffer for headers and small bodies.
+
+    Raises (from feed / buffer_updated): RemoteProtocolError (bad magic, version, kind, reserved
+    bits), FrameTooLarge. After an error the decoder is unusable: drop the connection.
+    """
+
+    __slots__ = ("_direct_frame", "_large", "held")
+
+
+if _DecoderCore is not None:
+    configure(Frame, ZERO_TRACE_ID, _unpack_strict, KEEP_RECEIVE_BYTES)

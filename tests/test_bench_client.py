@@ -169,7 +169,7 @@ def test_profile_client_lists_where_the_time_goes() -> None:
     ).stdout  # fmt: skip
     assert re.search(r"svcframe client, 300 noop calls, depth 1, block: [\d,]+ calls/s, client CPU [\d.]+ µs/call", out)
     table = out.split("function (per noop call)\n", 1)[1].splitlines()
-    assert len(table) == 5 and any("engine.py" in line for line in table)
+    assert len(table) == 5 and any("calls.py" in line for line in table)
 
 
 def test_profile_client_counts_the_bytecodes_per_call() -> None:

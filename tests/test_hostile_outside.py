@@ -38,12 +38,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import psutil
 import pytest
 from conftest import settled_rss
 
 from svcframe import Engine
-from svcframe.errors import AuthenticationFailed, ConfigError, ConnectionLost, DeadlineExceeded, Status
+from svcframe.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    ConnectionLost,
+    DeadlineExceeded,
+    RemoteProtocolError,
+    RPCError,
+    Status,
+)
 from svcframe.monitoring import MAX_TARGET_RECORDS
 from svcframe.testing import RawPeer, ServerProcess
 from svcframe.wire import (
@@ -1307,3 +1316,66 @@ async def test_bulk_pushes_announcing_huge_sizes_cost_nothing(farm: dict[str, Se
     assert {(f.kind, f.status) for f in answers} == {(Kind.RESPONSE, Status.BULK_ERROR)}
     assert frame.status == Status.OK
     assert growth <= 8 * MIB
+
+
+#: What the lying server answers a call whose argument names the case, and how the call must end.
+LIES: dict[str, tuple[list[tuple[int, bytes]], object]] = {
+    "nil": ([(0, b"\xc0")], None),
+    "value": ([(0, msgpack.packb({"a": [1, "b"]}))], {"a": [1, "b"]}),
+    "malformed": ([(0, b"\xc1")], RemoteProtocolError),
+    "truncated": ([(0, b"\x92\x01")], RemoteProtocolError),
+    "int-map-key": ([(0, b"\x81\x01\x02")], RemoteProtocolError),
+    "extension-type": ([(0, b"\xd4\x01\x00")], RemoteProtocolError),
+    "trailing-bytes": ([(0, b"\x01\x02")], RemoteProtocolError),
+    "answered-twice": ([(0, msgpack.packb("first")), (0, msgpack.packb("second"))], "first"),
+    "error-status": ([(Status.HANDLER_ERROR, msgpack.packb("boom"))], RPCError),
+    "error-status-malformed-body": ([(Status.HANDLER_ERROR, b"\xc1")], RPCError),
+}
+
+
+@uvloop_test
+async def test_a_lying_servers_answers_end_each_call_as_they_should(figures: Any) -> None:
+    """A server that answers with malformed, refused (int map keys, extension types), truncated and doubled
+    bodies, error statuses, and at last an answer to a request never made: each call ends with its value or
+    the right error, one at a time and all in one read (the compiled decoder answers calls itself), the
+    connection serves on until the answer to nothing, which drops it; the client never hangs or crashes."""
+    nonce = secrets.token_bytes(16)
+
+    async def liar(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = {"engine_id": "liar", "address": None, "nonce": nonce, "auth": False,
+                 "max_body_bytes": 4 * MIB, "cma": False}  # fmt: skip
+        writer.write(encode_frame(Kind.HELLO, 0, pack_body(hello)))
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            head = HEADER.unpack(await reader.readexactly(HEADER_SIZE))
+            await reader.readexactly(head[6])  # the client's HELLO
+            while True:
+                head = HEADER.unpack(await reader.readexactly(HEADER_SIZE))
+                arg = unpack_body(await reader.readexactly(head[6]))
+                rid = head[7]
+                if arg == "answer-to-nothing":
+                    writer.write(encode_frame(Kind.RESPONSE, rid + 1000, b"\xc0"))
+                    continue
+                writer.write(b"".join(encode_frame(Kind.RESPONSE, rid, body, status=s) for s, body in LIES[arg][0]))
+        writer.close()
+
+    liar_server = await asyncio.start_server(liar, "127.0.0.1", 0)
+    address = f"tcp://127.0.0.1:{liar_server.sockets[0].getsockname()[1]}"
+    try:
+        async with Engine(None, secret=None) as client:
+
+            async def call(case: str) -> object:
+                try:
+                    return await client.call(address, "any", case, timeout_seconds=5.0)
+                except Exception as exc:
+                    return type(exc)
+
+            for case, (_, expected) in LIES.items():  # one at a time
+                assert await call(case) == expected, case
+            together = await asyncio.gather(*(call(case) for case in LIES))  # in flight together: answers batched
+            assert together == [expected for _, expected in LIES.values()]
+            assert await call("answer-to-nothing") is ConnectionLost
+            assert await call("nil") is None  # a new connection
+    finally:
+        liar_server.close()
+        await liar_server.wait_closed()
+    figures.record("outside: a lying server's answers, cases", len(LIES), "")

@@ -326,7 +326,7 @@ _answer = st.builds(
 @given(
     parts=st.lists(st.one_of(_answer, _answer, _answer, _frame, _noise), min_size=1, max_size=12),
     cuts=st.lists(st.integers(1, 4000), max_size=6),
-    waiting=st.sets(st.integers(0, 7)),
+    waiting=st.sets(st.integers(0, 7), min_size=1),
     done=st.sets(st.integers(0, 7), max_size=2),
 )
 def test_the_compiled_core_answers_calls_as_the_dispatch_would(

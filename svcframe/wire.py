@@ -512,10 +512,11 @@ class _Decoding:
         #: any other kind raises RemoteProtocolError before its body is buffered.
         self.legal_kinds = ALL_KINDS_MASK
         #: Calls waiting for their answer, by request id (the connection's pending futures), or None. With the
-        #: compiled loop, an OK RESPONSE first in its batch for one of them is not returned as a frame: its
-        #: future, when not done, gets ``(0, unpack_body(body), len(body))``, what Engine.on_frames gives it,
-        #: and buffer_updated returns None when that was all the read completed (a client's sequential call
-        #: then costs no Frame, no dispatch: tools/instructions_per_client_call.sh).
+        #: compiled core, an OK RESPONSE first in its batch for one of them is not returned as a frame: its
+        #: future, when not done, gets what ``answer_call`` gives it, once the whole read decoded without an
+        #: error, and buffer_updated returns None when that was all the read completed (a client's sequential
+        #: call then costs no Frame and no dispatch: tools/instructions_per_client_call.sh). The pure-Python
+        #: core returns every frame (the engine's dispatch answers them with ``answer_call``).
         self.answers: dict[int, Any] | None = None
 
     # -- receive interface --------------------------------------------------------------------------
@@ -841,9 +842,13 @@ class FrameDecoder(_Decoding, _Core):
     Two ways to feed it:
 
     * ``feed(data) -> list[Frame]``: copies ``data`` in (tests, fuzzing, any byte source);
-    * ``get_buffer() -> memoryview`` then ``buffer_updated(n) -> list[Frame]``: the caller receives
+    * ``get_buffer() -> memoryview`` then ``buffer_updated(n) -> list[Frame] | None``: the caller receives
       straight into the decoder's buffer (``asyncio.BufferedProtocol``). While a bulk data body is being
       received, ``get_buffer`` returns the destination itself, so bulk bytes land in the user's buffer.
+      None: the read completed only answers to ``answers``' calls, given to their futures (compiled core).
+
+    Its state and receive interface are svcframe._speedups.DecoderCore where it was built (``_PyDecoderCore``,
+    the definition, otherwise or with SVCFRAME_PURE=1; ``PyFrameDecoder`` is the pure decoder either way).
 
     Args:
         max_body_bytes: largest body accepted (inline or one bulk data chunk); a larger announced

@@ -33,6 +33,7 @@
 #define MAGIC_INT 0x4653u /* b"SF" little-endian */
 #define WIRE_VERSION 1
 #define K_RESPONSE 3
+#define UNPACK_KWARGS_MAX 8
 #define K_BULK_DATA_REPLY 7
 #define K_BULK_DATA_PUSH 8
 
@@ -130,9 +131,35 @@ typedef struct {
     PyObject *s_done, *s_set_result; /* method names, interned once per module (per interpreter) */
     PyObject *s_get_buffer_slow, *s_direct_updated, *s_compact, *s_parse, *s_release_pages;
     PyObject *frame_type, *zero_trace, *unpack; /* what DecoderCore decodes with (configure()) */
+    PyObject *unpack_kwnames, *unpack_kwvalues;  /* unpack's keyword arguments (configure()) */
     Py_ssize_t keep_bytes;                        /* wire.KEEP_RECEIVE_BYTES (configure()) */
     PyObject *core_type;                          /* DecoderCore */
 } module_state;
+
+/* The value of a msgpack body that is one simple item, decoded as msgpack.unpackb decodes it (nil, true,
+ * false, a fixint, a bin 8 that is the whole body), without a call; NULL for anything else (no exception set):
+ * the decoder's own call decodes it. */
+static PyObject *
+simple_value(const unsigned char *b, Py_ssize_t length)
+{
+    if (length == 1) {
+        unsigned c = b[0];
+        if (c == 0xc0)
+            Py_RETURN_NONE;
+        if (c == 0xc2)
+            Py_RETURN_FALSE;
+        if (c == 0xc3)
+            Py_RETURN_TRUE;
+        if (c <= 0x7f) /* positive fixint */
+            return PyLong_FromLong((long)c);
+        if (c >= 0xe0) /* negative fixint */
+            return PyLong_FromLong((long)c - 256);
+        return NULL;
+    }
+    if (length >= 2 && b[0] == 0xc4 && (Py_ssize_t)b[1] == length - 2) /* bin 8: bytes */
+        return PyBytes_FromStringAndSize((const char *)b + 2, length - 2);
+    return NULL;
+}
 
 /* The answer to the call waiting for the OK RESPONSE at p, as svcframe.wire.answer_call gives it: its future in
  * ``answers`` (by request id) and ``(0, unpack(body), length)`` (None without a decoder call for a msgpack nil
@@ -161,13 +188,23 @@ answer(module_state *st, PyObject *answers, PyObject *unpack, PyObject *answered
         Py_DECREF(waiter);
         return is_done < 0 ? -1 : 0;
     }
-    PyObject *value;
-    if (length == 1 && p[HEADER_SIZE] == 0xc0) { /* nil: the commonest result */
-        Py_INCREF(Py_None);
-        value = Py_None;
-    } else {
+    PyObject *value = simple_value(p + HEADER_SIZE, length);
+    if (value == NULL && PyErr_Occurred()) {
+        Py_DECREF(waiter);
+        return -1;
+    }
+    if (value == NULL) {
         PyObject *body = PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE, length);
-        value = body == NULL ? NULL : PyObject_CallOneArg(unpack, body);
+        if (body != NULL) { /* unpack(body, **unpack_kwargs), by vectorcall: no keyword dict made per call */
+            PyObject *args[1 + UNPACK_KWARGS_MAX];
+            Py_ssize_t nkw = PyTuple_GET_SIZE(st->unpack_kwnames);
+            args[0] = body;
+            for (Py_ssize_t i = 0; i < nkw; i++)
+                args[1 + i] = PyTuple_GET_ITEM(st->unpack_kwvalues, i);
+            value = PyObject_Vectorcall(unpack, args, 1, nkw ? st->unpack_kwnames : NULL);
+        } else {
+            value = NULL;
+        }
         Py_XDECREF(body);
         if (value == NULL) {
             Py_DECREF(waiter);
@@ -177,7 +214,17 @@ answer(module_state *st, PyObject *answers, PyObject *unpack, PyObject *answered
             return 0;
         }
     }
-    PyObject *result = Py_BuildValue("(iNn)", 0, value, length);
+    PyObject *result = PyTuple_New(3);
+    if (result != NULL) {
+        PyObject *zero = PyLong_FromLong(0), *nbytes = PyLong_FromSsize_t(length);
+        PyTuple_SET_ITEM(result, 0, zero);
+        PyTuple_SET_ITEM(result, 1, value);
+        PyTuple_SET_ITEM(result, 2, nbytes);
+        if (zero == NULL || nbytes == NULL)
+            Py_CLEAR(result);
+    } else {
+        Py_DECREF(value);
+    }
     int rc = result == NULL || PyList_Append(answered, waiter) < 0 || PyList_Append(answered, result) < 0 ? -1 : 1;
     Py_XDECREF(result);
     Py_DECREF(waiter);
@@ -540,24 +587,49 @@ static PyType_Spec core_spec = {
 };
 
 PyDoc_STRVAR(configure_doc,
-"configure(frame_type, zero_trace_id, unpack, keep_bytes) -> None\n\n"
-"What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID, the strict msgpack decoder call of\n"
-"answers, and KEEP_RECEIVE_BYTES.");
+"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes) -> None\n\n"
+"What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID, the strict msgpack decoder of answers\n"
+"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES.");
 
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "configure takes 4 arguments");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "configure takes 5 arguments");
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure: frame_type must be a tuple subclass");
         return NULL;
     }
-    Py_ssize_t keep = PyLong_AsSsize_t(args[3]);
+    if (!PyDict_Check(args[3]) || PyDict_GET_SIZE(args[3]) > UNPACK_KWARGS_MAX) {
+        PyErr_SetString(PyExc_TypeError, "configure: unpack_kwargs must be a dict of at most 8 keywords");
+        return NULL;
+    }
+    Py_ssize_t keep = PyLong_AsSsize_t(args[4]);
     if (keep == -1 && PyErr_Occurred())
         return NULL;
+    PyObject *names = PyTuple_New(PyDict_GET_SIZE(args[3])), *values = PyTuple_New(PyDict_GET_SIZE(args[3]));
+    if (names == NULL || values == NULL) {
+        Py_XDECREF(names);
+        Py_XDECREF(values);
+        return NULL;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, i = 0;
+    while (PyDict_Next(args[3], &pos, &key, &value)) {
+        if (!PyUnicode_Check(key)) {
+            Py_DECREF(names);
+            Py_DECREF(values);
+            PyErr_SetString(PyExc_TypeError, "configure: unpack_kwargs' keys must be str");
+            return NULL;
+        }
+        Py_INCREF(key);
+        Py_INCREF(value);
+        PyTuple_SET_ITEM(names, i, key);
+        PyTuple_SET_ITEM(values, i, value);
+        i++;
+    }
     module_state *st = (module_state *)PyModule_GetState(module);
     Py_INCREF(args[0]);
     Py_XSETREF(st->frame_type, args[0]);
@@ -565,6 +637,8 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->zero_trace, args[1]);
     Py_INCREF(args[2]);
     Py_XSETREF(st->unpack, args[2]);
+    Py_XSETREF(st->unpack_kwnames, names);
+    Py_XSETREF(st->unpack_kwvalues, values);
     st->keep_bytes = keep;
     Py_RETURN_NONE;
 }
@@ -614,6 +688,8 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->frame_type);
     Py_VISIT(st->zero_trace);
     Py_VISIT(st->unpack);
+    Py_VISIT(st->unpack_kwnames);
+    Py_VISIT(st->unpack_kwvalues);
     Py_VISIT(st->core_type);
     return 0;
 }
@@ -632,6 +708,8 @@ speedups_clear(PyObject *module)
     Py_CLEAR(st->frame_type);
     Py_CLEAR(st->zero_trace);
     Py_CLEAR(st->unpack);
+    Py_CLEAR(st->unpack_kwnames);
+    Py_CLEAR(st->unpack_kwvalues);
     Py_CLEAR(st->core_type);
     return 0;
 }

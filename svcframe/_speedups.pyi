@@ -17,7 +17,9 @@ def parse_inline(
     data_max: int,
     /,
 ) -> int: ...
-def configure(frame_type: type, zero_trace_id: bytes, unpack: Any, keep_bytes: int, /) -> None: ...
+def configure(
+    frame_type: type, zero_trace_id: bytes, unpack: Any, unpack_kwargs: dict[str, Any], keep_bytes: int, /
+) -> None: ...
 
 class DecoderCore:
     _buf: Any

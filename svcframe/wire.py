@@ -340,7 +340,7 @@ def unpack_body(body: bytes | bytearray | memoryview) -> object:
         return None
     try:
         value = msgpack.unpackb(  # raw=False, strict_map_key=True, use_list=True are msgpack's defaults
-            body,
+            body,  # (the keywords of _UNPACK_STRICT, spelt out: a ** call makes a dict per call)
             ext_hook=_refuse_ext,
             max_ext_len=0,  # refuses every extension with data, including timestamps (ext -1, never hooked)
             object_pairs_hook=_str_keyed_dict,
@@ -395,11 +395,10 @@ def _str_keyed_dict(pairs: list[tuple[object, object]]) -> dict[str, object]:
     return dict(pairs)  # type: ignore[arg-type]
 
 
-#: unpack_body's decoder call itself, for the compiled loop (FrameDecoder.answers): it hands any body this
-#: refuses, and so its error, to the Python dispatch (which decodes it again with unpack_body).
-_unpack_strict = functools.partial(
-    msgpack.unpackb, ext_hook=_refuse_ext, max_ext_len=0, object_pairs_hook=_str_keyed_dict
-)
+#: unpack_body's decoder call itself, ``msgpack.unpackb(body, **_UNPACK_STRICT)``, for the compiled core
+#: (FrameDecoder.answers), which hands any body it refuses, and so its error, to the Python dispatch (which
+#: decodes it again with unpack_body).
+_UNPACK_STRICT = {"ext_hook": _refuse_ext, "max_ext_len": 0, "object_pairs_hook": _str_keyed_dict}
 
 
 #: The shortest shared secret accepted (bytes): 128 bits, as the nonces.
@@ -864,4 +863,4 @@ class FrameDecoder(_Decoding, _Core):
 
 
 if _DecoderCore is not None:
-    configure(Frame, ZERO_TRACE_ID, _unpack_strict, KEEP_RECEIVE_BYTES)
+    configure(Frame, ZERO_TRACE_ID, msgpack.unpackb, _UNPACK_STRICT, KEEP_RECEIVE_BYTES)

@@ -311,6 +311,9 @@ _value = st.recursive(
 _body = st.one_of(
     _value.map(msgpack.packb),
     st.sampled_from([b"", b"\xc0", b"\xd4\x01\x00", b"\x81\x01\x02", b"\x92\x01", b"\xc1", b"\x01\x02"]),
+    st.sampled_from(
+        [b"\xc2", b"\xc3", b"\x7f", b"\xe0", b"\xff", b"\xc4\x00", b"\xc4\x02ab", b"\xc4\x03ab", b"\xc4\x01ab"]
+    ),
     st.binary(max_size=60),  # mostly malformed
 )
 _answer = st.builds(

@@ -32,6 +32,7 @@
 #define FRAME_FIELDS 14
 #define MAGIC_INT 0x4653u /* b"SF" little-endian */
 #define WIRE_VERSION 1
+#define K_REQUEST 2
 #define K_RESPONSE 3
 #define UNPACK_KWARGS_MAX 8
 #define K_BULK_DATA_REPLY 7
@@ -132,6 +133,7 @@ typedef struct {
     PyObject *s_get_buffer_slow, *s_direct_updated, *s_compact, *s_parse, *s_release_pages;
     PyObject *frame_type, *zero_trace, *unpack; /* what DecoderCore decodes with (configure()) */
     PyObject *unpack_kwnames, *unpack_kwvalues;  /* unpack's keyword arguments (configure()) */
+    PyObject *request_frame_py;                   /* svcframe.wire's pure request_frame (configure()) */
     Py_ssize_t keep_bytes;                        /* wire.KEEP_RECEIVE_BYTES (configure()) */
     PyObject *core_type;                          /* DecoderCore */
 } module_state;
@@ -587,15 +589,15 @@ static PyType_Spec core_spec = {
 };
 
 PyDoc_STRVAR(configure_doc,
-"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes) -> None\n\n"
+"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes, request_frame_py) -> None\n\n"
 "What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID, the strict msgpack decoder of answers\n"
-"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES.");
+"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES; and request_frame's twin.");
 
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "configure takes 5 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "configure takes 6 arguments");
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
@@ -639,13 +641,90 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->unpack, args[2]);
     Py_XSETREF(st->unpack_kwnames, names);
     Py_XSETREF(st->unpack_kwvalues, values);
+    Py_INCREF(args[5]);
+    Py_XSETREF(st->request_frame_py, args[5]);
     st->keep_bytes = keep;
     Py_RETURN_NONE;
+}
+
+
+/* ---- request_frame: a REQUEST's bytes --------------------------------------------------------------------- */
+
+static inline void wr16(unsigned char *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void wr32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void wr64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* args[i] as an unsigned int of at most ``max``; 0 with no exception when it is not one (the caller defers to
+ * the Python twin, whose error is the definition). */
+static int
+as_field(PyObject *o, unsigned long long max, unsigned long long *out)
+{
+    if (!PyLong_CheckExact(o))
+        return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v > max)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+PyDoc_STRVAR(request_frame_doc,
+"request_frame(flags, provider_id, rpc_id, request_id, deadline_usec, parent_provider_id, parent_rpc_id,\n"
+"              callpath, trace_id, span_id, lamport, body) -> bytes\n\n"
+"A REQUEST frame, header and body in one bytes object: svcframe.wire.request_frame (its Python twin, which it\n"
+"calls for anything but in-range ints, a 16-byte trace id and a bytes body, so that errors are the twin's).");
+
+static PyObject *
+request_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const unsigned long long max[11] = {0xFFFF, 0xFFFF, 0xFFFFFFFF, UINT64_MAX, 0xFFFFFFFF, 0xFFFF,
+                                               0xFFFFFFFF, UINT64_MAX, 0, UINT64_MAX, UINT64_MAX};
+    module_state *st = (module_state *)PyModule_GetState(module);
+    unsigned long long v[11] = {0};
+    int ok = nargs == 12 && PyBytes_CheckExact(args[8]) && PyBytes_GET_SIZE(args[8]) == 16 &&
+             PyBytes_CheckExact(args[11]) && PyBytes_GET_SIZE(args[11]) <= 0xFFFFFFFF;
+    for (int i = 0; ok && i < 11; i++)
+        ok = i == 8 || as_field(args[i], max[i], &v[i]);
+    if (!ok) {
+        if (st->request_frame_py == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+            return NULL;
+        }
+        return PyObject_Vectorcall(st->request_frame_py, args, (size_t)nargs, NULL);
+    }
+    Py_ssize_t length = PyBytes_GET_SIZE(args[11]);
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + length);
+    if (frame == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(frame);
+    memset(p, 0, HEADER_SIZE);
+    wr16(p, MAGIC_INT);
+    p[2] = WIRE_VERSION;
+    p[3] = K_REQUEST;
+    wr16(p + 4, (uint16_t)v[0]);   /* flags */
+    wr16(p + 6, (uint16_t)v[1]);   /* provider_id */
+    wr32(p + 8, (uint32_t)v[2]);   /* rpc_id */
+    wr32(p + 12, (uint32_t)length); /* body length */
+    wr64(p + 16, v[3]);            /* request_id */
+    wr32(p + 24, (uint32_t)v[4]);  /* deadline_usec; status (28) 0 */
+    wr16(p + 30, (uint16_t)v[5]);  /* parent_provider_id */
+    wr32(p + 32, (uint32_t)v[6]);  /* parent_rpc_id; reserved (36) 0 */
+    wr64(p + 40, v[7]);            /* callpath */
+    memcpy(p + 48, PyBytes_AS_STRING(args[8]), 16); /* trace_id */
+    wr64(p + 64, v[9]);            /* span_id */
+    wr64(p + 72, v[10]);           /* lamport */
+    memcpy(p + HEADER_SIZE, PyBytes_AS_STRING(args[11]), (size_t)length);
+    return frame;
 }
 
 static PyMethodDef speedups_methods[] = {
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
+    {"request_frame", (PyCFunction)(void (*)(void))request_frame, METH_FASTCALL, request_frame_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -690,6 +769,7 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->unpack);
     Py_VISIT(st->unpack_kwnames);
     Py_VISIT(st->unpack_kwvalues);
+    Py_VISIT(st->request_frame_py);
     Py_VISIT(st->core_type);
     return 0;
 }
@@ -710,6 +790,7 @@ speedups_clear(PyObject *module)
     Py_CLEAR(st->unpack);
     Py_CLEAR(st->unpack_kwnames);
     Py_CLEAR(st->unpack_kwvalues);
+    Py_CLEAR(st->request_frame_py);
     Py_CLEAR(st->core_type);
     return 0;
 }

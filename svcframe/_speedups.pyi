@@ -18,8 +18,29 @@ def parse_inline(
     /,
 ) -> int: ...
 def configure(
-    frame_type: type, zero_trace_id: bytes, unpack: Any, unpack_kwargs: dict[str, Any], keep_bytes: int, /
+    frame_type: type,
+    zero_trace_id: bytes,
+    unpack: Any,
+    unpack_kwargs: dict[str, Any],
+    keep_bytes: int,
+    request_frame_py: Any,
+    /,
 ) -> None: ...
+def request_frame(
+    flags: int,
+    provider_id: int,
+    rpc_id: int,
+    request_id: int,
+    deadline_usec: int,
+    parent_provider_id: int,
+    parent_rpc_id: int,
+    callpath: int,
+    trace_id: bytes,
+    span_id: int,
+    lamport: int,
+    body: bytes,
+    /,
+) -> bytes: ...
 
 class DecoderCore:
     _buf: Any

@@ -47,7 +47,7 @@ from .wire import (
     callpath_extend,
     encode_frame,
     pack_body,
-    pack_request_header,
+    request_frame,
 )
 
 if TYPE_CHECKING:
@@ -227,11 +227,10 @@ class Calls:
         if into is not None:
             conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
         conn.send_request(
-            pack_request_header(
-                flags, provider_id, rid, len(body), request_id, deadline_usec, 0, parent_provider,
-                parent_rpc, 0, callpath, trace_id, span_id, lamport,
-            )
-            + body,
+            request_frame(
+                flags, provider_id, rid, request_id, deadline_usec, parent_provider, parent_rpc, callpath,
+                trace_id, span_id, lamport, body,
+            ),
             len(pending) > 1,
         )  # fmt: skip
         t1 = perf_ns() if t0 else 0

@@ -142,6 +142,7 @@ PURE = os.environ.get("SVCFRAME_PURE", "") not in ("", "0")
 if not PURE:
     try:
         from ._speedups import DecoderCore, configure, parse_inline
+        from ._speedups import request_frame as _request_frame_c
     except ImportError:
         PURE = True
     else:
@@ -255,6 +256,38 @@ assert _REQUEST.size == _RESPONSE_OK.size == _RESPONSE_FLAGS.size == HEADER_SIZE
 #: ``pack_request_header(flags, provider_id, rpc_id, body_length, request_id, deadline_usec, status,
 #: parent_provider_id, parent_rpc_id, 0, callpath, trace_id, span_id, lamport) -> bytes``: a REQUEST header.
 pack_request_header = functools.partial(_REQUEST.pack, MAGIC + bytes([WIRE_VERSION, 2]))
+
+
+def _request_frame_py(
+    flags: int,
+    provider_id: int,
+    rpc_id: int,
+    request_id: int,
+    deadline_usec: int,
+    parent_provider_id: int,
+    parent_rpc_id: int,
+    callpath: int,
+    trace_id: bytes,
+    span_id: int,
+    lamport: int,
+    body: bytes,
+) -> bytes:
+    """A REQUEST frame, header and body in one bytes object (status and reserved bits 0). The definition of
+    ``request_frame``, whose compiled twin (svcframe._speedups) builds it in one allocation and calls this for
+    anything but in-range ints, a 16-byte trace id and a bytes body.
+
+    Raises:
+        struct.error: a field out of its range (``HEADER``: 16, 32 or 64 bits, unsigned).
+    """
+    return pack_request_header(flags, provider_id, rpc_id, len(body), request_id, deadline_usec, 0,
+                               parent_provider_id, parent_rpc_id, 0, callpath, trace_id, span_id, lamport) + body  # fmt: skip
+
+
+#: ``request_frame(flags, provider_id, rpc_id, request_id, deadline_usec, parent_provider_id, parent_rpc_id,
+#: callpath, trace_id, span_id, lamport, body) -> bytes``: a REQUEST frame (``_request_frame_py``), compiled
+#: where it was built (a client's sequential call 1,436 instructions fewer: tools/instructions_per_client_call.sh).
+request_frame: Callable[..., bytes] = _request_frame_py if PURE else _request_frame_c
+
 #: ``pack_ok_response_header(body_length, request_id) -> bytes``: the header of a RESPONSE with status OK.
 pack_ok_response_header = functools.partial(_RESPONSE_OK.pack, MAGIC + bytes([WIRE_VERSION, 3]))
 #: ``pack_ok_response_header_flags(flags, body_length, request_id) -> bytes``: the same, with flags.
@@ -863,4 +896,4 @@ class FrameDecoder(_Decoding, _Core):
 
 
 if _DecoderCore is not None:
-    configure(Frame, ZERO_TRACE_ID, msgpack.unpackb, _UNPACK_STRICT, KEEP_RECEIVE_BYTES)
+    configure(Frame, ZERO_TRACE_ID, msgpack.unpackb, _UNPACK_STRICT, KEEP_RECEIVE_BYTES, _request_frame_py)

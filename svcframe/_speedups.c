@@ -133,7 +133,7 @@ typedef struct {
     PyObject *s_get_buffer_slow, *s_direct_updated, *s_compact, *s_parse, *s_release_pages;
     PyObject *frame_type, *zero_trace, *unpack; /* what DecoderCore decodes with (configure()) */
     PyObject *unpack_kwnames, *unpack_kwvalues;  /* unpack's keyword arguments (configure()) */
-    PyObject *request_frame_py;                   /* svcframe.wire's pure request_frame (configure()) */
+    PyObject *request_frame_py, *ok_response_py;  /* svcframe.wire's pure twins (configure()) */
     Py_ssize_t keep_bytes;                        /* wire.KEEP_RECEIVE_BYTES (configure()) */
     PyObject *core_type;                          /* DecoderCore */
 } module_state;
@@ -589,15 +589,17 @@ static PyType_Spec core_spec = {
 };
 
 PyDoc_STRVAR(configure_doc,
-"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes, request_frame_py) -> None\n\n"
+"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes, request_frame_py, ok_response_py)\n"
+"-> None\n\n"
 "What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID, the strict msgpack decoder of answers\n"
-"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES; and request_frame's twin.");
+"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES; request_frame's and\n"
+"ok_response's twins.");
 
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "configure takes 6 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "configure takes 7 arguments");
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
@@ -643,6 +645,8 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->unpack_kwvalues, values);
     Py_INCREF(args[5]);
     Py_XSETREF(st->request_frame_py, args[5]);
+    Py_INCREF(args[6]);
+    Py_XSETREF(st->ok_response_py, args[6]);
     st->keep_bytes = keep;
     Py_RETURN_NONE;
 }
@@ -721,10 +725,65 @@ request_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return frame;
 }
 
+PyDoc_STRVAR(ok_response_doc,
+"ok_response(request_id, result) -> bytes\n\n"
+"An OK RESPONSE frame whose body is ``result`` (None or bytes) packed as msgpack: svcframe.wire.ok_response\n"
+"(its Python twin, which it calls for anything else).");
+
+static PyObject *
+ok_response(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    unsigned long long rid = 0;
+    PyObject *result = nargs == 2 ? args[1] : NULL;
+    if (nargs != 2 || !as_field(args[0], UINT64_MAX, &rid) || (result != Py_None && !PyBytes_CheckExact(result)) ||
+        (result != Py_None && PyBytes_GET_SIZE(result) > 0xFFFFFFFF - 5)) {
+        if (st->ok_response_py == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+            return NULL;
+        }
+        return PyObject_Vectorcall(st->ok_response_py, args, (size_t)nargs, NULL);
+    }
+    Py_ssize_t n = result == Py_None ? 0 : PyBytes_GET_SIZE(result);
+    Py_ssize_t head = result == Py_None ? 1 : n < 0x100 ? 2 : n < 0x10000 ? 3 : 5; /* nil, or bin 8/16/32 */
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + head + n);
+    if (frame == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(frame);
+    memset(p, 0, HEADER_SIZE);
+    wr16(p, MAGIC_INT);
+    p[2] = WIRE_VERSION;
+    p[3] = K_RESPONSE;
+    wr32(p + 12, (uint32_t)(head + n));
+    wr64(p + 16, rid);
+    unsigned char *b = p + HEADER_SIZE;
+    if (result == Py_None) {
+        b[0] = 0xc0;
+    } else {
+        if (head == 2) {
+            b[0] = 0xc4;
+            b[1] = (unsigned char)n;
+        } else if (head == 3) {
+            b[0] = 0xc5;
+            b[1] = (unsigned char)(n >> 8);
+            b[2] = (unsigned char)n;
+        } else {
+            b[0] = 0xc6;
+            b[1] = (unsigned char)(n >> 24);
+            b[2] = (unsigned char)(n >> 16);
+            b[3] = (unsigned char)(n >> 8);
+            b[4] = (unsigned char)n;
+        }
+        memcpy(b + head, PyBytes_AS_STRING(result), (size_t)n);
+    }
+    return frame;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
     {"request_frame", (PyCFunction)(void (*)(void))request_frame, METH_FASTCALL, request_frame_doc},
+    {"ok_response", (PyCFunction)(void (*)(void))ok_response, METH_FASTCALL, ok_response_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -770,6 +829,7 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->unpack_kwnames);
     Py_VISIT(st->unpack_kwvalues);
     Py_VISIT(st->request_frame_py);
+    Py_VISIT(st->ok_response_py);
     Py_VISIT(st->core_type);
     return 0;
 }
@@ -791,6 +851,7 @@ speedups_clear(PyObject *module)
     Py_CLEAR(st->unpack_kwnames);
     Py_CLEAR(st->unpack_kwvalues);
     Py_CLEAR(st->request_frame_py);
+    Py_CLEAR(st->ok_response_py);
     Py_CLEAR(st->core_type);
     return 0;
 }

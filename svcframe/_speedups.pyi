@@ -24,8 +24,10 @@ def configure(
     unpack_kwargs: dict[str, Any],
     keep_bytes: int,
     request_frame_py: Any,
+    ok_response_py: Any,
     /,
 ) -> None: ...
+def ok_response(request_id: int, result: bytes | None, /) -> bytes: ...
 def request_frame(
     flags: int,
     provider_id: int,

@@ -57,6 +57,7 @@ from .wire import (
     _new_tuple,
     bin_header,
     encode_frame,
+    ok_response,
     pack_body,
     pack_data_reply_header_flags,
     pack_ok_response_header,
@@ -317,8 +318,7 @@ class Handlers:
                 ):
                     self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
                 else:  # the common case, untimed and untraced: None or small bytes, answered here
-                    body = _NIL if result is None else _pack_bytes(result)
-                    conn.send(pack_ok_response_header(len(body), frame[4]) + body)
+                    conn.send(ok_response(frame[4], result))
                 return
             token = _task_request.set(req)  # a sync handler returned an awaitable: it runs as a task
             try:

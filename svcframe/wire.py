@@ -142,6 +142,7 @@ PURE = os.environ.get("SVCFRAME_PURE", "") not in ("", "0")
 if not PURE:
     try:
         from ._speedups import DecoderCore, configure, parse_inline
+        from ._speedups import ok_response as _ok_response_c
         from ._speedups import request_frame as _request_frame_c
     except ImportError:
         PURE = True
@@ -287,6 +288,25 @@ def _request_frame_py(
 #: callpath, trace_id, span_id, lamport, body) -> bytes``: a REQUEST frame (``_request_frame_py``), compiled
 #: where it was built (a client's sequential call 1,436 instructions fewer: tools/instructions_per_client_call.sh).
 request_frame: Callable[..., bytes] = _request_frame_py if PURE else _request_frame_c
+
+
+def _ok_response_py(request_id: int, result: bytes | None) -> bytes:
+    """An OK RESPONSE frame whose body is ``result`` (None or bytes) packed as msgpack (nil, or bin 8/16/32:
+    what ``pack_body`` makes of it). The definition of ``ok_response``, whose compiled twin builds it in one
+    allocation and calls this for anything else.
+
+    Raises:
+        TypeError: ``result`` is neither None nor bytes. struct.error: a field out of its range.
+    """
+    if result is not None and type(result) is not bytes:
+        raise TypeError(f"ok_response takes None or bytes, not {type(result).__name__}")
+    body = b"\xc0" if result is None else bin_header(len(result)) + result
+    return pack_ok_response_header(len(body), request_id) + body
+
+
+#: ``ok_response(request_id, result) -> bytes``: an OK RESPONSE of None or bytes (``_ok_response_py``), compiled
+#: where it was built (the server's common answer: tools/instructions_per_call.sh).
+ok_response: Callable[[int, bytes | None], bytes] = _ok_response_py if PURE else _ok_response_c
 
 #: ``pack_ok_response_header(body_length, request_id) -> bytes``: the header of a RESPONSE with status OK.
 pack_ok_response_header = functools.partial(_RESPONSE_OK.pack, MAGIC + bytes([WIRE_VERSION, 3]))
@@ -896,4 +916,6 @@ class FrameDecoder(_Decoding, _Core):
 
 
 if _DecoderCore is not None:
-    configure(Frame, ZERO_TRACE_ID, msgpack.unpackb, _UNPACK_STRICT, KEEP_RECEIVE_BYTES, _request_frame_py)
+    configure(
+        Frame, ZERO_TRACE_ID, msgpack.unpackb, _UNPACK_STRICT, KEEP_RECEIVE_BYTES, _request_frame_py, _ok_response_py
+    )

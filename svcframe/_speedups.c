@@ -136,6 +136,9 @@ typedef struct {
     PyObject *request_frame_py, *ok_response_py;  /* svcframe.wire's pure twins (configure()) */
     Py_ssize_t keep_bytes;                        /* wire.KEEP_RECEIVE_BYTES (configure()) */
     PyObject *core_type;                          /* DecoderCore */
+    PyObject *deadlines_type;                     /* DeadlinesCore */
+    PyObject *heappush, *heapify;                 /* heapq's */
+    PyObject *s_arm, *s_compact_heap, *s_idle;    /* DeadlinesCore's method names */
 } module_state;
 
 /* The value of a msgpack body that is one simple item, decoded as msgpack.unpackb decodes it (nil, true,
@@ -588,6 +591,205 @@ static PyType_Spec core_spec = {
     core_slots,
 };
 
+
+/* ---- DeadlinesCore: svcframe.deadlines.Deadlines.add ------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *heap;
+    unsigned long long seq;
+    double timer_at;
+} DlCore;
+
+static PyObject *
+dl_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwargs))
+{
+    DlCore *self = (DlCore *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->heap = PyList_New(0);
+    if (self->heap == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->timer_at = Py_HUGE_VAL;
+    return (PyObject *)self;
+}
+
+static int
+dl_traverse(DlCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->heap);
+    return 0;
+}
+
+static int
+dl_clear(DlCore *self)
+{
+    Py_CLEAR(self->heap);
+    return 0;
+}
+
+static void
+dl_dealloc(DlCore *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    dl_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+/* 1 when the heap entry is a finished call (gone from its table, or its future done), 0 when it is not, -1
+ * with an exception set. */
+static int
+dl_finished(module_state *st, PyObject *entry)
+{
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4 || !PyDict_Check(PyTuple_GET_ITEM(entry, 2))) {
+        PyErr_SetString(PyExc_TypeError, "deadline entries are (deadline, seq, waiting, request_id)");
+        return -1;
+    }
+    PyObject *future = PyDict_GetItemWithError(PyTuple_GET_ITEM(entry, 2), PyTuple_GET_ITEM(entry, 3));
+    if (future == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    Py_INCREF(future);
+    PyObject *done = PyObject_CallMethodNoArgs(future, st->s_done);
+    Py_DECREF(future);
+    int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
+    Py_XDECREF(done);
+    return is_done;
+}
+
+/* _compact(): svcframe.deadlines._PyDeadlinesCore._compact (the unfinished calls, when they are less than half
+ * the heap, become the heap; _idle() when none is left). */
+static PyObject *
+dl_compact(DlCore *self, PyObject *Py_UNUSED(ignored))
+{
+    module_state *st = core_state((PyObject *)self);
+    if (st == NULL)
+        return NULL;
+    if (self->heap == NULL || !PyList_CheckExact(self->heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        return NULL;
+    }
+    PyObject *heap = self->heap;
+    Py_INCREF(heap);
+    PyObject *live = PyList_New(0);
+    if (live == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(heap); i++) {
+        PyObject *entry = PyList_GET_ITEM(heap, i);
+        Py_INCREF(entry);
+        int finished = dl_finished(st, entry);
+        int rc = finished < 0 ? -1 : finished ? 0 : PyList_Append(live, entry);
+        Py_DECREF(entry);
+        if (rc < 0)
+            goto fail;
+    }
+    if (PyList_GET_SIZE(live) * 2 < PyList_GET_SIZE(heap)) {
+        PyObject *rc = PyObject_Vectorcall(st->heapify, &live, 1, NULL);
+        if (rc == NULL)
+            goto fail;
+        Py_DECREF(rc);
+        Py_SETREF(self->heap, live); /* (takes our reference to live) */
+        live = NULL;
+        if (!PyList_GET_SIZE(self->heap)) {
+            rc = PyObject_CallMethodNoArgs((PyObject *)self, st->s_idle);
+            if (rc == NULL)
+                goto fail;
+            Py_DECREF(rc);
+        }
+    }
+    Py_XDECREF(live);
+    Py_DECREF(heap);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(live);
+    Py_DECREF(heap);
+    return NULL;
+}
+
+/* add(deadline, waiting, request_id): svcframe.deadlines._PyDeadlinesCore.add. */
+static PyObject *
+dl_add(DlCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "add takes 3 arguments");
+        return NULL;
+    }
+    module_state *st = core_state((PyObject *)self);
+    if (st == NULL)
+        return NULL;
+    double deadline = PyFloat_AsDouble(args[0]);
+    if (deadline == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (self->heap == NULL || !PyList_CheckExact(self->heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        return NULL;
+    }
+    PyObject *heap = self->heap;
+    Py_INCREF(heap); /* (the methods called below may replace it) */
+    unsigned long long seq = ++self->seq;
+    PyObject *seq_obj = PyLong_FromUnsignedLongLong(seq);
+    PyObject *entry = seq_obj == NULL ? NULL : PyTuple_Pack(4, args[0], seq_obj, args[1], args[2]);
+    Py_XDECREF(seq_obj);
+    PyObject *pushargs[2] = {heap, entry};
+    PyObject *rc = entry == NULL ? NULL : PyObject_Vectorcall(st->heappush, pushargs, 2, NULL);
+    Py_XDECREF(entry);
+    if (rc == NULL)
+        goto fail;
+    Py_DECREF(rc);
+    if (deadline < self->timer_at) {
+        rc = PyObject_CallMethodOneArg((PyObject *)self, st->s_arm, args[0]);
+    } else if (PyList_GET_SIZE(heap) > 1024 && !(seq & 1023)) {
+        rc = PyObject_CallMethodNoArgs((PyObject *)self, st->s_compact_heap);
+    } else {
+        Py_DECREF(heap);
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(heap);
+    return rc == NULL ? NULL : (Py_DECREF(rc), Py_NewRef(Py_None));
+fail:
+    Py_DECREF(heap);
+    return NULL;
+}
+
+static PyMemberDef dl_members[] = {
+    {"_heap", T_OBJECT, offsetof(DlCore, heap), 0, NULL},
+    {"_seq", T_ULONGLONG, offsetof(DlCore, seq), 0, NULL},
+    {"_timer_at", T_DOUBLE, offsetof(DlCore, timer_at), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef dl_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))dl_add, METH_FASTCALL,
+     "add(deadline, waiting, request_id) -> None: see svcframe.deadlines.Deadlines."},
+    {"_compact", (PyCFunction)dl_compact, METH_NOARGS,
+     "_compact() -> None: drop finished calls when they are more than half the heap."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot dl_slots[] = {
+    {Py_tp_doc, "The heap and add() of svcframe.deadlines.Deadlines in C: the compiled twin of "
+                "svcframe.deadlines._PyDeadlinesCore."},
+    {Py_tp_new, dl_new},
+    {Py_tp_dealloc, dl_dealloc},
+    {Py_tp_traverse, dl_traverse},
+    {Py_tp_clear, dl_clear},
+    {Py_tp_members, dl_members},
+    {Py_tp_methods, dl_methods},
+    {0, NULL},
+};
+
+static PyType_Spec dl_spec = {
+    "svcframe._speedups.DeadlinesCore",
+    sizeof(DlCore),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    dl_slots,
+};
+
 PyDoc_STRVAR(configure_doc,
 "configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes, request_frame_py, ok_response_py)\n"
 "-> None\n\n"
@@ -808,6 +1010,20 @@ speedups_exec(PyObject *module)
     st->core_type = PyType_FromModuleAndSpec(module, &core_spec, NULL);
     if (st->core_type == NULL || PyModule_AddObjectRef(module, "DecoderCore", st->core_type) < 0)
         return -1;
+    st->deadlines_type = PyType_FromModuleAndSpec(module, &dl_spec, NULL);
+    if (st->deadlines_type == NULL || PyModule_AddObjectRef(module, "DeadlinesCore", st->deadlines_type) < 0)
+        return -1;
+    st->s_arm = PyUnicode_InternFromString("_arm");
+    st->s_compact_heap = PyUnicode_InternFromString("_compact");
+    st->s_idle = PyUnicode_InternFromString("_idle");
+    PyObject *heapq = PyImport_ImportModule("heapq");
+    if (heapq == NULL || !st->s_arm || !st->s_compact_heap || !st->s_idle)
+        return -1;
+    st->heappush = PyObject_GetAttrString(heapq, "heappush");
+    st->heapify = PyObject_GetAttrString(heapq, "heapify");
+    Py_DECREF(heapq);
+    if (st->heappush == NULL || st->heapify == NULL)
+        return -1;
     /* the SHA-256 of the source this was compiled from (hatch_build.py): a stale build is found by a test */
     return PyModule_AddStringConstant(module, "SOURCE_SHA256", SVCFRAME_SOURCE_SHA256);
 }
@@ -831,6 +1047,12 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->request_frame_py);
     Py_VISIT(st->ok_response_py);
     Py_VISIT(st->core_type);
+    Py_VISIT(st->deadlines_type);
+    Py_VISIT(st->heappush);
+    Py_VISIT(st->heapify);
+    Py_VISIT(st->s_arm);
+    Py_VISIT(st->s_compact_heap);
+    Py_VISIT(st->s_idle);
     return 0;
 }
 
@@ -853,6 +1075,12 @@ speedups_clear(PyObject *module)
     Py_CLEAR(st->request_frame_py);
     Py_CLEAR(st->ok_response_py);
     Py_CLEAR(st->core_type);
+    Py_CLEAR(st->deadlines_type);
+    Py_CLEAR(st->heappush);
+    Py_CLEAR(st->heapify);
+    Py_CLEAR(st->s_arm);
+    Py_CLEAR(st->s_compact_heap);
+    Py_CLEAR(st->s_idle);
     return 0;
 }
 

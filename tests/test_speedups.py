@@ -478,3 +478,96 @@ def test_the_compiled_ok_response_is_its_twin(request_id: int, result: object) -
         (frame,) = FrameDecoder().feed(compiled_frame)
         assert (frame.kind, frame.status, frame.request_id) == (Kind.RESPONSE, 0, request_id)
         assert frame.body == wire.pack_body(result)
+
+
+def _deadlines_types() -> list[type]:
+    """Deadlines as built (compiled core where it was built) and on the pure-Python core, the definition."""
+    from svcframe import deadlines
+
+    methods = ("__init__", "start", "_arm", "_fire", "_idle", "close", "__len__")
+    pure = type(
+        "PureDeadlines",
+        (deadlines._PyDeadlinesCore,),
+        {"__slots__": ("_loop", "_timer"), **{name: deadlines.Deadlines.__dict__[name] for name in methods}},
+    )
+    return [deadlines.Deadlines, pure]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("make", _deadlines_types(), ids=["built", "pure"])
+async def test_deadlines_expire_exactly_the_calls_still_waiting(make: type) -> None:
+    """Calls with mixed and equal deadlines, some answered, some forgotten by their caller before their
+    deadline: exactly those still waiting get DeadlineExpired, none before its deadline, and the heap is empty
+    once every deadline passed."""
+    from svcframe.deadlines import DeadlineExpired
+
+    loop = asyncio.get_running_loop()
+    dl = make()
+    dl.start(loop)
+    tables: list[dict[int, asyncio.Future[object]]] = [{}, {}]
+    start = loop.time()
+    expired_at: dict[tuple[int, int], float] = {}
+    for i in range(60):
+        table, rid = tables[i % 2], i
+        future = table[rid] = loop.create_future()
+        deadline = start + 0.02 + (i % 7) * 0.005
+        future.add_done_callback(lambda f, key=(i % 2, rid), d=deadline: expired_at.setdefault(key, loop.time() - d))
+        dl.add(deadline, table, rid)
+        if i % 3 == 0:
+            future.set_result("answered")
+        elif i % 3 == 1 and i % 2:
+            del table[rid]  # its caller gave up (the future stays pending, unseen by the deadlines)
+    waiting = {(t, rid) for t, table in enumerate(tables) for rid, f in table.items() if not f.done()}
+    await conftest_wait(lambda: waiting <= expired_at.keys())  # (done callbacks run a loop turn later)
+    for t, table in enumerate(tables):
+        for rid, future in table.items():
+            if (t, rid) in waiting:
+                assert isinstance(future.exception(), DeadlineExpired)
+                assert expired_at[(t, rid)] >= -0.001  # never before its deadline (loop time)
+            else:
+                assert future.result() == "answered"
+    await conftest_wait(lambda: len(dl) == 0)
+    dl.close()
+
+
+async def conftest_wait(condition: object, within: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.002)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("make", _deadlines_types(), ids=["built", "pure"])
+async def test_deadlines_keep_in_step_with_sequential_calls(make: type) -> None:
+    """10,000 calls one after another (each answered before the next): the heap holds at most 2,048 entries
+    (compacted when finished calls are more than half of it); and 20,000 more leave traced memory where it
+    was."""
+    loop = asyncio.get_running_loop()
+    dl = make()
+    dl.start(loop)
+    table: dict[int, asyncio.Future[object]] = {}
+
+    def calls(n: int, first: int) -> int:
+        most = 0
+        for rid in range(first, first + n):
+            future = table[rid] = loop.create_future()
+            dl.add(loop.time() + 30.0, table, rid)
+            most = max(most, len(dl))
+            future.set_result(None)
+            del table[rid]
+        return most
+
+    assert calls(10_000, 0) <= 2048
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        calls(20_000, 10_000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes still held after 20,000 calls"
+    dl.close()

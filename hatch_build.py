@@ -1,9 +1,9 @@
-"""Build hook: compile svcframe's optional C twin of the frame decoder's loop (svcframe/_speedups.c).
+"""Build hook: compile svcframe's optional C twins of its per-call hot paths (svcframe/_speedups.c).
 
 ``pip install .`` (a wheel) and ``pip install -e .`` (editable: built in place, next to the source) compile it
 with the C compiler the interpreter was built with (sysconfig's CC) against the interpreter's own headers: no
 extra build dependency. Without a compiler, or when the compile fails, the build says so in one line and the
-package stays pure Python (svcframe.wire.PURE is then True; everything works, the decoder is slower).
+package stays pure Python (svcframe.wire.PURE is then True; everything works, calls cost more CPU).
 ``SVCFRAME_PURE_BUILD=1`` skips the compile on purpose.
 """
 

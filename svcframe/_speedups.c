@@ -1,19 +1,22 @@
-/* svcframe._speedups: the receive interface and per-frame hot loop of svcframe.wire.FrameDecoder in C.
+/* svcframe._speedups: the compiled twins of svcframe's per-call hot paths. Each has a Python definition, which
+ * runs without this module (no compiler, or SVCFRAME_PURE=1), and tests/test_speedups.py checks they agree on
+ * valid, truncated and hostile input:
  *
- * parse_inline is the compiled twin of the two branches of FrameDecoder._parse that most frames take: a
- * complete, valid frame with an inline body, and a complete bulk data frame (a read's data, under ``data_max``
- * bytes) that is first in its batch, whose bytes go where the decoder's bulk sink says. It appends those frames
- * to a list and returns the offset of the first frame it did not take. It takes a frame only where the Python
- * loop would append the very same Frame (and call the sink the same way); anything else (an incomplete header
- * or body, a bulk data frame behind other frames or without a sink, a body over the receive buffer, a bad
- * header) is left where it starts, for FrameDecoder._parse, which has the whole of the semantics and the error
- * messages.
- *
- * DecoderCore is the twin of svcframe.wire._PyDecoderCore: FrameDecoder's state, get_buffer, buffer_updated and
- * idle, which run this loop without a Python frame per read, and answer our calls (FrameDecoder.answers): an OK
- * RESPONSE first in its batch gives its call's future what svcframe.wire.answer_call would, once the whole read
- * decoded without an error. So the pure-Python decoder stays the definition, and tests/test_speedups.py checks
- * the two agree on valid, truncated and hostile input.
+ * - parse_inline, of the two branches of FrameDecoder._parse that most frames take: a complete, valid frame
+ *   with an inline body, and a complete bulk data frame (a read's data, under ``data_max`` bytes) that is first
+ *   in its batch, whose bytes go where the decoder's bulk sink says. It appends those frames to a list and
+ *   returns the offset of the first frame it did not take. It takes a frame only where the Python loop would
+ *   append the very same Frame (and call the sink the same way); anything else (an incomplete header or body,
+ *   a bulk data frame behind other frames or without a sink, a body over the receive buffer, a bad header) is
+ *   left where it starts, for FrameDecoder._parse, which has the whole of the semantics and the error messages.
+ * - DecoderCore, of svcframe.wire._PyDecoderCore: FrameDecoder's state, get_buffer, buffer_updated and idle,
+ *   which run this loop without a Python frame per read, and answer our calls (FrameDecoder.answers): an OK
+ *   RESPONSE first in its batch gives its call's future what svcframe.wire.answer_call would, once the whole
+ *   read decoded without an error.
+ * - request_frame and ok_response, of svcframe.wire._request_frame_py and _ok_response_py: a call's REQUEST
+ *   and a server's common answer in one allocation (anything unusual is handed to the Python twin).
+ * - unpack_body, of svcframe.wire._unpack_body_py: a simple body without a call, others without a Python frame.
+ * - DeadlinesCore, of svcframe.deadlines._PyDeadlinesCore: the deadline heap's add and _compact.
  *
  * Bounded by what was received: it reads only below ``end``, which the caller keeps within the buffer, and a
  * body is copied only when all of it is there (length <= max_body, checked before); a bulk data body is
@@ -134,6 +137,7 @@ typedef struct {
     PyObject *frame_type, *zero_trace, *unpack; /* what DecoderCore decodes with (configure()) */
     PyObject *unpack_kwnames, *unpack_kwvalues;  /* unpack's keyword arguments (configure()) */
     PyObject *request_frame_py, *ok_response_py;  /* svcframe.wire's pure twins (configure()) */
+    PyObject *unpack_body_py;
     Py_ssize_t keep_bytes;                        /* wire.KEEP_RECEIVE_BYTES (configure()) */
     PyObject *core_type;                          /* DecoderCore */
     PyObject *deadlines_type;                     /* DeadlinesCore */
@@ -791,17 +795,17 @@ static PyType_Spec dl_spec = {
 };
 
 PyDoc_STRVAR(configure_doc,
-"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes, request_frame_py, ok_response_py)\n"
-"-> None\n\n"
+"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes, request_frame_py, ok_response_py,\n"
+"          unpack_body_py) -> None\n\n"
 "What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID, the strict msgpack decoder of answers\n"
-"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES; request_frame's and\n"
-"ok_response's twins.");
+"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES; the Python twins of\n"
+"request_frame, ok_response and unpack_body.");
 
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "configure takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "configure takes 8 arguments");
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
@@ -849,6 +853,8 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->request_frame_py, args[5]);
     Py_INCREF(args[6]);
     Py_XSETREF(st->ok_response_py, args[6]);
+    Py_INCREF(args[7]);
+    Py_XSETREF(st->unpack_body_py, args[7]);
     st->keep_bytes = keep;
     Py_RETURN_NONE;
 }
@@ -981,11 +987,43 @@ ok_response(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return frame;
 }
 
+PyDoc_STRVAR(unpack_body_doc,
+"unpack_body(body) -> object\n\n"
+"svcframe.wire.unpack_body: a simple item (nil, true, false, a fixint, a bin 8) without a call, other bytes\n"
+"bodies by the strict msgpack decoder; anything else, and any body it refuses, by the Python twin (whose\n"
+"errors are the definition).");
+
+static PyObject *
+unpack_body(PyObject *module, PyObject *body)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    if (st->unpack_body_py == NULL || st->unpack == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+        return NULL;
+    }
+    if (PyBytes_CheckExact(body) && PyBytes_GET_SIZE(body) > 0) {
+        PyObject *value = simple_value((const unsigned char *)PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+        if (value != NULL || PyErr_Occurred())
+            return value;
+        PyObject *args[1 + UNPACK_KWARGS_MAX];
+        Py_ssize_t nkw = PyTuple_GET_SIZE(st->unpack_kwnames);
+        args[0] = body;
+        for (Py_ssize_t i = 0; i < nkw; i++)
+            args[1 + i] = PyTuple_GET_ITEM(st->unpack_kwvalues, i);
+        value = PyObject_Vectorcall(st->unpack, args, 1, nkw ? st->unpack_kwnames : NULL);
+        if (value != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
+            return value;
+        PyErr_Clear(); /* refused: the twin decodes it again and raises its error */
+    }
+    return PyObject_CallOneArg(st->unpack_body_py, body);
+}
+
 static PyMethodDef speedups_methods[] = {
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
     {"request_frame", (PyCFunction)(void (*)(void))request_frame, METH_FASTCALL, request_frame_doc},
     {"ok_response", (PyCFunction)(void (*)(void))ok_response, METH_FASTCALL, ok_response_doc},
+    {"unpack_body", (PyCFunction)unpack_body, METH_O, unpack_body_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1046,6 +1084,7 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->unpack_kwvalues);
     Py_VISIT(st->request_frame_py);
     Py_VISIT(st->ok_response_py);
+    Py_VISIT(st->unpack_body_py);
     Py_VISIT(st->core_type);
     Py_VISIT(st->deadlines_type);
     Py_VISIT(st->heappush);
@@ -1074,6 +1113,7 @@ speedups_clear(PyObject *module)
     Py_CLEAR(st->unpack_kwvalues);
     Py_CLEAR(st->request_frame_py);
     Py_CLEAR(st->ok_response_py);
+    Py_CLEAR(st->unpack_body_py);
     Py_CLEAR(st->core_type);
     Py_CLEAR(st->deadlines_type);
     Py_CLEAR(st->heappush);
@@ -1095,7 +1135,7 @@ static struct PyModuleDef_Slot speedups_slots[] = {
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     "svcframe._speedups",
-    "The compiled hot loop of svcframe.wire.FrameDecoder (optional: svcframe runs without it).",
+    "The compiled twins of svcframe's per-call hot paths (optional: svcframe runs without them).",
     sizeof(module_state),
     speedups_methods,
     speedups_slots,

@@ -1,5 +1,4 @@
-# The compiled twin of svcframe.wire.FrameDecoder's loop and receive interface (svcframe/_speedups.c); see its
-# docstrings.
+# The compiled twins of svcframe's per-call hot paths (svcframe/_speedups.c); see its docstrings.
 from typing import Any
 
 SOURCE_SHA256: str
@@ -25,8 +24,10 @@ def configure(
     keep_bytes: int,
     request_frame_py: Any,
     ok_response_py: Any,
+    unpack_body_py: Any,
     /,
 ) -> None: ...
+def unpack_body(body: bytes | bytearray | memoryview, /) -> object: ...
 def ok_response(request_id: int, result: bytes | None, /) -> bytes: ...
 def request_frame(
     flags: int,

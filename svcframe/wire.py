@@ -144,6 +144,7 @@ if not PURE:
         from ._speedups import DecoderCore, configure, parse_inline
         from ._speedups import ok_response as _ok_response_c
         from ._speedups import request_frame as _request_frame_c
+        from ._speedups import unpack_body as _unpack_body_c
     except ImportError:
         PURE = True
     else:
@@ -383,9 +384,11 @@ def bin_header(length: int) -> bytes:
     return b"\xc6" + length.to_bytes(4, "big")
 
 
-def unpack_body(body: bytes | bytearray | memoryview) -> object:
+def _unpack_body_py(body: bytes | bytearray | memoryview) -> object:
     """Decode a msgpack body strictly (no extension types, str map keys). Container and string sizes
-    are bounded by the body's length (msgpack's default), and the body by the frame size limit.
+    are bounded by the body's length (msgpack's default), and the body by the frame size limit. The
+    definition of ``unpack_body``, whose compiled twin (svcframe._speedups) decodes a simple body (nil, a bool,
+    a fixint, a bin 8) without a call, and calls this for any body the decoder refuses.
 
     Raises RemoteProtocolError for anything malformed.
     """
@@ -453,6 +456,10 @@ def _str_keyed_dict(pairs: list[tuple[object, object]]) -> dict[str, object]:
 #: decodes it again with unpack_body).
 _UNPACK_STRICT = {"ext_hook": _refuse_ext, "max_ext_len": 0, "object_pairs_hook": _str_keyed_dict}
 
+
+#: ``unpack_body(body) -> object``: ``_unpack_body_py``, compiled where it was built (a server's noop call 540
+#: instructions fewer: tools/instructions_per_call.sh).
+unpack_body: Callable[[bytes | bytearray | memoryview], object] = _unpack_body_py if PURE else _unpack_body_c
 
 #: The shortest shared secret accepted (bytes): 128 bits, as the nonces.
 MIN_SECRET_BYTES = 16
@@ -917,5 +924,12 @@ class FrameDecoder(_Decoding, _Core):
 
 if _DecoderCore is not None:
     configure(
-        Frame, ZERO_TRACE_ID, msgpack.unpackb, _UNPACK_STRICT, KEEP_RECEIVE_BYTES, _request_frame_py, _ok_response_py
+        Frame,
+        ZERO_TRACE_ID,
+        msgpack.unpackb,
+        _UNPACK_STRICT,
+        KEEP_RECEIVE_BYTES,
+        _request_frame_py,
+        _ok_response_py,
+        _unpack_body_py,
     )

@@ -527,17 +527,17 @@ class Engine(Calls, Handlers, BulkTransfers):
         arrival_ns, arrival = 0, 0.0  # the batch's arrival (ns; loop time, for deadlines), read at its first request
         for frame in frames:
             kind = frame[0]
-            if kind == K_RESPONSE:
+            if kind == K_REQUEST:  # (first: the compiled decoder answers most responses itself)
+                if not arrival_ns:  # (a batch of responses reads no clock: two C calls per call saved on a client)
+                    arrival_ns, arrival = perf_ns(), self._loop.time()  # type: ignore[union-attr]
+                self._on_request(conn, frame, arrival_ns, arrival)
+            elif kind == K_RESPONSE:
                 waiter = conn.pending.get(frame[4])
                 if waiter is None:
                     conn.protocol.check_late_answer(frame[4])
                 elif not waiter.done():
                     # decoded here, while the body's buffer is this frame's (the decoder reuses large ones)
                     answer_call(waiter, frame[6], frame[13])  # type: ignore[arg-type]  # None: bulk data only
-            elif kind == K_REQUEST:
-                if not arrival_ns:  # (a batch of responses reads no clock: two C calls per call saved on a client)
-                    arrival_ns, arrival = perf_ns(), self._loop.time()  # type: ignore[union-attr]
-                self._on_request(conn, frame, arrival_ns, arrival)
             elif kind == K_BULK_DATA_PUSH:
                 self._on_push_data(conn, frame)
             elif kind == K_BULK_DATA_REPLY:  # already written into the destination by the protocol's bulk sink

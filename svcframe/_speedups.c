@@ -170,14 +170,45 @@ simple_value(const unsigned char *b, Py_ssize_t length)
     return NULL;
 }
 
-/* The answer to the call waiting for the OK RESPONSE at p, as svcframe.wire.answer_call gives it: its future in
- * ``answers`` (by request id) and ``(0, unpack(body), length)`` (None without a decoder call for a msgpack nil
- * body) are appended to ``answered``, for core_buffer_updated to give once the whole read decoded without an
- * error. 1: taken; 0: not ours (no such call, its future done, or a body unpack refuses: the Python dispatch
- * has the whole of the semantics and the error); -1 with an exception set on failure. */
+/* 1 when configure() was called, else 0 with an exception set. */
 static int
-answer(module_state *st, PyObject *answers, PyObject *unpack, PyObject *answered, const unsigned char *p,
-       Py_ssize_t length)
+configured(module_state *st)
+{
+    if (st->frame_type != NULL)
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+    return 0;
+}
+
+/* 1 when ``future.done()``, 0 when not, -1 with an exception set. */
+static int
+future_done(module_state *st, PyObject *future)
+{
+    PyObject *done = PyObject_CallMethodNoArgs(future, st->s_done);
+    int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
+    Py_XDECREF(done);
+    return is_done;
+}
+
+/* ``unpack(body, **unpack_kwargs)`` (configure()), by vectorcall: no keyword dict made per call. */
+static PyObject *
+strict_unpack(module_state *st, PyObject *body)
+{
+    PyObject *args[1 + UNPACK_KWARGS_MAX];
+    Py_ssize_t nkw = PyTuple_GET_SIZE(st->unpack_kwnames);
+    args[0] = body;
+    for (Py_ssize_t i = 0; i < nkw; i++)
+        args[1 + i] = PyTuple_GET_ITEM(st->unpack_kwvalues, i);
+    return PyObject_Vectorcall(st->unpack, args, 1, nkw ? st->unpack_kwnames : NULL);
+}
+
+/* The answer to the call waiting for the OK RESPONSE at p, as svcframe.wire.answer_call gives it: its future in
+ * ``answers`` (by request id) and ``(0, value, length)`` are appended to ``*answered`` (a list made at the first
+ * answer of a read), for core_buffer_updated to give once the whole read decoded without an error. 1: taken; 0:
+ * not ours (no such call, its future done or answered earlier in this read, or a body the decoder refuses: the
+ * Python dispatch has the whole of the semantics and the error); -1 with an exception set on failure. */
+static int
+answer(module_state *st, PyObject *answers, PyObject **answered, const unsigned char *p, Py_ssize_t length)
 {
     PyObject *key = PyLong_FromUnsignedLongLong(rd64(p + 16));
     if (key == NULL)
@@ -186,42 +217,30 @@ answer(module_state *st, PyObject *answers, PyObject *unpack, PyObject *answered
     Py_DECREF(key);
     if (waiter == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(answered); i += 2)
-        if (PyList_GET_ITEM(answered, i) == waiter) /* answered earlier in this read: this one is the dispatch's */
-            return 0;
+    if (*answered != NULL)
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(*answered); i += 2)
+            if (PyList_GET_ITEM(*answered, i) == waiter) /* answered earlier in this read: this one is the dispatch's */
+                return 0;
     Py_INCREF(waiter);
-    PyObject *done = PyObject_CallMethodNoArgs(waiter, st->s_done);
-    int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
-    Py_XDECREF(done);
+    int is_done = future_done(st, waiter);
     if (is_done) {
         Py_DECREF(waiter);
         return is_done < 0 ? -1 : 0;
     }
     PyObject *value = simple_value(p + HEADER_SIZE, length);
-    if (value == NULL && PyErr_Occurred()) {
-        Py_DECREF(waiter);
-        return -1;
-    }
-    if (value == NULL) {
+    if (value == NULL && !PyErr_Occurred()) {
         PyObject *body = PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE, length);
-        if (body != NULL) { /* unpack(body, **unpack_kwargs), by vectorcall: no keyword dict made per call */
-            PyObject *args[1 + UNPACK_KWARGS_MAX];
-            Py_ssize_t nkw = PyTuple_GET_SIZE(st->unpack_kwnames);
-            args[0] = body;
-            for (Py_ssize_t i = 0; i < nkw; i++)
-                args[1 + i] = PyTuple_GET_ITEM(st->unpack_kwvalues, i);
-            value = PyObject_Vectorcall(unpack, args, 1, nkw ? st->unpack_kwnames : NULL);
-        } else {
-            value = NULL;
-        }
+        value = body == NULL ? NULL : strict_unpack(st, body);
         Py_XDECREF(body);
-        if (value == NULL) {
-            Py_DECREF(waiter);
-            if (!PyErr_ExceptionMatches(PyExc_Exception))
-                return -1;
+        if (value == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
             PyErr_Clear(); /* a body the decoder refuses: the Python dispatch decodes it again and answers the error */
+            Py_DECREF(waiter);
             return 0;
         }
+    }
+    if (value == NULL) {
+        Py_DECREF(waiter);
+        return -1;
     }
     PyObject *result = PyTuple_New(3);
     if (result != NULL) {
@@ -234,26 +253,25 @@ answer(module_state *st, PyObject *answers, PyObject *unpack, PyObject *answered
     } else {
         Py_DECREF(value);
     }
-    int rc = result == NULL || PyList_Append(answered, waiter) < 0 || PyList_Append(answered, result) < 0 ? -1 : 1;
+    if (result != NULL && *answered == NULL)
+        *answered = PyList_New(0);
+    int rc = result == NULL || *answered == NULL || PyList_Append(*answered, waiter) < 0 ||
+                     PyList_Append(*answered, result) < 0
+                 ? -1
+                 : 1;
     Py_XDECREF(result);
     Py_DECREF(waiter);
     return rc;
 }
 
-/* Give the answers collected by answer() (future, result, future, result, ...): -1 with an exception set. */
+/* Give the answers collected by answer() (future, result, future, result, ...): -1 with an exception set. Each
+ * future was not done when collected, and nothing the read's decoding does in between resolves one. */
 static int
 give_answers(module_state *st, PyObject *answered)
 {
     for (Py_ssize_t i = 0; i + 1 < PyList_GET_SIZE(answered); i += 2) {
-        PyObject *waiter = PyList_GET_ITEM(answered, i);
-        PyObject *done = PyObject_CallMethodNoArgs(waiter, st->s_done);
-        int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
-        Py_XDECREF(done);
-        if (is_done < 0)
-            return -1;
-        if (is_done) /* (answered meanwhile: nothing the read's own decoding does) */
-            continue;
-        PyObject *rc = PyObject_CallMethodOneArg(waiter, st->s_set_result, PyList_GET_ITEM(answered, i + 1));
+        PyObject *rc = PyObject_CallMethodOneArg(PyList_GET_ITEM(answered, i), st->s_set_result,
+                                                 PyList_GET_ITEM(answered, i + 1));
         if (rc == NULL)
             return -1;
         Py_DECREF(rc);
@@ -266,7 +284,7 @@ give_answers(module_state *st, PyObject *answered)
 static Py_ssize_t
 parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssize_t end, long long max_body,
            unsigned long long legal, PyObject *frames, PyTypeObject *frame_type, PyObject *zero_trace, PyObject *sink,
-           long long data_max, PyObject *answers, PyObject *unpack, PyObject *answered)
+           long long data_max, PyObject *answers, PyObject **answered)
 {
     while (end - start >= HEADER_SIZE) {
         const unsigned char *p = base + start;
@@ -277,7 +295,7 @@ parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssi
             break; /* not ours to take: the Python loop decides */
         if (kind == K_RESPONSE && answered != NULL && !PyList_GET_SIZE(frames) && !rd16(p + 28)) {
             /* an OK answer first in its batch (the frames before it are dispatched first) */
-            int rc = answer(st, answers, unpack, answered, p, (Py_ssize_t)length);
+            int rc = answer(st, answers, answered, p, (Py_ssize_t)length);
             if (rc < 0)
                 return -1;
             if (rc) {
@@ -289,7 +307,7 @@ parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssi
         if (data) {
             /* first in its batch (the frames before it may set up its sink: they are dispatched first), small
              * (after a large chunk the decoder reads header first), and a sink to ask */
-            if (sink == Py_None || PyList_GET_SIZE(frames) || (answered != NULL && PyList_GET_SIZE(answered)) ||
+            if (sink == Py_None || PyList_GET_SIZE(frames) || (answered != NULL && *answered != NULL) ||
                 (long long)length >= data_max)
                 break;
             if (sink_data(sink, kind, p, (Py_ssize_t)length) < 0)
@@ -335,7 +353,7 @@ parse_inline(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     start = parse_loop((module_state *)PyModule_GetState(module), (const unsigned char *)view.buf, start, end,
-                       max_body, legal, frames, (PyTypeObject *)args[6], zero_trace, sink, data_max, NULL, NULL, NULL);
+                       max_body, legal, frames, (PyTypeObject *)args[6], zero_trace, sink, data_max, NULL, NULL);
     PyBuffer_Release(&view);
     return start < 0 ? NULL : PyLong_FromSsize_t(start);
 }
@@ -453,10 +471,8 @@ core_buffer_updated(Core *self, PyObject *arg)
         return NULL;
     if (!IS_NONE(self->direct))
         return PyObject_CallMethodOneArg((PyObject *)self, st->s_direct_updated, arg);
-    if (st->frame_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+    if (!configured(st))
         return NULL;
-    }
     Py_ssize_t nbytes = PyLong_AsSsize_t(arg);
     if (nbytes == -1 && PyErr_Occurred())
         return NULL;
@@ -477,27 +493,24 @@ core_buffer_updated(Core *self, PyObject *arg)
     if (end > self->high)
         self->high = end;
     PyObject *frames = PyList_New(0);
-    PyObject *answered = IS_NONE(self->answers) ? NULL : PyList_New(0); /* given once the read decoded */
-    if (frames == NULL || (answered == NULL && !IS_NONE(self->answers))) {
-        Py_XDECREF(frames);
+    if (frames == NULL) {
         PyBuffer_Release(&view);
         return NULL;
     }
+    PyObject *answered = NULL; /* (future, result, ...), given once the read decoded; made at its first answer */
+    PyObject *sink = self->bulk_sink ? self->bulk_sink : Py_None;
     Py_ssize_t start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
-                                  (PyTypeObject *)st->frame_type, st->zero_trace, self->bulk_sink ? self->bulk_sink : Py_None,
-                                  self->data_max, self->answers, st->unpack, answered);
-    if (start >= 0 && answered != NULL && PyList_GET_SIZE(answered) && !PyList_GET_SIZE(frames) && end - start > 3 &&
+                                  (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, self->answers,
+                                  IS_NONE(self->answers) ? NULL : &answered);
+    if (start >= 0 && answered != NULL && !PyList_GET_SIZE(frames) && end - start > 3 &&
         (((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_REPLY ||
          ((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_PUSH)) {
         /* answers, then bulk data: the Python loop holds data behind the frames before it (their dispatch may set
          * up its sink), so this read is decoded without answering, all of it frames (rare: a read of ours is
          * answered by the data's last frame) */
-        if (PyList_SetSlice(answered, 0, PY_SSIZE_T_MAX, NULL) < 0)
-            start = -1;
-        else
-            start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
-                               (PyTypeObject *)st->frame_type, st->zero_trace,
-                               self->bulk_sink ? self->bulk_sink : Py_None, self->data_max, NULL, NULL, NULL);
+        Py_CLEAR(answered);
+        start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
+                           (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, NULL, NULL);
     }
     PyBuffer_Release(&view);
     if (start < 0)
@@ -521,8 +534,7 @@ core_buffer_updated(Core *self, PyObject *arg)
     }
     if (answered != NULL) {
         int rc = give_answers(st, answered);
-        Py_DECREF(answered);
-        answered = NULL;
+        Py_CLEAR(answered);
         if (rc < 0)
             goto fail;
     }
@@ -658,10 +670,8 @@ dl_finished(module_state *st, PyObject *entry)
     if (future == NULL)
         return PyErr_Occurred() ? -1 : 1;
     Py_INCREF(future);
-    PyObject *done = PyObject_CallMethodNoArgs(future, st->s_done);
+    int is_done = future_done(st, future);
     Py_DECREF(future);
-    int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
-    Py_XDECREF(done);
     return is_done;
 }
 
@@ -902,10 +912,8 @@ request_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (int i = 0; ok && i < 11; i++)
         ok = i == 8 || as_field(args[i], max[i], &v[i]);
     if (!ok) {
-        if (st->request_frame_py == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+        if (!configured(st))
             return NULL;
-        }
         return PyObject_Vectorcall(st->request_frame_py, args, (size_t)nargs, NULL);
     }
     Py_ssize_t length = PyBytes_GET_SIZE(args[11]);
@@ -946,10 +954,8 @@ ok_response(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = nargs == 2 ? args[1] : NULL;
     if (nargs != 2 || !as_field(args[0], UINT64_MAX, &rid) || (result != Py_None && !PyBytes_CheckExact(result)) ||
         (result != Py_None && PyBytes_GET_SIZE(result) > 0xFFFFFFFF - 5)) {
-        if (st->ok_response_py == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+        if (!configured(st))
             return NULL;
-        }
         return PyObject_Vectorcall(st->ok_response_py, args, (size_t)nargs, NULL);
     }
     Py_ssize_t n = result == Py_None ? 0 : PyBytes_GET_SIZE(result);
@@ -997,20 +1003,13 @@ static PyObject *
 unpack_body(PyObject *module, PyObject *body)
 {
     module_state *st = (module_state *)PyModule_GetState(module);
-    if (st->unpack_body_py == NULL || st->unpack == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure() was not called");
+    if (!configured(st))
         return NULL;
-    }
     if (PyBytes_CheckExact(body) && PyBytes_GET_SIZE(body) > 0) {
         PyObject *value = simple_value((const unsigned char *)PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
         if (value != NULL || PyErr_Occurred())
             return value;
-        PyObject *args[1 + UNPACK_KWARGS_MAX];
-        Py_ssize_t nkw = PyTuple_GET_SIZE(st->unpack_kwnames);
-        args[0] = body;
-        for (Py_ssize_t i = 0; i < nkw; i++)
-            args[1 + i] = PyTuple_GET_ITEM(st->unpack_kwvalues, i);
-        value = PyObject_Vectorcall(st->unpack, args, 1, nkw ? st->unpack_kwnames : NULL);
+        value = strict_unpack(st, body);
         if (value != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
             return value;
         PyErr_Clear(); /* refused: the twin decodes it again and raises its error */

@@ -11,10 +11,12 @@ import shlex
 import shutil
 import sysconfig
 import tracemalloc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgpack
 import pytest
+from conftest import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +26,43 @@ from svcframe.wire import HEADER_SIZE, Frame, FrameDecoder, Kind, encode_frame, 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
 DATA_MAX = wire.HEADER_FIRST_AFTER_BYTES
+
+
+def _outcome(fn: Callable[..., object], *args: object) -> object:
+    """What ``fn(*args)`` gives: its value, or its error's type and message (how twins are compared)."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _memory_kept(work: Callable[[], object]) -> int:
+    """Bytes of traced memory still held after ``work()`` (run once before, so caches are settled)."""
+    work()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        work()
+        gc.collect()
+        return int(tracemalloc.get_traced_memory()[0] - before)
+    finally:
+        tracemalloc.stop()
+
+
+def _reads(decoder: FrameDecoder | wire.PyFrameDecoder, stream: bytes, cuts: list[int]) -> Iterator[list[Frame] | None]:
+    """Receive ``stream`` into ``decoder`` in pieces cut at ``cuts`` (and at its free space): what each
+    ``buffer_updated`` returns."""
+    data = memoryview(stream)
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        while len(stream) - len(data) < min(cut, len(stream)):
+            buf = decoder.get_buffer()
+            n = min(len(buf), len(data), cut - (len(stream) - len(data)))
+            buf[:n] = data[:n]
+            data = data[n:]
+            yield decoder.buffer_updated(n)
+
+
 compiled = pytest.mark.skipif(wire.PURE, reason="the pure-Python decoder was asked for or built (SVCFRAME_PURE)")
 
 
@@ -170,17 +209,10 @@ def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> 
         decoder_type = FrameDecoder if compiled_loop else wire.PyFrameDecoder
         decoder = decoder_type(max_body_bytes=4096, bulk_sink=sink, buffer_bytes=1024)
         decoder.legal_kinds = legal
-        data = memoryview(stream)
-        for cut in [*sorted(set(cuts)), len(stream)]:
-            while len(stream) - len(data) < min(cut, len(stream)):
-                buf = decoder.get_buffer()
-                n = min(len(buf), len(data), cut - (len(stream) - len(data)))
-                buf[:n] = data[:n]
-                data = data[n:]
-                got = decoder.buffer_updated(n)
-                while got:  # a batch, as the transport dispatches it
-                    events.append([(tuple(f), None if f.body is not None else bytes(sunk[-1])) for f in got])
-                    got = decoder.more()
+        for got in _reads(decoder, stream, cuts):
+            while got:  # a batch, as the transport dispatches it
+                events.append([(tuple(f), None if f.body is not None else bytes(sunk[-1])) for f in got])
+                got = decoder.more()
     except Exception as exc:  # the decision, compared: type and message
         events.append((type(exc).__name__, str(exc)))
     finally:
@@ -248,16 +280,7 @@ def test_parse_inline_keeps_no_reference() -> None:
             )  # fmt: skip
             assert taken == len(stream) and len(frames) == 3
 
-    parse_many(100)  # caches (small ints, the empty bytes) settled
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        parse_many(20_000)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    grown = _memory_kept(lambda: parse_many(20_000))
     assert grown < 64 * 1024, f"{grown} bytes still held after 20,000 parses"
 
 
@@ -273,20 +296,14 @@ def _answered(stream: bytes, cuts: list[int], compiled: bool, waiting: set[int],
             calls[rid].cancel()
         decoder = (FrameDecoder if compiled else wire.PyFrameDecoder)(max_body_bytes=4096, buffer_bytes=1024)
         decoder.answers = calls  # the pure core leaves answers to the dispatch
-        data = memoryview(stream)
         try:
-            for cut in [*sorted(set(cuts)), len(stream)]:
-                while len(stream) - len(data) < min(cut, len(stream)):
-                    buf = decoder.get_buffer()
-                    n = min(len(buf), len(data), cut - (len(stream) - len(data)))
-                    buf[:n] = data[:n]
-                    data = data[n:]
-                    for frame in decoder.buffer_updated(n) or []:
-                        call = calls.get(frame.request_id)
-                        if frame.kind == Kind.RESPONSE and call is not None and not call.done():
-                            wire.answer_call(call, frame.status, frame.body)  # type: ignore[arg-type]
-                        else:
-                            events.append(tuple(frame))
+            for got in _reads(decoder, stream, cuts):
+                for frame in got or []:
+                    call = calls.get(frame.request_id)
+                    if frame.kind == Kind.RESPONSE and call is not None and not call.done():
+                        wire.answer_call(call, frame.status, frame.body)  # type: ignore[arg-type]
+                    else:
+                        events.append(tuple(frame))
         except Exception as exc:
             events.append((type(exc).__name__, str(exc)))
         for rid, call in calls.items():
@@ -391,16 +408,7 @@ def test_the_compiled_core_keeps_no_reference() -> None:
             assert frames is not None and len(frames) == 2 and calls[1].done() and not calls[2].done()
 
     try:
-        answer_many(100)
-        gc.collect()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            answer_many(20_000)
-            gc.collect()
-            grown = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
+        grown = _memory_kept(lambda: answer_many(20_000))
         assert grown < 64 * 1024, f"{grown} bytes still held after 20,000 reads"
     finally:
         loop.close()
@@ -426,14 +434,8 @@ def test_the_compiled_request_frame_is_its_twin(fields: list[int], trace_id: byt
 
     args = (*fields[:8], trace_id, *fields[8:], body)
 
-    def outcome(fn: object) -> object:
-        try:
-            return fn(*args)  # type: ignore[operator]
-        except Exception as exc:
-            return (type(exc).__name__, str(exc))
-
-    compiled_frame = outcome(_speedups.request_frame)
-    assert compiled_frame == outcome(wire._request_frame_py)
+    compiled_frame = _outcome(_speedups.request_frame, *args)
+    assert compiled_frame == _outcome(wire._request_frame_py, *args)
     if isinstance(compiled_frame, bytes):
         (frame,) = FrameDecoder().feed(compiled_frame)
         assert (frame.kind, frame.flags, frame.provider_id, frame.rpc_id, frame.request_id) == (
@@ -466,14 +468,8 @@ def test_the_compiled_ok_response_is_its_twin(request_id: int, result: object) -
     to the request id and ``pack_body(result)``."""
     from svcframe import _speedups
 
-    def outcome(fn: object) -> object:
-        try:
-            return fn(request_id, result)  # type: ignore[operator]
-        except Exception as exc:
-            return (type(exc).__name__, str(exc))
-
-    compiled_frame = outcome(_speedups.ok_response)
-    assert compiled_frame == outcome(wire._ok_response_py)
+    compiled_frame = _outcome(_speedups.ok_response, request_id, result)
+    assert compiled_frame == _outcome(wire._ok_response_py, request_id, result)
     if isinstance(compiled_frame, bytes):
         (frame,) = FrameDecoder().feed(compiled_frame)
         assert (frame.kind, frame.status, frame.request_id) == (Kind.RESPONSE, 0, request_id)
@@ -518,7 +514,9 @@ async def test_deadlines_expire_exactly_the_calls_still_waiting(make: type) -> N
         elif i % 3 == 1 and i % 2:
             del table[rid]  # its caller gave up (the future stays pending, unseen by the deadlines)
     waiting = {(t, rid) for t, table in enumerate(tables) for rid, f in table.items() if not f.done()}
-    await conftest_wait(lambda: waiting <= expired_at.keys())  # (done callbacks run a loop turn later)
+    await wait_until(
+        lambda: waiting <= expired_at.keys(), what="the waiting calls' expiry"
+    )  # (done callbacks run a loop turn later)
     for t, table in enumerate(tables):
         for rid, future in table.items():
             if (t, rid) in waiting:
@@ -526,24 +524,16 @@ async def test_deadlines_expire_exactly_the_calls_still_waiting(make: type) -> N
                 assert expired_at[(t, rid)] >= -0.001  # never before its deadline (loop time)
             else:
                 assert future.result() == "answered"
-    await conftest_wait(lambda: len(dl) == 0)
+    await wait_until(lambda: len(dl) == 0, what="an empty heap")
     dl.close()
-
-
-async def conftest_wait(condition: object, within: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():  # type: ignore[operator]
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.002)
 
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("make", _deadlines_types(), ids=["built", "pure"])
 async def test_deadlines_keep_in_step_with_sequential_calls(make: type) -> None:
     """10,000 calls one after another (each answered before the next): the heap holds at most 2,048 entries
-    (compacted when finished calls are more than half of it); and 20,000 more leave traced memory where it
-    was."""
+    (compacted when finished calls are more than half of it); and 20,000 more, the heap then compacted, leave
+    traced memory where it was."""
     loop = asyncio.get_running_loop()
     dl = make()
     dl.start(loop)
@@ -560,15 +550,12 @@ async def test_deadlines_keep_in_step_with_sequential_calls(make: type) -> None:
         return most
 
     assert calls(10_000, 0) <= 2048
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+
+    def calls_then_compact() -> None:  # (the heap's own entries, up to 2,048 of them, are not what is measured)
         calls(20_000, 10_000)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+        dl._compact()
+
+    grown = _memory_kept(calls_then_compact)
     assert grown < 64 * 1024, f"{grown} bytes still held after 20,000 calls"
     dl.close()
 
@@ -582,10 +569,4 @@ def test_the_compiled_unpack_body_is_its_twin(body: bytes | bytearray | memoryvi
     definition."""
     from svcframe import _speedups
 
-    def outcome(fn: object) -> object:
-        try:
-            return fn(body)  # type: ignore[operator]
-        except Exception as exc:
-            return (type(exc).__name__, str(exc))
-
-    assert outcome(_speedups.unpack_body) == outcome(wire._unpack_body_py)
+    assert _outcome(_speedups.unpack_body, body) == _outcome(wire._unpack_body_py, body)

@@ -27,8 +27,6 @@ import traceback
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgpack
-
 from .bulk import as_byte_view
 from .errors import (
     AppError,
@@ -49,6 +47,7 @@ from .wire import (
     F_NO_REPLY,
     F_TRACE_STARTED_HERE,
     F_TRACED,
+    HEADER_SIZE,
     K_GOODBYE,
     K_RESPONSE,
     ZERO_COPY_BYTES,
@@ -73,9 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("svcframe.engine")
 
 perf_ns = time.perf_counter_ns
-_NIL = pack_body(None)
 _SMALL_RESULT_BYTES = 4096  # results up to this size are answered in _on_request itself (under any peer's limit)
-_pack_bytes = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # results that are bytes (bin)
 #: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
 _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
 #: Results of these types are never sent as data (``_reply_into``) though some offer a buffer.
@@ -461,14 +458,17 @@ class Handlers:
             if frame[1] & F_INTO and self._reply_into(conn, frame, reg, result):
                 body_len = 0  # sent as data: its statistics count the header's body only
             else:
-                if result is None:
-                    body = _NIL
-                elif type(result) is bytes:  # msgpack cannot fail on bytes: no verification needed
-                    large = len(result) >= ZERO_COPY_BYTES  # then sent as it is, not copied
-                    body = bin_header(len(result)) if large else _pack_bytes(result)
+                reply = None  # the whole frame, when its body is built with it
+                if result is None or (type(result) is bytes and len(result) < ZERO_COPY_BYTES):
+                    reply = ok_response(frame[4], result)  # (msgpack cannot fail on bytes: nothing to verify)
+                    body_len = len(reply) - HEADER_SIZE
+                elif type(result) is bytes:
+                    large = True  # sent as it is, not copied
+                    body = bin_header(len(result))
+                    body_len = len(body) + len(result)
                 else:
                     body = pack_body(result)
-                body_len = len(body) + len(result) if large else len(body)
+                    body_len = len(body)
                 if body_len > conn.peer_max_body_bytes:
                     raise ResultTooLarge(
                         f"the result of {reg.name!r} encodes to {body_len} bytes, over the caller's "
@@ -477,7 +477,9 @@ class Handlers:
                         "(Engine.call(..., into=buffer))"
                     )
                 if not frame[1] & F_NO_REPLY:
-                    if large:
+                    if reply is not None:
+                        conn.send(reply)
+                    elif large:
                         conn.send_many((pack_ok_response_header(body_len, frame[4]) + body, result))
                     else:
                         conn.send(pack_ok_response_header(body_len, frame[4]) + body)

@@ -17,6 +17,12 @@
  *   and a server's common answer in one allocation (anything unusual is handed to the Python twin).
  * - unpack_body, of svcframe.wire._unpack_body_py: a simple body without a call, others without a Python frame.
  * - DeadlinesCore, of svcframe.deadlines._PyDeadlinesCore: the deadline heap's add and _compact.
+ * - serve_request, of svcframe.handlers.Handlers._on_request, in its common case (a sync handler, untraced and
+ *   untimed, answering None or small bytes); any other request goes to the definition before anything is done.
+ * - begin_call and Call, of svcframe.calls.Calls._call_once's work before and after its await, in its common
+ *   case (an open connection, outside any handler, untraced and untimed, no into= buffer); likewise.
+ * - EngineState, ConnectionState, MonitorState, ProgressState and RecordState, of svcframe.slots' Python twins:
+ *   the attributes those two read on every call, as struct fields (tests/test_compiled_paths.py).
  *
  * Bounded by what was received: it reads only below ``end``, which the caller keeps within the buffer, and a
  * body is copied only when all of it is there (length <= max_body, checked before); a bulk data body is
@@ -27,6 +33,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -143,6 +150,18 @@ typedef struct {
     PyObject *deadlines_type;                     /* DeadlinesCore */
     PyObject *heappush, *heapify;                 /* heapq's */
     PyObject *s_arm, *s_compact_heap, *s_idle;    /* DeadlinesCore's method names */
+    /* serve_request (configure_serve()): Handlers._on_request, Request, the sync handlers' thread-local, and
+     * the attribute names it reads (SERVE_NAMES) */
+    PyObject *on_request_py, *request_type, *sync;
+    long long not_fast, small_result, always_timed;
+    PyObject *sn[7];
+    /* begin_call and Call (configure_calls()): what Calls._call_once uses, and the names it reads (cn) */
+    PyObject *call_type, *task_request, *pack_body, *nil_body, *error_from_status, *cancel_remote, *no_response;
+    PyObject *deadline_expired, *cancelled_error, *no_parent, *zero;
+    long lent_status;
+    PyObject *cn[5];
+    /* the state types (EngineState, ConnectionState, MonitorState, ProgressState, RecordState) */
+    PyObject *engine_state, *connection_state, *monitor_state, *progress_state, *record_state;
 } module_state;
 
 /* The value of a msgpack body that is one simple item, decoded as msgpack.unpackb decodes it (nil, true,
@@ -1017,12 +1036,795 @@ unpack_body(PyObject *module, PyObject *body)
     return PyObject_CallOneArg(st->unpack_body_py, body);
 }
 
+/* ---- State types: the attributes the compiled paths read, in C structs ------------------------------------ */
+
+/* EngineState, ConnectionState, MonitorState, ProgressState and RecordState hold, as members, the attributes of
+ * svcframe's Engine, Connection, Monitor, Progress and Record (their subclasses) that serve_request and
+ * begin_call read and write on every call: a struct field each, where a generic attribute lookup cost about 265
+ * instructions (callgrind, Python 3.11; the interpreter's own specialised lookups are a tenth of it, and Python
+ * code reads a member as fast as a __slots__ slot). svcframe.slots has their Python twins (the same names as
+ * __slots__). A member never set reads as AttributeError, as an unset attribute would. */
+enum { E_LOOP, E_DEFAULT_TIMEOUT, E_CONNS, E_RPC_IDS, E_ROOT_CALLPATHS, E_TRACER, E_MONITOR, E_PROGRESS,
+       E_DEADLINES, E_ROWS, E_CLOSING, E_REFUSED, E_N };
+static const char *const ENGINE_STATE[E_N] = {
+    "_loop", "default_timeout_seconds", "_conns", "_rpc_ids", "_root_callpaths", "tracer", "monitor", "progress",
+    "_deadlines", "_rows", "_closing", "_refused",
+};
+enum { CN_CLOSED, CN_PENDING, CN_PEER_MAX_BODY, CN_RECORDS, CN_NEXT_REQUEST_ID, CN_N };
+static const char *const CONNECTION_STATE[CN_N] = {
+    "closed", "pending", "peer_max_body_bytes", "records", "next_request_id",
+};
+enum { M_ENABLED, M_SAMPLE_EVERY, M_ORIGIN, M_TARGET, M_N };
+static const char *const MONITOR_STATE[M_N] = {"enabled", "sample_every", "origin", "target"};
+enum { P_INFLIGHT, P_BLOCKING, P_N };
+static const char *const PROGRESS_STATE[P_N] = {"inflight", "blocking"};
+enum { R_CALLS, R_ERRORS, R_N };
+static const char *const RECORD_STATE[R_N] = {"calls", "errors"};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *f[1]; /* (as many as the type's names: its basicsize says) */
+} State;
+
+#define FIELD(o, i) (((State *)(o))->f[i])
+#define STATE_SIZE(n) (offsetof(State, f) + (n) * sizeof(PyObject *))
+
+static void state_dealloc(PyObject *self);
+
+/* The number of fields of ``self``'s state type (its first base, from its own type up, that is one). */
+static Py_ssize_t
+state_fields(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    while (type->tp_dealloc != state_dealloc)
+        type = type->tp_base;
+    return (Py_ssize_t)((type->tp_basicsize - offsetof(State, f)) / sizeof(PyObject *));
+}
+
+static int
+state_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    for (Py_ssize_t i = 0, n = state_fields(self); i < n; i++)
+        Py_VISIT(FIELD(self, i));
+    return 0;
+}
+
+static int
+state_clear(PyObject *self)
+{
+    for (Py_ssize_t i = 0, n = state_fields(self); i < n; i++)
+        Py_CLEAR(FIELD(self, i));
+    return 0;
+}
+
+static void
+state_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    state_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+/* A state type named ``name`` with the members ``names`` (a base class: see above). */
+static PyObject *
+new_state_type(PyObject *module, const char *name, const char *const *names, int n, const char *doc)
+{
+    PyMemberDef *members = PyMem_Calloc((size_t)n + 1, sizeof(PyMemberDef));
+    if (members == NULL)
+        return PyErr_NoMemory();
+    for (int i = 0; i < n; i++) {
+        members[i].name = names[i];
+        members[i].type = T_OBJECT_EX;
+        members[i].offset = (Py_ssize_t)STATE_SIZE(i);
+    }
+    PyType_Slot slots[] = {
+        {Py_tp_doc, (void *)doc},
+        {Py_tp_dealloc, state_dealloc},
+        {Py_tp_traverse, state_traverse},
+        {Py_tp_clear, state_clear},
+        {Py_tp_members, members},
+        {0, NULL},
+    };
+    PyType_Spec spec = {name, (int)STATE_SIZE(n), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+                        slots};
+    PyObject *type = PyType_FromModuleAndSpec(module, &spec, NULL);
+    PyMem_Free(members); /* (the type has its own copies of the member descriptors) */
+    if (type == NULL || PyModule_AddObjectRef(module, strrchr(name, '.') + 1, type) < 0) {
+        Py_XDECREF(type);
+        return NULL;
+    }
+    return type;
+}
+
+/* ---- serve_request: the common case of svcframe.handlers.Handlers._on_request ---------------------------- */
+
+/* The attribute and method names serve_request uses, interned once (module_state.sn, in this order). */
+#define SERVE_NAMES_N 7
+static const char *const SERVE_NAMES[SERVE_NAMES_N] = {
+    "is_coroutine", "handler", "request", "send", "_handled", "_finish_error", "_track_task",
+};
+enum { N_IS_COROUTINE, N_HANDLER, N_REQUEST, N_SEND, N_HANDLED, N_FINISH_ERROR, N_TRACK_TASK };
+
+/* ``getattr(o, name)`` is true: 1, 0, or -1 with an exception set. */
+static int
+attr_true(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+/* ``o`` is an instance of the state type ``type`` (a subclass's) with its field ``i`` set: that field, borrowed;
+ * NULL (no exception set) otherwise. */
+static inline PyObject *
+field_of(PyObject *o, PyObject *type, int i)
+{
+    return o != NULL && PyObject_TypeCheck(o, (PyTypeObject *)type) ? FIELD(o, i) : NULL;
+}
+
+/* An exact int in [0, LLONG_MAX): its value; -1 for anything else. */
+static inline long long
+small_count(PyObject *o)
+{
+    if (o == NULL || !PyLong_CheckExact(o))
+        return -1;
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return v < 0 || v == LLONG_MAX ? -1 : v;
+}
+
+/* A request that _on_request would answer in its common case: its registration, its decoded argument (*arg)
+ * and, when monitored, its statistics record (*rec) and the count it reaches (*calls), all new references; NULL when it is not that case (no exception set: _on_request then runs it, with its
+ * errors). Nothing is changed here: the decision precedes every effect. */
+static PyObject *
+common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *conn, PyObject *frame,
+               PyObject **arg, PyObject **rec, long long *calls)
+{
+    *arg = *rec = NULL;
+    if (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) != FRAME_FIELDS ||
+        !PyObject_TypeCheck(engine, (PyTypeObject *)st->engine_state) ||
+        !PyObject_TypeCheck(conn, (PyTypeObject *)st->connection_state))
+        return NULL;
+    PyObject *flags = PyTuple_GET_ITEM(frame, 1), *body = PyTuple_GET_ITEM(frame, 13);
+    long fl = PyLong_CheckExact(flags) ? PyLong_AsLong(flags) : -1;
+    if (fl < 0 || fl & st->not_fast || !PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) == 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *rows = FIELD(engine, E_ROWS), *refused = FIELD(engine, E_REFUSED);
+    if (rows == NULL || !PyDict_CheckExact(rows) || FIELD(engine, E_CLOSING) != Py_False || refused == NULL ||
+        !PyDict_CheckExact(refused) || PyDict_GET_SIZE(refused) || FIELD(engine, E_TRACER) != Py_None)
+        return NULL;
+    PyObject *key = PyTuple_Pack(2, PyTuple_GET_ITEM(frame, 2), PyTuple_GET_ITEM(frame, 3));
+    PyObject *reg = key == NULL ? NULL : PyDict_GetItemWithError(rows, key);
+    Py_XDECREF(key);
+    if (reg == NULL || attr_true(reg, st->sn[N_IS_COROUTINE]) != 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_INCREF(reg); /* (held: decoding the body may run Python code, a collection's finalizers) */
+    PyObject *monitor = FIELD(engine, E_MONITOR);
+    PyObject *enabled = field_of(monitor, st->monitor_state, M_ENABLED);
+    if (enabled != Py_False && enabled != Py_True) {
+        Py_DECREF(reg);
+        return NULL;
+    }
+    if (enabled == Py_True) { /* counted, and untimed: a call from outside any handler, whose record is cached */
+        PyObject *parent_rpc = PyTuple_GET_ITEM(frame, 8), *records = FIELD(conn, CN_RECORDS);
+        if (!PyLong_CheckExact(parent_rpc) || PyLong_AsLong(parent_rpc) != 0 || records == NULL ||
+            !PyDict_CheckExact(records)) {
+            PyErr_Clear();
+            Py_DECREF(reg);
+            return NULL;
+        }
+        *rec = PyDict_GetItemWithError(records, reg);
+        long long count = small_count(field_of(*rec, st->record_state, R_CALLS));
+        long long every = small_count(FIELD(monitor, M_SAMPLE_EVERY));
+        if (count < 0 || every <= 0 || count + 1 <= st->always_timed || !((count + 1) % every)) {
+            PyErr_Clear();
+            *rec = NULL;
+            Py_DECREF(reg);
+            return NULL; /* (timed: _on_request times it) */
+        }
+        *calls = count + 1;
+        Py_INCREF(*rec);
+    }
+    *arg = unpack_body(module, body);
+    if (*arg == NULL) { /* (refused: _on_request decodes it again and answers BAD_REQUEST) */
+        PyErr_Clear();
+        Py_CLEAR(*rec);
+        Py_DECREF(reg);
+        return NULL;
+    }
+    return reg;
+}
+
+/* The exception set, as an object with its traceback (for _finish_error); the error indicator is cleared. */
+static PyObject *
+take_exception(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+}
+
+PyDoc_STRVAR(serve_request_doc,
+"serve_request(engine, conn, frame, arrival_ns, arrival) -> None\n\n"
+"svcframe.handlers.Handlers._on_request (its Python twin, configure_serve()), without a Python frame in its\n"
+"common case: a sync handler of a known target, untraced, untimed (monitoring off, or counted and not\n"
+"sampled), whose result is None or small bytes. Any other request is handed to the twin before anything is\n"
+"done; a handler's other results and its exceptions go to the engine's _handled and _finish_error, as the\n"
+"twin's do.");
+
+static PyObject *
+serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "serve_request takes 5 arguments");
+        return NULL;
+    }
+    if (st->on_request_py == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure_serve() was not called");
+        return NULL;
+    }
+    PyObject *engine = args[0], *conn = args[1], *frame = args[2], *arg, *rec;
+    long long calls = 0;
+    PyObject *reg = common_request(st, module, engine, conn, frame, &arg, &rec, &calls);
+    if (reg == NULL)
+        return PyObject_Vectorcall(st->on_request_py, args, (size_t)nargs, NULL);
+    PyObject *req = NULL, *result = NULL, *task = NULL, *handler = NULL;
+    int failed = 0;
+    if (rec != NULL) { /* rec.calls = n */
+        PyObject *count = PyLong_FromLongLong(calls);
+        if (count != NULL)
+            Py_XSETREF(FIELD(rec, R_CALLS), count);
+        Py_DECREF(rec);
+        if (count == NULL) {
+            failed = 1;
+            goto done;
+        }
+    }
+    PyTypeObject *request_type = (PyTypeObject *)st->request_type;
+    req = request_type->tp_alloc(request_type, 5); /* Request(engine, conn, reg, frame, arrival) */
+    if (req == NULL) {
+        failed = 1;
+        goto done;
+    }
+    PyObject *items[5] = {engine, conn, reg, frame, args[4]};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(req, i, items[i]);
+    }
+    if (PyObject_SetAttr(st->sync, st->sn[N_REQUEST], req) < 0) { /* sync.request = req */
+        failed = 1;
+        goto done;
+    }
+    /* try: (as _on_request's: an Exception here goes to _finish_error) */
+    handler = PyObject_GetAttr(reg, st->sn[N_HANDLER]);
+    PyObject *call_args[2] = {req, arg};
+    result = handler == NULL ? NULL : PyObject_Vectorcall(handler, call_args, 2, NULL);
+    if (result == Py_None || (result != NULL && PyBytes_CheckExact(result) &&
+                              PyBytes_GET_SIZE(result) <= st->small_result)) {
+        PyObject *answer_args[2] = {PyTuple_GET_ITEM(frame, 4), result};
+        PyObject *answer = ok_response(module, answer_args, 2);
+        PyObject *sent = answer == NULL ? NULL : PyObject_CallMethodOneArg(conn, st->sn[N_SEND], answer);
+        Py_XDECREF(answer);
+        failed = sent == NULL;
+        Py_XDECREF(sent);
+    } else if (result != NULL) { /* sent by _finish, or an awaitable run as a task (returned) */
+        PyObject *zero = PyLong_FromLong(0);
+        PyObject *handled_args[9] = {engine, conn, frame, reg, req, args[3], zero, Py_None, result};
+        task = zero == NULL ? NULL
+                            : PyObject_VectorcallMethod(st->sn[N_HANDLED], handled_args,
+                                                        9 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XDECREF(zero);
+        failed = task == NULL;
+    } else {
+        failed = 1;
+    }
+    if (failed && PyErr_ExceptionMatches(PyExc_Exception)) { /* except Exception as exc: */
+        PyObject *exc = take_exception();
+        PyObject *error_args[5] = {engine, conn, frame, reg, exc};
+        PyObject *r = exc == NULL ? NULL : PyObject_VectorcallMethod(st->sn[N_FINISH_ERROR], error_args,
+                                                                     5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XDECREF(exc);
+        failed = r == NULL;
+        Py_XDECREF(r);
+        Py_CLEAR(task);
+    }
+    { /* finally: sync.request = None */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyObject_SetAttr(st->sync, st->sn[N_REQUEST], Py_None) < 0) {
+            if (type != NULL)
+                PyErr_Clear(); /* (the first error wins, as a finally that raises would not let it) */
+            else
+                failed = 1;
+        }
+        if (type != NULL)
+            PyErr_Restore(type, value, tb);
+    }
+    if (!failed && task != NULL && task != Py_None) {
+        PyObject *track_args[7] = {engine, conn, frame, reg, req, task, result};
+        PyObject *r = PyObject_VectorcallMethod(st->sn[N_TRACK_TASK], track_args,
+                                                7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        failed = r == NULL;
+        Py_XDECREF(r);
+    }
+done:
+    Py_XDECREF(task);
+    Py_XDECREF(result);
+    Py_XDECREF(handler);
+    Py_XDECREF(req);
+    Py_DECREF(arg);
+    Py_DECREF(reg);
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(configure_serve_doc,
+"configure_serve(on_request_py, request_type, sync, not_fast_flags, small_result_bytes, always_timed) -> None\n\n"
+"What serve_request serves with: svcframe.handlers' Handlers._on_request (its twin), Request (a tuple\n"
+"subclass of 5 items), the sync handlers' thread-local, _NOT_FAST, _SMALL_RESULT_BYTES and\n"
+"monitoring.ALWAYS_TIMED.");
+
+static PyObject *
+configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "configure_serve takes 6 arguments");
+        return NULL;
+    }
+    if (!PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure_serve: request_type must be a tuple subclass");
+        return NULL;
+    }
+    long long not_fast = PyLong_AsLongLong(args[3]), small = PyLong_AsLongLong(args[4]);
+    long long always = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    module_state *st = (module_state *)PyModule_GetState(module);
+    for (int i = 0; i < SERVE_NAMES_N; i++) {
+        if (st->sn[i] == NULL && (st->sn[i] = PyUnicode_InternFromString(SERVE_NAMES[i])) == NULL)
+            return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(st->on_request_py, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(st->request_type, args[1]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(st->sync, args[2]);
+    st->not_fast = not_fast;
+    st->small_result = small;
+    st->always_timed = always;
+    Py_RETURN_NONE;
+}
+
+/* ---- begin_call and Call: the common case of svcframe.calls.Calls._call_once ------------------------------ */
+
+/* The attribute and method names begin_call uses, interned once (module_state.cn, in this order). */
+#define CALL_NAMES_N 5
+static const char *const CALL_NAMES[CALL_NAMES_N] = {"time", "create_future", "send_request", "activity", "request"};
+enum { C_TIME, C_CREATE_FUTURE, C_SEND_REQUEST, C_ACTIVITY, C_REQUEST };
+
+/* A call under way (begin_call): what _call_once's ``await`` and ``finally:`` need. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *future, *conn, *pending, *request_id, *rec, *progress, *name, *provider_id, *address, *timeout;
+    char finished; /* the clean-up ran (it runs once) */
+} Call;
+
+static void
+call_dealloc(Call *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    Py_XDECREF(self->future);
+    Py_XDECREF(self->conn);
+    Py_XDECREF(self->pending);
+    Py_XDECREF(self->request_id);
+    Py_XDECREF(self->rec);
+    Py_XDECREF(self->progress);
+    Py_XDECREF(self->name);
+    Py_XDECREF(self->provider_id);
+    Py_XDECREF(self->address);
+    Py_XDECREF(self->timeout);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+/* ``progress.inflight += delta`` and ``if not progress.blocking: progress.activity()``; -1 on error. */
+static int
+progress_step(module_state *st, PyObject *progress, long delta)
+{
+    PyObject *n = FIELD(progress, P_INFLIGHT), *d = PyLong_FromLong(delta);
+    PyObject *sum = n == NULL || d == NULL ? NULL : PyNumber_Add(n, d);
+    Py_XDECREF(d);
+    if (sum == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "inflight");
+        return -1;
+    }
+    Py_XSETREF(FIELD(progress, P_INFLIGHT), sum);
+    PyObject *blocking = FIELD(progress, P_BLOCKING);
+    int is_blocking = blocking == Py_True ? 1 : blocking == Py_False ? 0 : blocking == NULL ? -1 : PyObject_IsTrue(blocking);
+    if (is_blocking != 0)
+        return is_blocking < 0 ? -1 : 0;
+    PyObject *r = PyObject_CallMethodNoArgs(progress, st->cn[C_ACTIVITY]);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* _call_once's ``finally:``: the call leaves its connection's table and the progress loop's count and, when
+ * it ``failed``, its record counts an error. Runs once; -1 with an exception set on error. */
+static int
+call_finish(module_state *st, Call *self, int failed)
+{
+    if (self->finished)
+        return 0;
+    self->finished = 1;
+    PyObject *waiter = PyDict_GetItemWithError(self->pending, self->request_id); /* pending.pop(id, None) */
+    if (waiter == NULL ? PyErr_Occurred() != NULL : PyDict_DelItem(self->pending, self->request_id) < 0)
+        return -1;
+    if (progress_step(st, self->progress, -1) < 0)
+        return -1;
+    if (failed && self->rec != NULL) { /* rec.errors += 1 */
+        PyObject *one = PyLong_FromLong(1), *errors = FIELD(self->rec, R_ERRORS);
+        PyObject *sum = one == NULL || errors == NULL ? NULL : PyNumber_Add(errors, one);
+        Py_XDECREF(one);
+        if (sum == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "errors");
+            return -1;
+        }
+        Py_XSETREF(FIELD(self->rec, R_ERRORS), sum);
+    }
+    return 0;
+}
+
+static module_state *
+call_state(PyObject *self)
+{
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(self), &speedups_module);
+    return module == NULL ? NULL : (module_state *)PyModule_GetState(module);
+}
+
+PyDoc_STRVAR(call_answered_doc,
+"answered(answer) -> object\n\n"
+"The call's result from what its future was given, ``(status, payload, payload_bytes)``, after its clean-up:\n"
+"the payload when OK, else raises svcframe.errors.error_from_status(...) (as Calls._call_once).");
+
+static PyObject *
+call_answered(Call *self, PyObject *answer)
+{
+    module_state *st = call_state((PyObject *)self);
+    if (st == NULL)
+        return NULL;
+    long status = -1;
+    if (PyTuple_CheckExact(answer) && PyTuple_GET_SIZE(answer) == 3 && PyLong_CheckExact(PyTuple_GET_ITEM(answer, 0)))
+        status = PyLong_AsLong(PyTuple_GET_ITEM(answer, 0));
+    if (status == -1) { /* (not an answer Engine.on_frames or wire.answer_call gives) */
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a call's answer must be (status, payload, payload_bytes)");
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (call_finish(st, self, 1) < 0) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        PyErr_Restore(type, value, tb);
+        return NULL;
+    }
+    if (call_finish(st, self, status != 0 && status != st->lent_status) < 0)
+        return NULL;
+    PyObject *payload = PyTuple_GET_ITEM(answer, 1);
+    if (status == 0) {
+        Py_INCREF(payload);
+        return payload;
+    }
+    PyObject *error_args[5] = {PyTuple_GET_ITEM(answer, 0), payload, self->name, self->provider_id, self->address};
+    PyObject *error = PyObject_Vectorcall(st->error_from_status, error_args, 5, NULL);
+    if (error != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+        Py_DECREF(error);
+    }
+    return NULL;
+}
+
+PyDoc_STRVAR(call_failed_doc,
+"failed(exc) -> BaseException\n\n"
+"The call's await raised ``exc``: as Calls._call_once's ``except`` clauses (the server is told of a call\n"
+"abandoned by its deadline or its caller's cancellation) and ``finally:``; returns what to raise: ``exc``\n"
+"itself (raise it again), or DeadlineExceeded for DeadlineExpired (raise it from None).");
+
+static PyObject *
+call_failed(Call *self, PyObject *exc)
+{
+    module_state *st = call_state((PyObject *)self);
+    if (st == NULL)
+        return NULL;
+    PyObject *error = exc, *r = Py_None;
+    Py_INCREF(error);
+    Py_INCREF(r);
+    int expired = PyObject_IsInstance(exc, st->deadline_expired);
+    int cancelled = expired ? 0 : PyObject_IsInstance(exc, st->cancelled_error);
+    if (expired < 0 || cancelled < 0) {
+        Py_CLEAR(error);
+    } else if (expired || cancelled) {
+        Py_SETREF(r, PyObject_CallFunctionObjArgs(st->cancel_remote, self->conn, self->request_id, NULL));
+        if (r == NULL)
+            Py_CLEAR(error);
+        else if (expired)
+            Py_SETREF(error, PyObject_CallFunctionObjArgs(st->no_response, self->name, self->provider_id,
+                                                          self->address, self->timeout, NULL));
+    }
+    Py_XDECREF(r);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* finally: (its own error wins over the clauses') */
+    if (call_finish(st, self, 1) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        Py_XDECREF(error);
+        return NULL;
+    }
+    PyErr_Restore(type, value, tb);
+    return error;
+}
+
+static PyMemberDef call_members[] = {
+    {"future", T_OBJECT, offsetof(Call, future), READONLY, "The future the call's answer is given to."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef call_methods[] = {
+    {"answered", (PyCFunction)call_answered, METH_O, call_answered_doc},
+    {"failed", (PyCFunction)call_failed, METH_O, call_failed_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot call_slots[] = {
+    {Py_tp_dealloc, call_dealloc},
+    {Py_tp_members, call_members},
+    {Py_tp_methods, call_methods},
+    {Py_tp_doc, "A call begun by begin_call (svcframe.calls.Calls._call_compiled awaits its future)."},
+    {0, NULL},
+};
+
+static PyType_Spec call_spec = {
+    "svcframe._speedups.Call",
+    sizeof(Call),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    call_slots,
+};
+
+PyDoc_STRVAR(begin_call_doc,
+"begin_call(engine, address, name, arg, provider_id, timeout_seconds, flags, into) -> Call | None\n\n"
+"What svcframe.calls.Calls._call_once (its Python twin) does before its ``await``, without a Python frame, in\n"
+"its common case: an open connection, a known RPC, no into= buffer, untraced, untimed (monitoring off, or\n"
+"counted and not sampled), outside any handler; the request is sent and the Call returned. None for any\n"
+"other call, before anything is done (_call_once then makes it).");
+
+static PyObject *
+begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "begin_call takes 8 arguments");
+        return NULL;
+    }
+    if (st->call_type == NULL || st->sync == NULL || !configured(st)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure_calls() was not called");
+        return NULL;
+    }
+    PyObject *engine = args[0], *address = args[1], *name = args[2], *arg = args[3], *provider_id = args[4];
+    PyObject *now = NULL, *body = NULL, *parent = NULL, *key = NULL, *o = NULL, *request_id = NULL;
+    PyObject *future = NULL, *frame = NULL, *when = NULL, *method = NULL;
+    PyObject *held[8] = {NULL}; /* what is read borrowed, held once Python code may run (loop.time() on) */
+    Call *call = NULL;
+    unsigned long long flags, pid, rpc, cp, limit;
+    long long calls = 0;
+    if (args[7] != Py_None || !as_field(args[6], 0xFFFF, &flags) || !as_field(provider_id, 0xFFFF, &pid) ||
+        !PyObject_TypeCheck(engine, (PyTypeObject *)st->engine_state))
+        goto decline;
+    PyObject *loop = FIELD(engine, E_LOOP), *conns = FIELD(engine, E_CONNS), *ids = FIELD(engine, E_RPC_IDS);
+    PyObject *roots = FIELD(engine, E_ROOT_CALLPATHS), *monitor = FIELD(engine, E_MONITOR);
+    PyObject *progress = FIELD(engine, E_PROGRESS), *deadlines = FIELD(engine, E_DEADLINES);
+    PyObject *timeout = args[5] != Py_None ? args[5] : FIELD(engine, E_DEFAULT_TIMEOUT);
+    if (loop == NULL || loop == Py_None || conns == NULL || !PyDict_CheckExact(conns) || ids == NULL ||
+        !PyDict_CheckExact(ids) || roots == NULL || !PyDict_CheckExact(roots) || FIELD(engine, E_TRACER) != Py_None ||
+        progress == NULL || !PyObject_TypeCheck(progress, (PyTypeObject *)st->progress_state) || deadlines == NULL ||
+        !PyObject_TypeCheck(deadlines, (PyTypeObject *)st->deadlines_type) || timeout == NULL ||
+        !(PyFloat_CheckExact(timeout) || PyLong_CheckExact(timeout)))
+        goto decline;
+    double t = PyFloat_AsDouble(timeout);
+    if (!(t > -1e9 && t < 1e9)) /* (so int(t * 1e6) is exact, as in Python; NaN and errors are left to it) */
+        goto decline;
+    PyObject *conn = PyDict_GetItemWithError(conns, address); /* (borrowed: held by the Call, or unused) */
+    PyObject *pending = field_of(conn, st->connection_state, CN_PENDING);
+    if (pending == NULL || !PyDict_CheckExact(pending) || FIELD(conn, CN_CLOSED) != Py_False ||
+        !as_field(FIELD(conn, CN_PEER_MAX_BODY), UINT64_MAX, &limit) || FIELD(conn, CN_NEXT_REQUEST_ID) == NULL)
+        goto decline;
+    PyObject *rid = PyDict_GetItemWithError(ids, name);
+    if (rid == NULL || !as_field(rid, 0xFFFFFFFF, &rpc) || rpc == 0)
+        goto decline;
+    key = PyTuple_Pack(2, rid, provider_id);
+    PyObject *callpath = key == NULL ? NULL : PyDict_GetItemWithError(roots, key);
+    if (callpath == NULL || !as_field(callpath, UINT64_MAX, &cp) || cp == 0)
+        goto decline;
+    Py_INCREF(callpath); /* (held while the dict may change: the request is sent with it) */
+    Py_SETREF(key, callpath);
+    parent = PyObject_GetAttr(st->sync, st->cn[C_REQUEST]); /* current_request.get(), inlined */
+    if (parent == NULL || PyObject_IsTrue(parent) != 0)
+        goto decline;
+    Py_CLEAR(parent);
+    if (PyContextVar_Get(st->task_request, Py_None, &parent) < 0 || parent != Py_None)
+        goto decline;
+    PyObject *enabled = field_of(monitor, st->monitor_state, M_ENABLED), *rec = NULL;
+    if (enabled != Py_True && enabled != Py_False)
+        goto decline;
+    if (enabled == Py_True) { /* counted, and untimed: the record exists (the first calls of a callpath are timed) */
+        PyObject *origin = FIELD(monitor, M_ORIGIN);
+        o = PyTuple_Pack(5, st->zero, st->no_parent, rid, provider_id, address);
+        rec = o == NULL || origin == NULL || !PyDict_CheckExact(origin) ? NULL : PyDict_GetItemWithError(origin, o);
+        Py_CLEAR(o);
+        long long count = small_count(field_of(rec, st->record_state, R_CALLS));
+        long long every = small_count(FIELD(monitor, M_SAMPLE_EVERY));
+        if (count < 0 || every <= 0 || count + 1 <= st->always_timed || !((count + 1) % every))
+            goto decline;
+        calls = count + 1;
+    }
+    PyObject *borrowed[8] = {loop, conn, pending, rid, rec, progress, deadlines, timeout};
+    for (int i = 0; i < 8; i++)
+        held[i] = Py_XNewRef(borrowed[i]);
+    now = PyObject_CallMethodNoArgs(loop, st->cn[C_TIME]);
+    if (now == NULL || !PyFloat_CheckExact(now))
+        goto decline;
+    double start = PyFloat_AS_DOUBLE(now);
+    body = arg == Py_None ? Py_NewRef(st->nil_body) : PyObject_CallOneArg(st->pack_body, arg);
+    if (body == NULL || !PyBytes_CheckExact(body) || (unsigned long long)PyBytes_GET_SIZE(body) > limit)
+        goto decline; /* (an argument that cannot be sent: _call_once raises its error) */
+    long long usec = (long long)(t * 1e6); /* deadlines.wire_deadline */
+    unsigned long long deadline_usec = usec > 0xFFFFFFFFLL ? 0 : usec > 0 ? (unsigned long long)usec : 1;
+    /* the call is made from here on (an error now propagates, as _call_once's own would) */
+    call = PyObject_New(Call, (PyTypeObject *)st->call_type); /* (its references: held by what follows) */
+    if (call == NULL)
+        goto error;
+    call->future = call->request_id = NULL;
+    call->conn = Py_NewRef(conn);
+    call->pending = Py_NewRef(pending);
+    call->rec = Py_XNewRef(rec);
+    call->progress = Py_NewRef(progress);
+    call->name = Py_NewRef(name);
+    call->provider_id = Py_NewRef(provider_id);
+    call->address = Py_NewRef(address);
+    call->timeout = Py_NewRef(timeout);
+    call->finished = 1; /* (not begun: nothing to clean up if this fails) */
+    if (rec != NULL) {
+        o = PyLong_FromLongLong(calls);
+        if (o == NULL)
+            goto error;
+        Py_XSETREF(FIELD(rec, R_CALLS), o);
+        o = NULL;
+    }
+    method = Py_XNewRef(FIELD(conn, CN_NEXT_REQUEST_ID));
+    request_id = method == NULL ? NULL : PyObject_CallNoArgs(method);
+    if (method == NULL)
+        PyErr_SetString(PyExc_AttributeError, "next_request_id");
+    future = request_id == NULL ? NULL : PyObject_CallMethodNoArgs(loop, st->cn[C_CREATE_FUTURE]);
+    if (future == NULL || PyDict_SetItem(pending, request_id, future) < 0)
+        goto error;
+    o = PyLong_FromUnsignedLongLong(deadline_usec);
+    if (o == NULL)
+        goto error;
+    PyObject *request_args[12] = {args[6], provider_id, rid, request_id, o, st->no_parent, st->zero, key,
+                                  st->zero_trace, st->zero, st->zero, body};
+    frame = request_frame(module, request_args, 12);
+    Py_CLEAR(o);
+    if (frame == NULL)
+        goto error;
+    PyObject *send_args[3] = {conn, frame, PyDict_GET_SIZE(pending) > 1 ? Py_True : Py_False};
+    o = PyObject_VectorcallMethod(st->cn[C_SEND_REQUEST], send_args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (o == NULL || progress_step(st, progress, 1) < 0)
+        goto error;
+    Py_CLEAR(o);
+    when = PyFloat_FromDouble(start + t);
+    PyObject *add_args[3] = {when, pending, request_id};
+    o = when == NULL ? NULL : dl_add((DlCore *)deadlines, add_args, 3);
+    if (o == NULL)
+        goto error;
+    Py_CLEAR(o);
+    call->future = Py_NewRef(future);
+    call->request_id = Py_NewRef(request_id);
+    call->finished = 0;
+    goto done;
+decline:
+    PyErr_Clear();
+    call = (Call *)Py_NewRef(Py_None);
+    goto done;
+error:
+    Py_CLEAR(call);
+done:
+    Py_XDECREF(now);
+    Py_XDECREF(body);
+    Py_XDECREF(parent);
+    Py_XDECREF(key);
+    Py_XDECREF(o);
+    Py_XDECREF(request_id);
+    Py_XDECREF(future);
+    Py_XDECREF(frame);
+    Py_XDECREF(when);
+    Py_XDECREF(method);
+    for (int i = 0; i < 8; i++)
+        Py_XDECREF(held[i]);
+    return (PyObject *)call;
+}
+
+PyDoc_STRVAR(configure_calls_doc,
+"configure_calls(task_request, pack_body, nil_body, error_from_status, cancel_remote, no_response,\n"
+"                deadline_expired, cancelled_error, no_parent_provider, lent_status) -> None\n\n"
+"What begin_call and Call use (svcframe.calls): the async handlers' request contextvar, wire.pack_body, the\n"
+"body of None, errors.error_from_status, calls' cancel_remote and no_response, DeadlineExpired,\n"
+"asyncio.CancelledError, wire.NO_PARENT_PROVIDER and Status.LENT. configure_serve() comes first (the sync\n"
+"handlers' thread-local).");
+
+static PyObject *
+configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "configure_calls takes 10 arguments");
+        return NULL;
+    }
+    if (!PyContextVar_CheckExact(args[0]) || !PyBytes_CheckExact(args[2]) || !PyLong_CheckExact(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "configure_calls: a ContextVar, bytes and an int expected");
+        return NULL;
+    }
+    long lent = PyLong_AsLong(args[9]);
+    if (lent == -1 && PyErr_Occurred())
+        return NULL;
+    for (int i = 0; i < CALL_NAMES_N; i++) {
+        if (st->cn[i] == NULL && (st->cn[i] = PyUnicode_InternFromString(CALL_NAMES[i])) == NULL)
+            return NULL;
+    }
+    if (st->zero == NULL && (st->zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    PyObject **slots[] = {&st->task_request, &st->pack_body, &st->nil_body, &st->error_from_status,
+                          &st->cancel_remote, &st->no_response, &st->deadline_expired, &st->cancelled_error,
+                          &st->no_parent};
+    for (int i = 0; i < 9; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(args[i]));
+    st->lent_status = lent;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
     {"request_frame", (PyCFunction)(void (*)(void))request_frame, METH_FASTCALL, request_frame_doc},
     {"ok_response", (PyCFunction)(void (*)(void))ok_response, METH_FASTCALL, ok_response_doc},
     {"unpack_body", (PyCFunction)unpack_body, METH_O, unpack_body_doc},
+    {"serve_request", (PyCFunction)(void (*)(void))serve_request, METH_FASTCALL, serve_request_doc},
+    {"configure_serve", (PyCFunction)(void (*)(void))configure_serve, METH_FASTCALL, configure_serve_doc},
+    {"begin_call", (PyCFunction)(void (*)(void))begin_call, METH_FASTCALL, begin_call_doc},
+    {"configure_calls", (PyCFunction)(void (*)(void))configure_calls, METH_FASTCALL, configure_calls_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1049,6 +1851,20 @@ speedups_exec(PyObject *module)
         return -1;
     st->deadlines_type = PyType_FromModuleAndSpec(module, &dl_spec, NULL);
     if (st->deadlines_type == NULL || PyModule_AddObjectRef(module, "DeadlinesCore", st->deadlines_type) < 0)
+        return -1;
+    if ((st->engine_state = new_state_type(module, "svcframe._speedups.EngineState", ENGINE_STATE, E_N,
+                                           "The hot attributes of svcframe.engine.Engine (svcframe.slots).")) == NULL ||
+        (st->connection_state = new_state_type(module, "svcframe._speedups.ConnectionState", CONNECTION_STATE, CN_N,
+                                               "The hot attributes of svcframe.transport.Connection.")) == NULL ||
+        (st->monitor_state = new_state_type(module, "svcframe._speedups.MonitorState", MONITOR_STATE, M_N,
+                                            "The hot attributes of svcframe.monitoring.Monitor.")) == NULL ||
+        (st->progress_state = new_state_type(module, "svcframe._speedups.ProgressState", PROGRESS_STATE, P_N,
+                                             "The hot attributes of svcframe.progress.Progress.")) == NULL ||
+        (st->record_state = new_state_type(module, "svcframe._speedups.RecordState", RECORD_STATE, R_N,
+                                           "The hot attributes of svcframe.monitoring.Record.")) == NULL)
+        return -1;
+    st->call_type = PyType_FromModuleAndSpec(module, &call_spec, NULL);
+    if (st->call_type == NULL || PyModule_AddObjectRef(module, "Call", st->call_type) < 0)
         return -1;
     st->s_arm = PyUnicode_InternFromString("_arm");
     st->s_compact_heap = PyUnicode_InternFromString("_compact");
@@ -1091,6 +1907,23 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->s_arm);
     Py_VISIT(st->s_compact_heap);
     Py_VISIT(st->s_idle);
+    Py_VISIT(st->on_request_py);
+    Py_VISIT(st->request_type);
+    Py_VISIT(st->sync);
+    for (int i = 0; i < SERVE_NAMES_N; i++)
+        Py_VISIT(st->sn[i]);
+    PyObject **calls[] = {&st->call_type, &st->task_request, &st->pack_body, &st->nil_body, &st->error_from_status,
+                          &st->cancel_remote, &st->no_response, &st->deadline_expired, &st->cancelled_error,
+                          &st->no_parent, &st->zero};
+    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
+        Py_VISIT(*calls[i]);
+    for (int i = 0; i < CALL_NAMES_N; i++)
+        Py_VISIT(st->cn[i]);
+    Py_VISIT(st->engine_state);
+    Py_VISIT(st->connection_state);
+    Py_VISIT(st->monitor_state);
+    Py_VISIT(st->progress_state);
+    Py_VISIT(st->record_state);
     return 0;
 }
 
@@ -1120,6 +1953,23 @@ speedups_clear(PyObject *module)
     Py_CLEAR(st->s_arm);
     Py_CLEAR(st->s_compact_heap);
     Py_CLEAR(st->s_idle);
+    Py_CLEAR(st->on_request_py);
+    Py_CLEAR(st->request_type);
+    Py_CLEAR(st->sync);
+    for (int i = 0; i < SERVE_NAMES_N; i++)
+        Py_CLEAR(st->sn[i]);
+    PyObject **calls[] = {&st->call_type, &st->task_request, &st->pack_body, &st->nil_body, &st->error_from_status,
+                          &st->cancel_remote, &st->no_response, &st->deadline_expired, &st->cancelled_error,
+                          &st->no_parent, &st->zero};
+    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
+        Py_CLEAR(*calls[i]);
+    for (int i = 0; i < CALL_NAMES_N; i++)
+        Py_CLEAR(st->cn[i]);
+    Py_CLEAR(st->engine_state);
+    Py_CLEAR(st->connection_state);
+    Py_CLEAR(st->monitor_state);
+    Py_CLEAR(st->progress_state);
+    Py_CLEAR(st->record_state);
     return 0;
 }
 

@@ -71,3 +71,50 @@ class DeadlinesCore:
     _timer_at: float
     def add(self, deadline: float, waiting: dict[int, Any], request_id: int, /) -> None: ...
     def _compact(self) -> None: ...
+
+def serve_request(engine: Any, conn: Any, frame: Any, arrival_ns: int, arrival: float, /) -> None: ...
+def configure_serve(
+    on_request_py: Any,
+    request_type: type,
+    sync: Any,
+    not_fast_flags: int,
+    small_result_bytes: int,
+    always_timed: int,
+    /,
+) -> None: ...
+def configure_calls(
+    task_request: Any,
+    pack_body: Any,
+    nil_body: bytes,
+    error_from_status: Any,
+    cancel_remote: Any,
+    no_response: Any,
+    deadline_expired: type,
+    cancelled_error: type,
+    no_parent_provider: int,
+    lent_status: int,
+    /,
+) -> None: ...
+def begin_call(
+    engine: Any,
+    address: str,
+    name: str,
+    arg: Any,
+    provider_id: int,
+    timeout_seconds: float | None,
+    flags: int,
+    into: Any,
+    /,
+) -> Call | None: ...
+
+class Call:
+    @property
+    def future(self) -> Any: ...
+    def answered(self, answer: Any, /) -> Any: ...
+    def failed(self, exc: BaseException, /) -> BaseException: ...
+
+class EngineState: ...
+class ConnectionState: ...
+class MonitorState: ...
+class ProgressState: ...
+class RecordState: ...

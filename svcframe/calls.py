@@ -42,6 +42,7 @@ from .wire import (
     F_TRACED,
     K_CANCEL,
     NO_PARENT_PROVIDER,
+    PURE,
     S_OK,
     ZERO_TRACE_ID,
     callpath_extend,
@@ -53,6 +54,9 @@ from .wire import (
 if TYPE_CHECKING:
     from .progress import Progress
     from .transport import Connection
+
+if TYPE_CHECKING or not PURE:  # (without the compiled module, _call is _call_once)
+    from ._speedups import begin_call, configure_calls
 
 perf_ns = time.perf_counter_ns
 _S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk._lend): not an error
@@ -122,7 +126,7 @@ class Calls:
             Refused, Cancelled (see svcframe.errors); LocalProtocolError when ``arg`` cannot be encoded.
         """
         if not idempotent:
-            return self._call_once(address, name, arg, provider_id, timeout_seconds, 0, into)
+            return self._call(address, name, arg, provider_id, timeout_seconds, 0, into)
         return self._call_retrying(address, name, arg, provider_id, timeout_seconds, max_attempts, into)
 
     async def _call_retrying(
@@ -141,9 +145,7 @@ class Calls:
         attempts = max(1, min(max_attempts, 5))
         for attempt in range(attempts):
             try:
-                return await self._call_once(
-                    address, name, arg, provider_id, deadline - loop.time(), F_IDEMPOTENT, into
-                )
+                return await self._call(address, name, arg, provider_id, deadline - loop.time(), F_IDEMPOTENT, into)
             except (ConnectionLost, ShuttingDown) as exc:
                 if isinstance(exc, AuthenticationFailed) or attempt == attempts - 1:
                     raise
@@ -244,14 +246,10 @@ class Calls:
         try:
             status, payload, payload_bytes = await future
         except DeadlineExpired:
-            if not conn.closed:
-                conn.send(encode_frame(K_CANCEL, request_id))  # nobody waits any more: tell the server
-            raise DeadlineExceeded(
-                f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s"
-            ) from None
+            cancel_remote(conn, request_id)  # nobody waits any more: tell the server
+            raise no_response(name, provider_id, address, timeout) from None
         except asyncio.CancelledError:
-            if not conn.closed:
-                conn.send(encode_frame(K_CANCEL, request_id))  # the caller gave up: tell the server
+            cancel_remote(conn, request_id)  # the caller gave up: tell the server
             raise
         finally:
             pending.pop(request_id, None)
@@ -283,6 +281,52 @@ class Calls:
             return payload  # decoded by the engine's dispatch (Engine.on_frames)
         raise error_from_status(status, payload, name, provider_id, address)
 
+    async def _call_compiled(
+        self,
+        address: str,
+        name: str,
+        arg: Any,
+        provider_id: int,
+        timeout_seconds: float | None,
+        flags: int,
+        into: Any = None,
+    ) -> Any:
+        """``_call_once`` with its work before and after the ``await`` compiled (svcframe._speedups.begin_call,
+        which makes the common call, and hands every other one to ``_call_once`` before doing anything)."""
+        call = begin_call(self, address, name, arg, provider_id, timeout_seconds, flags, into)
+        if call is None:
+            return await self._call_once(address, name, arg, provider_id, timeout_seconds, flags, into)
+        try:
+            answer = await call.future
+        except BaseException as exc:
+            error = call.failed(exc)  # (_call_once's except clauses and finally)
+            if error is exc:
+                raise
+            raise error from None
+        return call.answered(answer)
+
+    #: How a call is made: ``_call_once`` (the definition), or ``_call_compiled`` where svcframe._speedups was
+    #: built and SVCFRAME_PURE is unset (tests/test_speedups.py checks they agree). Measured: README "Performance".
+    _call = _call_once if PURE else _call_compiled
+
     def _root_callpath(self, rid: int, provider_id: int) -> int:
         cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)
         return cp
+
+
+def cancel_remote(conn: Connection, request_id: int) -> None:
+    """Tell the server that nobody waits for ``request_id`` any more (a CANCEL), unless the connection closed."""
+    if not conn.closed:
+        conn.send(encode_frame(K_CANCEL, request_id))
+
+
+def no_response(name: str, provider_id: int, address: str, timeout: float) -> DeadlineExceeded:
+    """The error of a call whose deadline passed without an answer."""
+    return DeadlineExceeded(f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s")
+
+
+if not PURE:
+    configure_calls(
+        _task_request, pack_body, _NIL, error_from_status, cancel_remote, no_response, DeadlineExpired,
+        asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT),
+    )  # fmt: skip

@@ -47,12 +47,13 @@ from .bulk import BulkTransfers
 from .calls import Calls
 from .deadlines import Deadlines
 from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
-from .handlers import Handlers, Request, current_callpath, current_request
+from .handlers import Handlers, Request, current_callpath, current_request, serve_request
 from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
 from .protocol import Identity
 from .registration import Handler, Registration, RegistrationTable
 from .settings import EngineConfig, MonitoringConfig, format_validation_error
+from .slots import EngineState
 from .tracing import Tracer
 from .transport import (
     Address,
@@ -88,7 +89,7 @@ FROM_ENVIRONMENT = object()
 _NIL = b"\xc0"  # msgpack's nil: the body of a None result
 
 
-class Engine(Calls, Handlers, BulkTransfers):
+class Engine(Calls, Handlers, BulkTransfers, EngineState):
     """One process's RPC engine: the facade over its parts (calls, handlers, bulk) and what they share.
 
     Args:
@@ -530,7 +531,7 @@ class Engine(Calls, Handlers, BulkTransfers):
             if kind == K_REQUEST:  # (first: the compiled decoder answers most responses itself)
                 if not arrival_ns:  # (a batch of responses reads no clock: two C calls per call saved on a client)
                     arrival_ns, arrival = perf_ns(), self._loop.time()  # type: ignore[union-attr]
-                self._on_request(conn, frame, arrival_ns, arrival)
+                serve_request(self, conn, frame, arrival_ns, arrival)
             elif kind == K_RESPONSE:
                 waiter = conn.pending.get(frame[4])
                 if waiter is None:

@@ -24,7 +24,7 @@ import operator
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
@@ -50,6 +50,7 @@ from .wire import (
     HEADER_SIZE,
     K_GOODBYE,
     K_RESPONSE,
+    PURE,
     ZERO_COPY_BYTES,
     Frame,
     Kind,
@@ -289,13 +290,13 @@ class Handlers:
                 flags = frame[1] | F_TRACED | F_TRACE_STARTED_HERE  # (its server span has no remote parent)
                 frame = frame._replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
         req = _new_tuple(Request, (self, conn, reg, frame, arrival))
-        loop = self._loop
-        assert loop is not None
         if reg.is_coroutine:  # its task copies this context: the request travels in the contextvar
             token = _task_request.set(req)
             try:
                 coro = reg.handler(req, arg)
-                task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, coro))
+                task = self._loop.create_task(  # type: ignore[union-attr]
+                    self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, coro)
+                )
             except Exception as exc:
                 self._finish_error(conn, frame, reg, exc)
                 return
@@ -307,27 +308,43 @@ class Handlers:
         sync.request = req
         try:
             result = reg.handler(req, arg)
-            if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
-                if (
-                    start_ns
-                    or frame[1] & _NOT_FAST
-                    or not (result is None or (type(result) is bytes and len(result) <= _SMALL_RESULT_BYTES))
-                ):
-                    self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
-                else:  # the common case, untimed and untraced: None or small bytes, answered here
-                    conn.send(ok_response(frame[4], result))
+            if (result is None or (type(result) is bytes and len(result) <= _SMALL_RESULT_BYTES)) and not (
+                start_ns or frame[1] & _NOT_FAST
+            ):  # the common case, untimed and untraced: None or small bytes, answered here
+                conn.send(ok_response(frame[4], result))
                 return
-            token = _task_request.set(req)  # a sync handler returned an awaitable: it runs as a task
-            try:
-                task = loop.create_task(self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result))
-            finally:
-                _task_request.reset(token)
+            task = self._handled(conn, frame, reg, req, arrival_ns, start_ns, rec, result)
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
             return
         finally:
             sync.request = None
-        self._track_task(conn, frame, reg, req, task, result)
+        if task is not None:
+            self._track_task(conn, frame, reg, req, task, result)
+
+    def _handled(
+        self,
+        conn: Connection,
+        frame: Frame,
+        reg: Registration,
+        req: Request,
+        arrival_ns: int,
+        start_ns: int,
+        rec: Any,
+        result: Any,
+    ) -> asyncio.Task[Any] | None:
+        """A sync handler's result other than the common one: sent (``_finish``), or, an awaitable, run as a
+        task, returned for ``_track_task``. (Called from ``_on_request`` and its compiled twin.)"""
+        if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
+            self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
+            return None
+        token = _task_request.set(req)  # a sync handler returned an awaitable: it runs as a task
+        try:
+            return self._loop.create_task(  # type: ignore[union-attr]
+                self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result)
+            )
+        finally:
+            _task_request.reset(token)
 
     def _track_task(
         self, conn: Connection, frame: Frame, reg: Registration, req: Request, task: asyncio.Task[Any], result: Any
@@ -600,3 +617,17 @@ def _expire_handler(task: asyncio.Task[Any]) -> None:
     """The caller's deadline passed: stop its handler, answered as DEADLINE_EXCEEDED."""
     task.svcframe_deadline_passed = True  # type: ignore[attr-defined]
     task.cancel()
+
+
+#: How the engine's dispatch runs a request: ``Handlers._on_request`` (the definition), or its compiled twin
+#: (svcframe._speedups.serve_request, where it was built and SVCFRAME_PURE is unset), which serves the common
+#: case (a sync handler, untraced and untimed, answering None or small bytes) without a Python frame and
+#: hands every other request to ``_on_request`` before doing anything (tests/test_speedups.py checks they
+#: agree). Measured: see README "Performance".
+serve_request: Callable[[Any, Connection, Frame, int, float], None] = Handlers._on_request
+if not PURE:
+    from ._speedups import configure_serve
+    from ._speedups import serve_request as _serve_request_c
+
+    configure_serve(Handlers._on_request, Request, _sync, _NOT_FAST, _SMALL_RESULT_BYTES, ALWAYS_TIMED)
+    serve_request = _serve_request_c

@@ -33,6 +33,8 @@ from bisect import bisect_left, bisect_right
 from itertools import pairwise, repeat
 from typing import Any
 
+from .slots import MonitorState, RecordState
+
 ORIGIN_STEPS = ("total", "serialize", "request_bytes", "response_bytes")
 TARGET_STEPS = ("queue", "handler", "respond", "request_bytes", "response_bytes")
 BULK_STEPS = ("bytes", "duration")
@@ -143,10 +145,10 @@ class Summary:
         }
 
 
-class Record:
+class Record(RecordState):
     """One key's buffered samples and folded summaries."""
 
-    __slots__ = ("_shown", "_shown_at", "buffer", "calls", "errors", "steps", "summaries")
+    __slots__ = ("_shown", "_shown_at", "buffer", "steps", "summaries")  # and calls, errors: RecordState's
 
     def __init__(self, steps: tuple[str, ...]) -> None:
         self.steps = steps
@@ -193,7 +195,7 @@ class Record:
         return out
 
 
-class Monitor:
+class Monitor(MonitorState):
     """All statistics of one engine. ``enabled`` false makes every record call a no-op at the call site."""
 
     def __init__(self, enabled: bool = True, sample_every: int = 16) -> None:

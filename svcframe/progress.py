@@ -48,6 +48,8 @@ import os
 import resource
 import time
 
+from .slots import ProgressState
+
 _yield_cpu = os.sched_yield
 _clock = time.perf_counter
 
@@ -74,7 +76,7 @@ def _involuntary_switches() -> int:
 PROGRESS_MODES = ("block", "busy", "spindown")
 
 
-class Progress:
+class Progress(ProgressState):
     """Drives polling vs blocking for one engine's loop.
 
     The engine calls ``activity()`` whenever work starts or completes (unless ``blocking``) and keeps

@@ -23,6 +23,7 @@ from . import cma
 from .errors import ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError, Status
 from .protocol import Closed, Identity, Opened, Role
 from .protocol import Protocol as ProtocolState
+from .slots import ConnectionState
 from .wire import DEFAULT_MAX_BODY_BYTES, Frame
 
 log = logging.getLogger("svcframe.transport")
@@ -102,7 +103,7 @@ class ConnectionOwner(Protocol):
     def admit(self, conn: Connection) -> str | None: ...
 
 
-class Connection(asyncio.BufferedProtocol):
+class Connection(asyncio.BufferedProtocol, ConnectionState):
     """The asyncio pump around one connection's sans-IO ``svcframe.protocol.Protocol``: it receives into
     the protocol's buffers, writes what the protocol and the owner produce, reports the handshake's outcome
     and hands the frames of each received batch to its *owner* (the engine). Everything sent while a

@@ -173,8 +173,8 @@ def test_profile_client_lists_where_the_time_goes() -> None:
 
 
 def test_profile_client_counts_the_bytecodes_per_call() -> None:
-    """The exact Python work of a call, by function: the call itself and the receive path are in it, and the
-    raw client runs fewer (the limit)."""
+    """The exact Python work of a call, by function: the call itself and the receive path are in it. (With the
+    compiled call path a svcframe call runs about as many bytecodes as a raw one: 228 and 239 when measured.)"""
 
     def bytecodes(impl: str) -> tuple[int, str]:
         out = subprocess.run(
@@ -187,7 +187,7 @@ def test_profile_client_counts_the_bytecodes_per_call() -> None:
 
     ours, table = bytecodes("svcframe")
     assert "calls.py" in table and "(buffer_updated)" in table and len(table.splitlines()) == 6
-    assert 50 < bytecodes("raw")[0] < ours < 5000
+    assert 50 < ours < 5000 and 50 < bytecodes("raw")[0] < 5000
 
 
 @pytest.mark.slow

@@ -1,0 +1,191 @@
+"""The compiled request and call paths (svcframe._speedups.serve_request and begin_call, issue 14) against their
+definitions (Handlers._on_request and Calls._call_once): the same calls, made through each, end the same way
+for the caller, count the same in both engines' statistics and leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from conftest import wait_until
+
+from svcframe import AppError, Engine, Request
+from svcframe import engine as engine_module
+from svcframe import handlers as handlers_module
+from svcframe.calls import Calls
+from svcframe.handlers import current_request
+from svcframe.monitoring import ALWAYS_TIMED
+from svcframe.wire import PURE
+
+pytestmark = pytest.mark.skipif(PURE, reason="the compiled paths are not built (or SVCFRAME_PURE is set)")
+
+#: Calls per case: past the first ALWAYS_TIMED of a callpath, most calls are untimed (the compiled paths' case).
+REPEAT = ALWAYS_TIMED + 40
+
+
+def _register(server: Engine) -> None:
+    """Handlers whose results and errors take every branch of the request path."""
+    sync: dict[str, Callable[[Request, Any], Any]] = {
+        "none": lambda req, arg: None,
+        "small": lambda req, arg: arg,  # bytes up to 4 KiB: answered in the request path itself
+        "over_small": lambda req, arg: b"x" * 4097,
+        "large": lambda req, arg: b"y" * 200_000,
+        "obj": lambda req, arg: {"a": [1, 2], "arg": arg},
+        "text": lambda req, arg: "hi",
+        "awaitable": lambda req, arg: asyncio.sleep(0, result=b"later"),
+        "whoami": lambda req, arg: [req.rpc_name, current_request.get() is req, req.provider_id],
+        "nested": lambda req, arg: req.engine.call(server.address or "", "small", b"n", provider_id=1),
+    }
+
+    def app_error(req: Request, arg: Any) -> Any:
+        raise AppError("not here", code="NotHere", details={"k": 1})
+
+    def fails(req: Request, arg: Any) -> Any:
+        raise ValueError("bad value")
+
+    async def aecho(req: Request, arg: Any) -> Any:
+        return arg
+
+    async def slow(req: Request, arg: Any) -> Any:
+        await asyncio.sleep(30)
+
+    for name, fn in [*sync.items(), ("app_error", app_error), ("fails", fails), ("aecho", aecho), ("slow", slow)]:
+        server.register(1, name, fn)
+
+
+def _shown(value: object, address: str) -> object:
+    """A call's outcome, comparable across runs (the server's address differs)."""
+    if isinstance(value, BaseException):  # (a remote traceback shows the frames of the path it took: not compared)
+        return (type(value).__name__, str(value).replace(address, "<server>").partition("\n--- remote")[0])
+    return value
+
+
+async def _outcomes(make_engine: Callable[..., Awaitable[Engine]], compiled: bool) -> dict[str, Any]:
+    """Every case REPEAT times through one implementation; what the caller saw and both engines counted."""
+    server = await make_engine("tcp://127.0.0.1:0")
+    _register(server)
+    client = await make_engine(None)
+    address = server.address or ""
+    seen: dict[str, list[object]] = {}
+
+    async def outcome(case: str, call: Awaitable[Any]) -> None:
+        try:
+            value: object = await call
+        except Exception as exc:
+            value = exc
+        shown = _shown(value, address)
+        if shown not in seen.setdefault(case, []):
+            seen[case].append(shown)
+
+    for _ in range(REPEAT):
+        for name in ("none", "over_small", "large", "obj", "text", "awaitable", "whoami", "nested", "app_error",
+                     "fails", "aecho"):  # fmt: skip
+            await outcome(name, client.call(address, name, None, provider_id=1))
+        await outcome("small", client.call(address, "small", b"abc", provider_id=1))
+        await outcome("dict arg", client.call(address, "obj", {"x": 1}, provider_id=1))
+        await outcome("no such rpc", client.call(address, "nope", provider_id=1))
+        await outcome("no such provider", client.call(address, "small", provider_id=9))
+        await outcome("cannot encode", client.call(address, "small", object(), provider_id=1))
+        await outcome("idempotent", client.call(address, "none", provider_id=1, idempotent=True))
+        buf = bytearray(8)
+        await outcome("into", client.call(address, "small", b"into", provider_id=1, into=buf))
+        assert current_request.get() is None
+    for _ in range(3):
+        await outcome("deadline", client.call(address, "slow", provider_id=1, timeout_seconds=0.005))
+    for _ in range(3):  # cancelled by its caller once the server runs it: the server is told (a CANCEL)
+        await wait_until(lambda: not server.inflight_for(1), what="the server's earlier handlers ended")
+        task = asyncio.ensure_future(client.call(address, "slow", provider_id=1))
+        await wait_until(lambda: any(not t.done() for t in server.inflight_for(1)), what="the handler running")
+        task.cancel()
+        await asyncio.wait([task])
+        seen.setdefault("cancelled", []).append(task.cancelled())
+        await wait_until(lambda: not server.inflight_for(1), what="the server cancelling its handler")
+    conn = client._conns[address]
+    assert not conn.pending and client.progress.inflight == 0  # nothing left behind
+    await wait_until(lambda: not server.progress.inflight, what="the server's handlers done")
+
+    def counts(monitor: Any) -> dict[str, tuple[int, int]]:
+        rows = {**monitor.origin, **monitor.target}
+        return {f"{key[2]}/{key[3]}/{key[0]}": (rec.calls, rec.errors) for key, rec in sorted(rows.items(), key=str)}
+
+    return {"seen": seen, "client": counts(client.monitor), "server": counts(server.monitor)}
+
+
+@pytest.mark.asyncio
+async def test_the_compiled_paths_end_every_call_as_their_definitions(
+    make_engine: Callable[..., Awaitable[Engine]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiled = await _outcomes(make_engine, True)
+    monkeypatch.setattr(engine_module, "serve_request", handlers_module.Handlers._on_request)
+    monkeypatch.setattr(Calls, "_call", Calls._call_once)
+    definitions = await _outcomes(make_engine, False)
+    for run in (compiled, definitions):  # which deadline passes first, the caller's or the server's, is a race
+        deadline = run["seen"].pop("deadline")
+        assert {message.partition(": ")[2] for _, message in deadline} <= {
+            "no response within 0.005 s",
+            "the deadline passed while the handler ran; its outcome is unknown",
+        }, deadline
+    assert compiled["seen"] == definitions["seen"]
+    assert compiled["client"] == definitions["client"]
+    assert compiled["server"] == definitions["server"]
+    seen = compiled["seen"]
+    assert seen["small"] == [b"abc"] and seen["whoami"] == [["whoami", True, 1]] and seen["nested"] == [b"n"]
+    assert seen["cancelled"] == [True] * 3
+    assert [s[0] for s in seen["app_error"]] == ["AppError"] and seen["into"] == [4]
+
+
+def test_the_state_types_have_the_names_of_their_python_twins() -> None:
+    import types
+
+    from svcframe import _speedups, slots
+
+    for name in ("EngineState", "ConnectionState", "MonitorState", "ProgressState", "RecordState"):
+        compiled = getattr(_speedups, name)
+        members = {n for n, v in vars(compiled).items() if isinstance(v, types.MemberDescriptorType)}
+        assert members == set(getattr(slots, f"_Py{name}").__slots__), name
+
+
+@pytest.mark.asyncio
+async def test_begin_call_makes_the_common_call_and_declines_the_others_untouched(
+    make_engine: Callable[..., Awaitable[Engine]],
+) -> None:
+    from svcframe._speedups import begin_call
+
+    server = await make_engine("tcp://127.0.0.1:0")
+    server.register(1, "small", lambda req, arg: arg)
+    client = await make_engine(None)
+    address = server.address or ""
+    for _ in range(REPEAT):  # past the always-timed calls
+        assert await client.call(address, "small", b"warm", provider_id=1) == b"warm"
+    conn = client._conns[address]
+    ((_, rec),) = client.monitor.origin.items()
+
+    def state() -> tuple[object, ...]:
+        return (dict(conn.pending), rec.calls, rec.errors, client.progress.inflight, conn.protocol._next_id)
+
+    while (rec.calls + 1) % client.monitor.sample_every == 0:  # the next call is untimed
+        await client.call(address, "small", b"warm", provider_id=1)
+    before = state()
+    declined = [
+        ("into", (address, "small", b"x", 1, None, 0, bytearray(8))),
+        ("unknown address", ("tcp://127.0.0.1:1", "small", b"x", 1, None, 0, None)),
+        ("unknown name", (address, "never-called", b"x", 1, None, 0, None)),
+        ("provider id out of range", (address, "small", b"x", 70000, None, 0, None)),
+        ("cannot encode", (address, "small", object(), 1, None, 0, None)),
+        ("timeout not a number", (address, "small", b"x", 1, "soon", 0, None)),
+    ]
+    for what, args in declined:
+        assert begin_call(client, *args) is None, what
+        assert state() == before, what
+    client.monitor.enabled = False
+    client.tracer = object()  # type: ignore[assignment]  # (any tracer: begin_call declines a traced call)
+    assert begin_call(client, address, "small", b"x", 1, None, 0, None) is None
+    client.tracer = None
+    client.monitor.enabled = True
+    assert state() == before
+    call = begin_call(client, address, "small", b"made", 1, None, 0, None)
+    assert call is not None and rec.calls == before[1] + 1 and len(conn.pending) == 1
+    assert call.answered(await call.future) == b"made"
+    assert state()[:4] == (before[0], before[1] + 1, before[2], before[3])

@@ -9,7 +9,7 @@
  *   append the very same Frame (and call the sink the same way); anything else (an incomplete header or body,
  *   a bulk data frame behind other frames or without a sink, a body over the receive buffer, a bad header) is
  *   left where it starts, for FrameDecoder._parse, which has the whole of the semantics and the error messages.
- * - DecoderCore, of svcframe.wire._PyDecoderCore: FrameDecoder's state, get_buffer, buffer_updated and idle,
+ * - DecoderCore, of svcframe.decoder._PyDecoderCore: FrameDecoder's state, get_buffer, buffer_updated and idle,
  *   which run this loop without a Python frame per read, and answer our calls (FrameDecoder.answers): an OK
  *   RESPONSE first in its batch gives its call's future what svcframe.wire.answer_call would, once the whole
  *   read decoded without an error.
@@ -20,7 +20,8 @@
  * - serve_request, of svcframe.handlers.Handlers._on_request, in its common case (a sync handler, untraced and
  *   untimed, answering None or small bytes); any other request goes to the definition before anything is done.
  * - begin_call and Call, of svcframe.calls.Calls._call_once's work before and after its await, in its common
- *   case (an open connection, outside any handler, untraced and untimed, no into= buffer); likewise.
+ *   case (an open connection, outside any handler, untraced and untimed, into= only without cross-memory
+ *   attach); likewise.
  * - EngineState, ConnectionState, MonitorState, ProgressState and RecordState, of svcframe.slots' Python twins:
  *   the attributes those two read on every call, as struct fields (tests/test_compiled_paths.py).
  *
@@ -47,6 +48,7 @@
 #define UNPACK_KWARGS_MAX 8
 #define K_BULK_DATA_REPLY 7
 #define K_BULK_DATA_PUSH 8
+#define F_INTO 16 /* wire.Flag.INTO */
 
 static inline uint16_t rd16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -141,11 +143,12 @@ sink_data(PyObject *sink, unsigned kind, const unsigned char *p, Py_ssize_t leng
 typedef struct {
     PyObject *s_done, *s_set_result; /* method names, interned once per module (per interpreter) */
     PyObject *s_get_buffer_slow, *s_direct_updated, *s_compact, *s_parse, *s_release_pages;
+    PyObject *s_overflow_ok, *s_cursor; /* IncomingPull's (an into= call's answer) */
     PyObject *frame_type, *zero_trace, *unpack; /* what DecoderCore decodes with (configure()) */
     PyObject *unpack_kwnames, *unpack_kwvalues;  /* unpack's keyword arguments (configure()) */
     PyObject *request_frame_py, *ok_response_py;  /* svcframe.wire's pure twins (configure()) */
     PyObject *unpack_body_py;
-    Py_ssize_t keep_bytes;                        /* wire.KEEP_RECEIVE_BYTES (configure()) */
+    Py_ssize_t keep_bytes;                        /* decoder.KEEP_RECEIVE_BYTES (configure_decoder()) */
     PyObject *core_type;                          /* DecoderCore */
     PyObject *deadlines_type;                     /* DeadlinesCore */
     PyObject *heappush, *heapify;                 /* heapq's */
@@ -158,8 +161,12 @@ typedef struct {
     /* begin_call and Call (configure_calls()): what Calls._call_once uses, and the names it reads (cn) */
     PyObject *call_type, *task_request, *pack_body, *nil_body, *error_from_status, *cancel_remote, *no_response;
     PyObject *deadline_expired, *cancelled_error, *no_parent, *zero;
+    PyObject *as_byte_view, *incoming_pull, *too_large; /* for into= (configure_calls()) */
+    PyObject *writable_kw, *overflow_ok_kw;             /* their keyword names: ("writable",), ("overflow_ok",) */
+    long into_flag;
     long lent_status;
-    PyObject *cn[5];
+    PyObject *cn[14];
+    long long batch_flush_bytes; /* svcframe.transport.BATCH_FLUSH_BYTES (configure_serve()) */
     /* the state types (EngineState, ConnectionState, MonitorState, ProgressState, RecordState) */
     PyObject *engine_state, *connection_state, *monitor_state, *progress_state, *record_state;
 } module_state;
@@ -207,6 +214,18 @@ future_done(module_state *st, PyObject *future)
     int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
     Py_XDECREF(done);
     return is_done;
+}
+
+/* ``getattr(o, name)`` is true: 1, 0, or -1 with an exception set. */
+static int
+attr_true(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
 }
 
 /* ``unpack(body, **unpack_kwargs)`` (configure()), by vectorcall: no keyword dict made per call. */
@@ -298,12 +317,57 @@ give_answers(module_state *st, PyObject *answered)
     return 0;
 }
 
+/* The answer to our into= call ``request_id`` that a data frame flagged INTO, just written into its buffer,
+ * makes, as svcframe.engine.Engine._into_answered gives it: ``(0, pull.cursor, pull.cursor)`` to its future in
+ * ``answers``, collected in ``*answered`` as answer() does. 1: taken; 0: not ours (no such call or pull, not an
+ * into= call's pull, its future done or answered earlier in this read: the frame is dispatched); -1 with an
+ * exception set. */
+static int
+answer_into(module_state *st, PyObject *answers, PyObject *pulls, PyObject **answered, uint64_t request_id)
+{
+    PyObject *key = PyLong_FromUnsignedLongLong(request_id);
+    if (key == NULL)
+        return -1;
+    PyObject *waiter = PyDict_GetItemWithError(answers, key), *pull = NULL, *cursor = NULL, *result = NULL;
+    pull = waiter == NULL ? NULL : PyDict_GetItemWithError(pulls, key);
+    Py_DECREF(key);
+    if (pull == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(waiter);
+    Py_INCREF(pull);
+    int rc = attr_true(pull, st->s_overflow_ok); /* (a pull's data flagged INTO answers nothing) */
+    if (rc > 0 && *answered != NULL)
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(*answered); i += 2)
+            if (PyList_GET_ITEM(*answered, i) == waiter)
+                rc = 0;
+    if (rc > 0) {
+        int is_done = future_done(st, waiter);
+        rc = is_done < 0 ? -1 : !is_done;
+    }
+    if (rc > 0) {
+        cursor = PyObject_GetAttr(pull, st->s_cursor);
+        PyObject *zero = cursor == NULL ? NULL : PyLong_FromLong(0);
+        result = zero == NULL ? NULL : PyTuple_Pack(3, zero, cursor, cursor);
+        Py_XDECREF(zero);
+        if (result != NULL && *answered == NULL)
+            *answered = PyList_New(0);
+        if (result == NULL || *answered == NULL || PyList_Append(*answered, waiter) < 0 ||
+            PyList_Append(*answered, result) < 0)
+            rc = -1;
+    }
+    Py_XDECREF(result);
+    Py_XDECREF(cursor);
+    Py_DECREF(pull);
+    Py_DECREF(waiter);
+    return rc;
+}
+
 /* The loop of parse_inline over base[start:end] (see its docstring): the offset of the first frame not taken,
  * or -1 with an exception set. */
 static Py_ssize_t
 parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssize_t end, long long max_body,
            unsigned long long legal, PyObject *frames, PyTypeObject *frame_type, PyObject *zero_trace, PyObject *sink,
-           long long data_max, PyObject *answers, PyObject **answered)
+           long long data_max, PyObject *answers, PyObject **answered, PyObject *pulls, int *took_data)
 {
     while (end - start >= HEADER_SIZE) {
         const unsigned char *p = base + start;
@@ -331,6 +395,16 @@ parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssi
                 break;
             if (sink_data(sink, kind, p, (Py_ssize_t)length) < 0)
                 return -1;
+            if (answered != NULL && kind == K_BULK_DATA_REPLY && (rd16(p + 4) & F_INTO) && pulls != NULL) {
+                *took_data = 1; /* (its bytes are written: this read is not decoded again) */
+                int rc = answer_into(st, answers, pulls, answered, rd64(p + 16));
+                if (rc < 0)
+                    return -1;
+                if (rc) { /* an into= call answered by its data: no frame to dispatch */
+                    start += HEADER_SIZE + (Py_ssize_t)length;
+                    continue;
+                }
+            }
         }
         PyObject *frame = new_frame(frame_type, p, (Py_ssize_t)length, zero_trace, data);
         if (frame == NULL)
@@ -372,19 +446,20 @@ parse_inline(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     start = parse_loop((module_state *)PyModule_GetState(module), (const unsigned char *)view.buf, start, end,
-                       max_body, legal, frames, (PyTypeObject *)args[6], zero_trace, sink, data_max, NULL, NULL);
+                       max_body, legal, frames, (PyTypeObject *)args[6], zero_trace, sink, data_max, NULL, NULL, NULL,
+                       NULL);
     PyBuffer_Release(&view);
     return start < 0 ? NULL : PyLong_FromSsize_t(start);
 }
 
 
-/* ---- DecoderCore: the receive interface of svcframe.wire.FrameDecoder ------------------------------------- */
+/* ---- DecoderCore: the receive interface of svcframe.decoder.FrameDecoder ------------------------------------- */
 
 static struct PyModuleDef speedups_module;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *buf, *view, *head, *direct, *bulk_sink, *answers;
+    PyObject *buf, *view, *head, *direct, *bulk_sink, *answers, *into_pulls;
     Py_ssize_t start, end, high, data_max, direct_pos;
     long long max_body;
     unsigned long long legal;
@@ -406,7 +481,8 @@ core_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwar
     Core *self = (Core *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    PyObject **slots[] = {&self->buf, &self->view, &self->head, &self->direct, &self->bulk_sink, &self->answers};
+    PyObject **slots[] = {&self->buf, &self->view, &self->head, &self->direct, &self->bulk_sink, &self->answers,
+                          &self->into_pulls};
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
         Py_INCREF(Py_None);
         *slots[i] = Py_None;
@@ -424,6 +500,7 @@ core_traverse(Core *self, visitproc visit, void *arg)
     Py_VISIT(self->direct);
     Py_VISIT(self->bulk_sink);
     Py_VISIT(self->answers);
+    Py_VISIT(self->into_pulls);
     return 0;
 }
 
@@ -436,6 +513,7 @@ core_clear(Core *self)
     Py_CLEAR(self->direct);
     Py_CLEAR(self->bulk_sink);
     Py_CLEAR(self->answers);
+    Py_CLEAR(self->into_pulls);
     return 0;
 }
 
@@ -518,10 +596,12 @@ core_buffer_updated(Core *self, PyObject *arg)
     }
     PyObject *answered = NULL; /* (future, result, ...), given once the read decoded; made at its first answer */
     PyObject *sink = self->bulk_sink ? self->bulk_sink : Py_None;
+    PyObject *pulls = PyDict_Check(self->into_pulls) && !IS_NONE(self->answers) ? self->into_pulls : NULL;
+    int took_data = 0;
     Py_ssize_t start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
                                   (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, self->answers,
-                                  IS_NONE(self->answers) ? NULL : &answered);
-    if (start >= 0 && answered != NULL && !PyList_GET_SIZE(frames) && end - start > 3 &&
+                                  IS_NONE(self->answers) ? NULL : &answered, pulls, &took_data);
+    if (start >= 0 && answered != NULL && !took_data && !PyList_GET_SIZE(frames) && end - start > 3 &&
         (((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_REPLY ||
          ((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_PUSH)) {
         /* answers, then bulk data: the Python loop holds data behind the frames before it (their dispatch may set
@@ -529,7 +609,7 @@ core_buffer_updated(Core *self, PyObject *arg)
          * answered by the data's last frame) */
         Py_CLEAR(answered);
         start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
-                           (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, NULL, NULL);
+                           (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, NULL, NULL, NULL, NULL);
     }
     PyBuffer_Release(&view);
     if (start < 0)
@@ -581,6 +661,7 @@ static PyMemberDef core_members[] = {
     {"_direct", T_OBJECT, offsetof(Core, direct), 0, NULL},
     {"bulk_sink", T_OBJECT, offsetof(Core, bulk_sink), 0, NULL},
     {"answers", T_OBJECT, offsetof(Core, answers), 0, NULL},
+    {"into_pulls", T_OBJECT, offsetof(Core, into_pulls), 0, NULL},
     {"_start", T_PYSSIZET, offsetof(Core, start), 0, NULL},
     {"_end", T_PYSSIZET, offsetof(Core, end), 0, NULL},
     {"_high", T_PYSSIZET, offsetof(Core, high), 0, NULL},
@@ -594,9 +675,9 @@ static PyMemberDef core_members[] = {
 
 static PyMethodDef core_methods[] = {
     {"get_buffer", (PyCFunction)(void (*)(void))core_get_buffer, METH_FASTCALL,
-     "get_buffer(sizehint=-1) -> memoryview: see svcframe.wire.FrameDecoder."},
+     "get_buffer(sizehint=-1) -> memoryview: see svcframe.decoder.FrameDecoder."},
     {"buffer_updated", (PyCFunction)core_buffer_updated, METH_O,
-     "buffer_updated(nbytes) -> list[Frame] | None: see svcframe.wire.FrameDecoder."},
+     "buffer_updated(nbytes) -> list[Frame] | None: see svcframe.decoder.FrameDecoder."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -606,8 +687,8 @@ static PyGetSetDef core_getset[] = {
 };
 
 static PyType_Slot core_slots[] = {
-    {Py_tp_doc, "The state and receive interface (get_buffer, buffer_updated, idle) of svcframe.wire.FrameDecoder "
-                "in C: the compiled twin of svcframe.wire._PyDecoderCore."},
+    {Py_tp_doc, "The state and receive interface (get_buffer, buffer_updated, idle) of svcframe.decoder.FrameDecoder "
+                "in C: the compiled twin of svcframe.decoder._PyDecoderCore."},
     {Py_tp_new, core_new},
     {Py_tp_dealloc, core_dealloc},
     {Py_tp_traverse, core_traverse},
@@ -824,17 +905,17 @@ static PyType_Spec dl_spec = {
 };
 
 PyDoc_STRVAR(configure_doc,
-"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, keep_bytes, request_frame_py, ok_response_py,\n"
+"configure(frame_type, zero_trace_id, unpack, unpack_kwargs, request_frame_py, ok_response_py,\n"
 "          unpack_body_py) -> None\n\n"
-"What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID, the strict msgpack decoder of answers\n"
-"(``unpack(body, **unpack_kwargs)``, at most 8 keywords) and KEEP_RECEIVE_BYTES; the Python twins of\n"
-"request_frame, ok_response and unpack_body.");
+"What DecoderCore decodes with: svcframe.wire's Frame, ZERO_TRACE_ID and the strict msgpack decoder of\n"
+"answers (``unpack(body, **unpack_kwargs)``, at most 8 keywords); the Python twins of request_frame,\n"
+"ok_response and unpack_body.");
 
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "configure takes 8 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "configure takes 7 arguments");
         return NULL;
     }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
@@ -845,9 +926,6 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "configure: unpack_kwargs must be a dict of at most 8 keywords");
         return NULL;
     }
-    Py_ssize_t keep = PyLong_AsSsize_t(args[4]);
-    if (keep == -1 && PyErr_Occurred())
-        return NULL;
     PyObject *names = PyTuple_New(PyDict_GET_SIZE(args[3])), *values = PyTuple_New(PyDict_GET_SIZE(args[3]));
     if (names == NULL || values == NULL) {
         Py_XDECREF(names);
@@ -878,13 +956,26 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->unpack, args[2]);
     Py_XSETREF(st->unpack_kwnames, names);
     Py_XSETREF(st->unpack_kwvalues, values);
+    Py_INCREF(args[4]);
+    Py_XSETREF(st->request_frame_py, args[4]);
     Py_INCREF(args[5]);
-    Py_XSETREF(st->request_frame_py, args[5]);
+    Py_XSETREF(st->ok_response_py, args[5]);
     Py_INCREF(args[6]);
-    Py_XSETREF(st->ok_response_py, args[6]);
-    Py_INCREF(args[7]);
-    Py_XSETREF(st->unpack_body_py, args[7]);
-    st->keep_bytes = keep;
+    Py_XSETREF(st->unpack_body_py, args[6]);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(configure_decoder_doc,
+"configure_decoder(keep_bytes) -> None\n\n"
+"svcframe.decoder.KEEP_RECEIVE_BYTES: the receive-buffer bytes an idle DecoderCore keeps committed.");
+
+static PyObject *
+configure_decoder(PyObject *module, PyObject *keep_bytes)
+{
+    Py_ssize_t keep = PyLong_AsSsize_t(keep_bytes);
+    if (keep == -1 && PyErr_Occurred())
+        return NULL;
+    ((module_state *)PyModule_GetState(module))->keep_bytes = keep;
     Py_RETURN_NONE;
 }
 
@@ -1050,9 +1141,11 @@ static const char *const ENGINE_STATE[E_N] = {
     "_loop", "default_timeout_seconds", "_conns", "_rpc_ids", "_root_callpaths", "tracer", "monitor", "progress",
     "_deadlines", "_rows", "_closing", "_refused",
 };
-enum { CN_CLOSED, CN_PENDING, CN_PEER_MAX_BODY, CN_RECORDS, CN_NEXT_REQUEST_ID, CN_N };
+enum { CN_CLOSED, CN_PENDING, CN_PEER_MAX_BODY, CN_RECORDS, CN_NEXT_REQUEST_ID, CN_BATCH, CN_BATCH_BYTES,
+       CN_TRANSPORT, CN_WRITES, CN_MAX_OUTPUT, CN_N };
 static const char *const CONNECTION_STATE[CN_N] = {
-    "closed", "pending", "peer_max_body_bytes", "records", "next_request_id",
+    "closed", "pending", "peer_max_body_bytes", "records", "next_request_id", "_batch", "_batch_bytes",
+    "transport", "writes", "max_output_bytes",
 };
 enum { M_ENABLED, M_SAMPLE_EVERY, M_ORIGIN, M_TARGET, M_N };
 static const char *const MONITOR_STATE[M_N] = {"enabled", "sample_every", "origin", "target"};
@@ -1148,17 +1241,15 @@ static const char *const SERVE_NAMES[SERVE_NAMES_N] = {
 };
 enum { N_IS_COROUTINE, N_HANDLER, N_REQUEST, N_SEND, N_HANDLED, N_FINISH_ERROR, N_TRACK_TASK };
 
-/* ``getattr(o, name)`` is true: 1, 0, or -1 with an exception set. */
-static int
-attr_true(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    int truth = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return truth;
-}
+/* The method names begin_call and conn_send use, interned once (module_state.cn, in this order). */
+#define CALL_NAMES_N 14
+static const char *const CALL_NAMES[CALL_NAMES_N] = {
+    "time", "create_future", "send_request", "activity", "request", "write", "get_write_buffer_size",
+    "_flush_batch", "_slow_reader", "peer_cma", "protocol", "pulls", "overflowed", "writable",
+};
+enum { C_TIME, C_CREATE_FUTURE, C_SEND_REQUEST, C_ACTIVITY, C_REQUEST, C_WRITE, C_GET_WRITE_BUFFER_SIZE,
+       C_FLUSH_BATCH, C_SLOW_READER, C_PEER_CMA, C_PROTOCOL, C_PULLS, C_OVERFLOWED, C_WRITABLE };
+
 
 /* ``o`` is an instance of the state type ``type`` (a subclass's) with its field ``i`` set: that field, borrowed;
  * NULL (no exception set) otherwise. */
@@ -1178,6 +1269,54 @@ small_count(PyObject *o)
     if (v == -1 && PyErr_Occurred())
         PyErr_Clear();
     return v < 0 || v == LLONG_MAX ? -1 : v;
+}
+
+/* svcframe.transport.Connection.send(data), its definition (called for anything unusual): ``data`` joins the
+ * batch of replies being dispatched, or is written to the transport, whose buffer is then checked against the
+ * slow-reader cap. 0, or -1 with an exception set. */
+static int
+conn_send(module_state *st, PyObject *conn, PyObject *data)
+{
+    PyObject *batch = FIELD(conn, CN_BATCH), *closed = FIELD(conn, CN_CLOSED), *r;
+    long long total = PyBytes_CheckExact(data) ? small_count(FIELD(conn, CN_BATCH_BYTES)) : -1;
+    if (batch != NULL && PyList_CheckExact(batch) && total >= 0 && total < LLONG_MAX / 2) {
+        total += PyBytes_GET_SIZE(data); /* batch.append(data); self._batch_bytes += len(data) */
+        PyObject *count = PyList_Append(batch, data) < 0 ? NULL : PyLong_FromLongLong(total);
+        if (count == NULL)
+            return -1;
+        Py_XSETREF(FIELD(conn, CN_BATCH_BYTES), count);
+        if (total <= st->batch_flush_bytes)
+            return 0;
+        r = PyObject_CallMethodNoArgs(conn, st->cn[C_FLUSH_BATCH]);
+    } else if (batch == Py_None && closed == Py_True) {
+        return 0; /* (closed: nothing is sent) */
+    } else if (batch == Py_None && closed == Py_False && PyBytes_CheckExact(data) && FIELD(conn, CN_TRANSPORT) != NULL &&
+               FIELD(conn, CN_TRANSPORT) != Py_None && small_count(FIELD(conn, CN_WRITES)) >= 0) {
+        PyObject *writes = PyLong_FromLongLong(small_count(FIELD(conn, CN_WRITES)) + 1);
+        if (writes == NULL)
+            return -1;
+        Py_XSETREF(FIELD(conn, CN_WRITES), writes);
+        PyObject *transport = Py_NewRef(FIELD(conn, CN_TRANSPORT)), *call_args[2] = {transport, data};
+        r = PyObject_VectorcallMethod(st->cn[C_WRITE], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XSETREF(r, r == NULL ? NULL : PyObject_CallMethodNoArgs(transport, st->cn[C_GET_WRITE_BUFFER_SIZE]));
+        Py_DECREF(transport);
+        if (r == NULL)
+            return -1;
+        PyObject *cap = Py_XNewRef(FIELD(conn, CN_MAX_OUTPUT));
+        int over = cap == NULL ? -1 : PyObject_RichCompareBool(r, cap, Py_GT); /* the slow-reader cap (see _write) */
+        Py_XDECREF(cap);
+        Py_DECREF(r);
+        if (over <= 0) {
+            if (over < 0 && !PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "max_output_bytes");
+            return over;
+        }
+        r = PyObject_CallMethodNoArgs(conn, st->cn[C_SLOW_READER]);
+    } else {
+        r = PyObject_CallMethodOneArg(conn, st->sn[N_SEND], data);
+    }
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 /* A request that _on_request would answer in its common case: its registration, its decoded argument (*arg)
@@ -1320,10 +1459,8 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                               PyBytes_GET_SIZE(result) <= st->small_result)) {
         PyObject *answer_args[2] = {PyTuple_GET_ITEM(frame, 4), result};
         PyObject *answer = ok_response(module, answer_args, 2);
-        PyObject *sent = answer == NULL ? NULL : PyObject_CallMethodOneArg(conn, st->sn[N_SEND], answer);
+        failed = answer == NULL || conn_send(st, conn, answer) < 0;
         Py_XDECREF(answer);
-        failed = sent == NULL;
-        Py_XDECREF(sent);
     } else if (result != NULL) { /* sent by _finish, or an awaitable run as a task (returned) */
         PyObject *zero = PyLong_FromLong(0);
         PyObject *handled_args[9] = {engine, conn, frame, reg, req, args[3], zero, Py_None, result};
@@ -1377,16 +1514,17 @@ done:
 }
 
 PyDoc_STRVAR(configure_serve_doc,
-"configure_serve(on_request_py, request_type, sync, not_fast_flags, small_result_bytes, always_timed) -> None\n\n"
+"configure_serve(on_request_py, request_type, sync, not_fast_flags, small_result_bytes, always_timed,\n"
+"                batch_flush_bytes) -> None\n\n"
 "What serve_request serves with: svcframe.handlers' Handlers._on_request (its twin), Request (a tuple\n"
-"subclass of 5 items), the sync handlers' thread-local, _NOT_FAST, _SMALL_RESULT_BYTES and\n"
-"monitoring.ALWAYS_TIMED.");
+"subclass of 5 items), the sync handlers' thread-local, _NOT_FAST, _SMALL_RESULT_BYTES,\n"
+"monitoring.ALWAYS_TIMED and transport.BATCH_FLUSH_BYTES.");
 
 static PyObject *
 configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "configure_serve takes 6 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "configure_serve takes 7 arguments");
         return NULL;
     }
     if (!PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
@@ -1394,14 +1532,10 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     long long not_fast = PyLong_AsLongLong(args[3]), small = PyLong_AsLongLong(args[4]);
-    long long always = PyLong_AsLongLong(args[5]);
+    long long always = PyLong_AsLongLong(args[5]), flush = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred())
         return NULL;
     module_state *st = (module_state *)PyModule_GetState(module);
-    for (int i = 0; i < SERVE_NAMES_N; i++) {
-        if (st->sn[i] == NULL && (st->sn[i] = PyUnicode_InternFromString(SERVE_NAMES[i])) == NULL)
-            return NULL;
-    }
     Py_INCREF(args[0]);
     Py_XSETREF(st->on_request_py, args[0]);
     Py_INCREF(args[1]);
@@ -1411,20 +1545,17 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     st->not_fast = not_fast;
     st->small_result = small;
     st->always_timed = always;
+    st->batch_flush_bytes = flush;
     Py_RETURN_NONE;
 }
 
 /* ---- begin_call and Call: the common case of svcframe.calls.Calls._call_once ------------------------------ */
 
-/* The attribute and method names begin_call uses, interned once (module_state.cn, in this order). */
-#define CALL_NAMES_N 5
-static const char *const CALL_NAMES[CALL_NAMES_N] = {"time", "create_future", "send_request", "activity", "request"};
-enum { C_TIME, C_CREATE_FUTURE, C_SEND_REQUEST, C_ACTIVITY, C_REQUEST };
-
 /* A call under way (begin_call): what _call_once's ``await`` and ``finally:`` need. */
 typedef struct {
     PyObject_HEAD
     PyObject *future, *conn, *pending, *request_id, *rec, *progress, *name, *provider_id, *address, *timeout;
+    PyObject *pulls, *pull, *into; /* an into= call's: its connection's pulls, its IncomingPull, its view */
     char finished; /* the clean-up ran (it runs once) */
 } Call;
 
@@ -1442,6 +1573,9 @@ call_dealloc(Call *self)
     Py_XDECREF(self->provider_id);
     Py_XDECREF(self->address);
     Py_XDECREF(self->timeout);
+    Py_XDECREF(self->pulls);
+    Py_XDECREF(self->pull);
+    Py_XDECREF(self->into);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);
 }
@@ -1479,6 +1613,11 @@ call_finish(module_state *st, Call *self, int failed)
     PyObject *waiter = PyDict_GetItemWithError(self->pending, self->request_id); /* pending.pop(id, None) */
     if (waiter == NULL ? PyErr_Occurred() != NULL : PyDict_DelItem(self->pending, self->request_id) < 0)
         return -1;
+    if (self->pulls != NULL) { /* conn.protocol.pulls.pop(request_id, None) */
+        PyObject *pull = PyDict_GetItemWithError(self->pulls, self->request_id);
+        if (pull == NULL ? PyErr_Occurred() != NULL : PyDict_DelItem(self->pulls, self->request_id) < 0)
+            return -1;
+    }
     if (progress_step(st, self->progress, -1) < 0)
         return -1;
     if (failed && self->rec != NULL) { /* rec.errors += 1 */
@@ -1533,6 +1672,23 @@ call_answered(Call *self, PyObject *answer)
     if (call_finish(st, self, status != 0 && status != st->lent_status) < 0)
         return NULL;
     PyObject *payload = PyTuple_GET_ITEM(answer, 1);
+    if (status == 0 && self->pull != NULL) { /* an into= result larger than the buffer */
+        int over = attr_true(self->pull, st->cn[C_OVERFLOWED]);
+        if (over < 0)
+            return NULL;
+        if (over) {
+            Py_ssize_t size = PyObject_Length(self->into);
+            PyObject *n = size < 0 ? NULL : PyLong_FromSsize_t(size);
+            PyObject *error = n == NULL ? NULL : PyObject_CallFunctionObjArgs(st->too_large, self->name, self->provider_id,
+                                                                           self->address, payload, n, NULL);
+            Py_XDECREF(n);
+            if (error != NULL) {
+                PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+                Py_DECREF(error);
+            }
+            return NULL;
+        }
+    }
     if (status == 0) {
         Py_INCREF(payload);
         return payload;
@@ -1617,9 +1773,9 @@ static PyType_Spec call_spec = {
 PyDoc_STRVAR(begin_call_doc,
 "begin_call(engine, address, name, arg, provider_id, timeout_seconds, flags, into) -> Call | None\n\n"
 "What svcframe.calls.Calls._call_once (its Python twin) does before its ``await``, without a Python frame, in\n"
-"its common case: an open connection, a known RPC, no into= buffer, untraced, untimed (monitoring off, or\n"
-"counted and not sampled), outside any handler; the request is sent and the Call returned. None for any\n"
-"other call, before anything is done (_call_once then makes it).");
+"its common case: an open connection, a known RPC, untraced, untimed (monitoring off, or counted and not\n"
+"sampled), outside any handler, an into= buffer only to a peer without cross-memory attach; the request is\n"
+"sent and the Call returned. None for any other call, before anything is done (_call_once then makes it).");
 
 static PyObject *
 begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1641,7 +1797,8 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Call *call = NULL;
     unsigned long long flags, pid, rpc, cp, limit;
     long long calls = 0;
-    if (args[7] != Py_None || !as_field(args[6], 0xFFFF, &flags) || !as_field(provider_id, 0xFFFF, &pid) ||
+    PyObject *into = args[7], *view = NULL, *pulls = NULL, *pull = NULL;
+    if (!as_field(args[6], 0xFFFF, &flags) || !as_field(provider_id, 0xFFFF, &pid) ||
         !PyObject_TypeCheck(engine, (PyTypeObject *)st->engine_state))
         goto decline;
     PyObject *loop = FIELD(engine, E_LOOP), *conns = FIELD(engine, E_CONNS), *ids = FIELD(engine, E_RPC_IDS);
@@ -1665,6 +1822,8 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *rid = PyDict_GetItemWithError(ids, name);
     if (rid == NULL || !as_field(rid, 0xFFFFFFFF, &rpc) || rpc == 0)
         goto decline;
+    if (into != Py_None && attr_true(conn, st->cn[C_PEER_CMA]) != 0)
+        goto decline; /* (the result may be copied from the server's memory: _call_once decides) */
     key = PyTuple_Pack(2, rid, provider_id);
     PyObject *callpath = key == NULL ? NULL : PyDict_GetItemWithError(roots, key);
     if (callpath == NULL || !as_field(callpath, UINT64_MAX, &cp) || cp == 0)
@@ -1701,13 +1860,20 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     body = arg == Py_None ? Py_NewRef(st->nil_body) : PyObject_CallOneArg(st->pack_body, arg);
     if (body == NULL || !PyBytes_CheckExact(body) || (unsigned long long)PyBytes_GET_SIZE(body) > limit)
         goto decline; /* (an argument that cannot be sent: _call_once raises its error) */
+    if (into != Py_None) { /* into = as_byte_view(into, writable=True); flags |= F_INTO */
+        PyObject *view_args[2] = {into, Py_True};
+        view = PyObject_Vectorcall(st->as_byte_view, view_args, 1, st->writable_kw);
+        if (view == NULL)
+            goto decline; /* (not a writable buffer: _call_once raises its error) */
+        flags |= (unsigned long long)st->into_flag;
+    }
     long long usec = (long long)(t * 1e6); /* deadlines.wire_deadline */
     unsigned long long deadline_usec = usec > 0xFFFFFFFFLL ? 0 : usec > 0 ? (unsigned long long)usec : 1;
     /* the call is made from here on (an error now propagates, as _call_once's own would) */
     call = PyObject_New(Call, (PyTypeObject *)st->call_type); /* (its references: held by what follows) */
     if (call == NULL)
         goto error;
-    call->future = call->request_id = NULL;
+    call->future = call->request_id = call->pulls = call->pull = call->into = NULL;
     call->conn = Py_NewRef(conn);
     call->pending = Py_NewRef(pending);
     call->rec = Py_XNewRef(rec);
@@ -1731,20 +1897,43 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     future = request_id == NULL ? NULL : PyObject_CallMethodNoArgs(loop, st->cn[C_CREATE_FUTURE]);
     if (future == NULL || PyDict_SetItem(pending, request_id, future) < 0)
         goto error;
+    if (view != NULL) { /* conn.protocol.pulls[request_id] = IncomingPull(into, overflow_ok=True) */
+        PyObject *protocol = PyObject_GetAttr(conn, st->cn[C_PROTOCOL]);
+        pulls = protocol == NULL ? NULL : PyObject_GetAttr(protocol, st->cn[C_PULLS]);
+        Py_XDECREF(protocol);
+        PyObject *pull_args[2] = {view, Py_True};
+        pull = pulls == NULL ? NULL : PyObject_Vectorcall(st->incoming_pull, pull_args, 1, st->overflow_ok_kw);
+        if (pull == NULL || !PyDict_CheckExact(pulls) || PyDict_SetItem(pulls, request_id, pull) < 0) {
+            if (pull != NULL && !PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "Protocol.pulls must be a dict");
+            goto error;
+        }
+    }
     o = PyLong_FromUnsignedLongLong(deadline_usec);
     if (o == NULL)
         goto error;
-    PyObject *request_args[12] = {args[6], provider_id, rid, request_id, o, st->no_parent, st->zero, key,
+    PyObject *flags_o = PyLong_FromUnsignedLongLong(flags);
+    if (flags_o == NULL)
+        goto error;
+    PyObject *request_args[12] = {flags_o, provider_id, rid, request_id, o, st->no_parent, st->zero, key,
                                   st->zero_trace, st->zero, st->zero, body};
     frame = request_frame(module, request_args, 12);
     Py_CLEAR(o);
+    Py_DECREF(flags_o);
     if (frame == NULL)
         goto error;
-    PyObject *send_args[3] = {conn, frame, PyDict_GET_SIZE(pending) > 1 ? Py_True : Py_False};
-    o = PyObject_VectorcallMethod(st->cn[C_SEND_REQUEST], send_args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    if (o == NULL || progress_step(st, progress, 1) < 0)
+    if (PyDict_GET_SIZE(pending) <= 1 || FIELD(conn, CN_BATCH) != Py_None || FIELD(conn, CN_CLOSED) != Py_False) {
+        if (conn_send(st, conn, frame) < 0) /* conn.send_request(frame, False), inlined */
+            goto error;
+    } else { /* corked (other calls of ours in flight here): held for the loop's next turn */
+        PyObject *send_args[3] = {conn, frame, Py_True};
+        o = PyObject_VectorcallMethod(st->cn[C_SEND_REQUEST], send_args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (o == NULL)
+            goto error;
+        Py_CLEAR(o);
+    }
+    if (progress_step(st, progress, 1) < 0)
         goto error;
-    Py_CLEAR(o);
     when = PyFloat_FromDouble(start + t);
     PyObject *add_args[3] = {when, pending, request_id};
     o = when == NULL ? NULL : dl_add((DlCore *)deadlines, add_args, 3);
@@ -1753,6 +1942,9 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_CLEAR(o);
     call->future = Py_NewRef(future);
     call->request_id = Py_NewRef(request_id);
+    call->pulls = Py_XNewRef(pulls);
+    call->pull = Py_XNewRef(pull);
+    call->into = Py_XNewRef(view);
     call->finished = 0;
     goto done;
 decline:
@@ -1772,6 +1964,9 @@ done:
     Py_XDECREF(frame);
     Py_XDECREF(when);
     Py_XDECREF(method);
+    Py_XDECREF(view);
+    Py_XDECREF(pulls);
+    Py_XDECREF(pull);
     for (int i = 0; i < 8; i++)
         Py_XDECREF(held[i]);
     return (PyObject *)call;
@@ -1779,31 +1974,33 @@ done:
 
 PyDoc_STRVAR(configure_calls_doc,
 "configure_calls(task_request, pack_body, nil_body, error_from_status, cancel_remote, no_response,\n"
-"                deadline_expired, cancelled_error, no_parent_provider, lent_status) -> None\n\n"
+"                deadline_expired, cancelled_error, no_parent_provider, lent_status, as_byte_view,\n"
+"                incoming_pull, too_large, into_flag) -> None\n\n"
 "What begin_call and Call use (svcframe.calls): the async handlers' request contextvar, wire.pack_body, the\n"
 "body of None, errors.error_from_status, calls' cancel_remote and no_response, DeadlineExpired,\n"
-"asyncio.CancelledError, wire.NO_PARENT_PROVIDER and Status.LENT. configure_serve() comes first (the sync\n"
-"handlers' thread-local).");
+"asyncio.CancelledError, wire.NO_PARENT_PROVIDER, Status.LENT; for into= calls bulk.as_byte_view,\n"
+"protocol.IncomingPull, calls' too_large and wire.F_INTO. configure_serve() comes first (the sync handlers'\n"
+"thread-local).");
 
 static PyObject *
 configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     module_state *st = (module_state *)PyModule_GetState(module);
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "configure_calls takes 10 arguments");
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "configure_calls takes 14 arguments");
         return NULL;
     }
     if (!PyContextVar_CheckExact(args[0]) || !PyBytes_CheckExact(args[2]) || !PyLong_CheckExact(args[8])) {
         PyErr_SetString(PyExc_TypeError, "configure_calls: a ContextVar, bytes and an int expected");
         return NULL;
     }
-    long lent = PyLong_AsLong(args[9]);
-    if (lent == -1 && PyErr_Occurred())
+    long lent = PyLong_AsLong(args[9]), into_flag = PyLong_AsLong(args[13]);
+    if ((lent == -1 || into_flag == -1) && PyErr_Occurred())
         return NULL;
-    for (int i = 0; i < CALL_NAMES_N; i++) {
-        if (st->cn[i] == NULL && (st->cn[i] = PyUnicode_InternFromString(CALL_NAMES[i])) == NULL)
-            return NULL;
-    }
+    if (st->writable_kw == NULL && (st->writable_kw = Py_BuildValue("(s)", "writable")) == NULL)
+        return NULL;
+    if (st->overflow_ok_kw == NULL && (st->overflow_ok_kw = Py_BuildValue("(s)", "overflow_ok")) == NULL)
+        return NULL;
     if (st->zero == NULL && (st->zero = PyLong_FromLong(0)) == NULL)
         return NULL;
     PyObject **slots[] = {&st->task_request, &st->pack_body, &st->nil_body, &st->error_from_status,
@@ -1811,13 +2008,18 @@ configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                           &st->no_parent};
     for (int i = 0; i < 9; i++)
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));
+    Py_XSETREF(st->as_byte_view, Py_NewRef(args[10]));
+    Py_XSETREF(st->incoming_pull, Py_NewRef(args[11]));
+    Py_XSETREF(st->too_large, Py_NewRef(args[12]));
     st->lent_status = lent;
+    st->into_flag = into_flag;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef speedups_methods[] = {
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
+    {"configure_decoder", (PyCFunction)configure_decoder, METH_O, configure_decoder_doc},
     {"request_frame", (PyCFunction)(void (*)(void))request_frame, METH_FASTCALL, request_frame_doc},
     {"ok_response", (PyCFunction)(void (*)(void))ok_response, METH_FASTCALL, ok_response_doc},
     {"unpack_body", (PyCFunction)unpack_body, METH_O, unpack_body_doc},
@@ -1843,6 +2045,10 @@ speedups_exec(PyObject *module)
     st->s_compact = PyUnicode_InternFromString("_compact");
     st->s_parse = PyUnicode_InternFromString("_parse");
     st->s_release_pages = PyUnicode_InternFromString("_release_pages");
+    st->s_overflow_ok = PyUnicode_InternFromString("overflow_ok");
+    st->s_cursor = PyUnicode_InternFromString("cursor");
+    if (!st->s_overflow_ok || !st->s_cursor)
+        return -1;
     if (!st->s_done || !st->s_set_result || !st->s_get_buffer_slow || !st->s_direct_updated || !st->s_compact ||
         !st->s_parse || !st->s_release_pages)
         return -1;
@@ -1866,6 +2072,14 @@ speedups_exec(PyObject *module)
     st->call_type = PyType_FromModuleAndSpec(module, &call_spec, NULL);
     if (st->call_type == NULL || PyModule_AddObjectRef(module, "Call", st->call_type) < 0)
         return -1;
+    for (int i = 0; i < SERVE_NAMES_N; i++) {
+        if ((st->sn[i] = PyUnicode_InternFromString(SERVE_NAMES[i])) == NULL)
+            return -1;
+    }
+    for (int i = 0; i < CALL_NAMES_N; i++) {
+        if ((st->cn[i] = PyUnicode_InternFromString(CALL_NAMES[i])) == NULL)
+            return -1;
+    }
     st->s_arm = PyUnicode_InternFromString("_arm");
     st->s_compact_heap = PyUnicode_InternFromString("_compact");
     st->s_idle = PyUnicode_InternFromString("_idle");
@@ -1892,6 +2106,8 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->s_compact);
     Py_VISIT(st->s_parse);
     Py_VISIT(st->s_release_pages);
+    Py_VISIT(st->s_overflow_ok);
+    Py_VISIT(st->s_cursor);
     Py_VISIT(st->frame_type);
     Py_VISIT(st->zero_trace);
     Py_VISIT(st->unpack);
@@ -1920,6 +2136,11 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
     for (int i = 0; i < CALL_NAMES_N; i++)
         Py_VISIT(st->cn[i]);
     Py_VISIT(st->engine_state);
+    Py_VISIT(st->as_byte_view);
+    Py_VISIT(st->incoming_pull);
+    Py_VISIT(st->too_large);
+    Py_VISIT(st->writable_kw);
+    Py_VISIT(st->overflow_ok_kw);
     Py_VISIT(st->connection_state);
     Py_VISIT(st->monitor_state);
     Py_VISIT(st->progress_state);
@@ -1938,6 +2159,8 @@ speedups_clear(PyObject *module)
     Py_CLEAR(st->s_compact);
     Py_CLEAR(st->s_parse);
     Py_CLEAR(st->s_release_pages);
+    Py_CLEAR(st->s_overflow_ok);
+    Py_CLEAR(st->s_cursor);
     Py_CLEAR(st->frame_type);
     Py_CLEAR(st->zero_trace);
     Py_CLEAR(st->unpack);
@@ -1966,6 +2189,11 @@ speedups_clear(PyObject *module)
     for (int i = 0; i < CALL_NAMES_N; i++)
         Py_CLEAR(st->cn[i]);
     Py_CLEAR(st->engine_state);
+    Py_CLEAR(st->as_byte_view);
+    Py_CLEAR(st->incoming_pull);
+    Py_CLEAR(st->too_large);
+    Py_CLEAR(st->writable_kw);
+    Py_CLEAR(st->overflow_ok_kw);
     Py_CLEAR(st->connection_state);
     Py_CLEAR(st->monitor_state);
     Py_CLEAR(st->progress_state);

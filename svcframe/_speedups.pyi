@@ -21,12 +21,12 @@ def configure(
     zero_trace_id: bytes,
     unpack: Any,
     unpack_kwargs: dict[str, Any],
-    keep_bytes: int,
     request_frame_py: Any,
     ok_response_py: Any,
     unpack_body_py: Any,
     /,
 ) -> None: ...
+def configure_decoder(keep_bytes: int, /) -> None: ...
 def unpack_body(body: bytes | bytearray | memoryview, /) -> object: ...
 def ok_response(request_id: int, result: bytes | None, /) -> bytes: ...
 def request_frame(
@@ -52,6 +52,7 @@ class DecoderCore:
     _direct: memoryview | None
     bulk_sink: Any
     answers: dict[int, Any] | None
+    into_pulls: dict[int, Any] | None
     _start: int
     _end: int
     _high: int
@@ -80,6 +81,7 @@ def configure_serve(
     not_fast_flags: int,
     small_result_bytes: int,
     always_timed: int,
+    batch_flush_bytes: int,
     /,
 ) -> None: ...
 def configure_calls(
@@ -93,6 +95,10 @@ def configure_calls(
     cancelled_error: type,
     no_parent_provider: int,
     lent_status: int,
+    as_byte_view: Any,
+    incoming_pull: type,
+    too_large: Any,
+    into_flag: int,
     /,
 ) -> None: ...
 def begin_call(

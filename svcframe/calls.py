@@ -274,10 +274,7 @@ class Calls:
             return await self._take_lent(conn, address, request_id, payload, into, start + timeout)
         if status == S_OK:
             if into is not None and into_pull.overflowed:
-                raise ResultTooLarge(
-                    f"{name!r} (provider {provider_id}) at {address}: the result is {payload} bytes; the buffer "
-                    f"given as into= holds {len(into)} (it may hold the result's first bytes)"
-                )
+                raise too_large(name, provider_id, address, payload, len(into))
             return payload  # decoded by the engine's dispatch (Engine.on_frames)
         raise error_from_status(status, payload, name, provider_id, address)
 
@@ -325,8 +322,16 @@ def no_response(name: str, provider_id: int, address: str, timeout: float) -> De
     return DeadlineExceeded(f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s")
 
 
+def too_large(name: str, provider_id: int, address: str, size: int, room: int) -> ResultTooLarge:
+    """The error of an into= call whose result (``size`` bytes) was larger than its buffer (``room`` bytes)."""
+    return ResultTooLarge(
+        f"{name!r} (provider {provider_id}) at {address}: the result is {size} bytes; the buffer given as into= "
+        f"holds {room} (it may hold the result's first bytes)"
+    )
+
+
 if not PURE:
     configure_calls(
         _task_request, pack_body, _NIL, error_from_status, cancel_remote, no_response, DeadlineExpired,
-        asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT),
+        asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT), as_byte_view, IncomingPull, too_large, F_INTO,
     )  # fmt: skip

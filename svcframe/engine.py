@@ -518,7 +518,7 @@ class Engine(Calls, Handlers, BulkTransfers, EngineState):
 
     def on_answers(self, conn: Connection) -> None:
         """A read of ``conn`` completed only answers to our calls, given to their futures by its decoder (see
-        svcframe.wire.FrameDecoder.answers): activity, as a batch of frames is."""
+        svcframe.decoder.FrameDecoder.answers): activity, as a batch of frames is."""
         if not self.progress.blocking:
             self.progress.activity()
 

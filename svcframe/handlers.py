@@ -628,6 +628,9 @@ serve_request: Callable[[Any, Connection, Frame, int, float], None] = Handlers._
 if not PURE:
     from ._speedups import configure_serve
     from ._speedups import serve_request as _serve_request_c
+    from .transport import BATCH_FLUSH_BYTES
 
-    configure_serve(Handlers._on_request, Request, _sync, _NOT_FAST, _SMALL_RESULT_BYTES, ALWAYS_TIMED)
+    configure_serve(
+        Handlers._on_request, Request, _sync, _NOT_FAST, _SMALL_RESULT_BYTES, ALWAYS_TIMED, BATCH_FLUSH_BYTES
+    )
     serve_request = _serve_request_c

@@ -45,6 +45,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from .decoder import FrameDecoder
 from .errors import (
     AuthenticationFailed,
     ConnectionLost,
@@ -61,7 +62,6 @@ from .wire import (
     K_HELLO,
     MIN_MAX_BODY_BYTES,
     Frame,
-    FrameDecoder,
     Kind,
     auth_mac,
     encode_frame,

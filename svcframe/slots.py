@@ -36,7 +36,10 @@ class _PyEngineState:
 
 
 class _PyConnectionState:
-    __slots__ = ("closed", "next_request_id", "peer_max_body_bytes", "pending", "records")
+    __slots__ = (
+        "_batch", "_batch_bytes", "closed", "max_output_bytes", "next_request_id", "peer_max_body_bytes", "pending",
+        "records", "transport", "writes",
+    )  # fmt: skip
 
 
 class _PyMonitorState:

@@ -314,8 +314,10 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
             self.peer_label = peer.address or f"clients@{self.peer_host or 'local'}"
             self._open = True
             self._decode = self.protocol.decoder.buffer_updated
-            # our calls' futures, which the decoder's compiled loop may answer itself (what on_frames would do)
+            # our calls' futures, which the decoder's compiled loop may answer itself (what on_frames would do), and
+            # the into= calls' pulls, whose one data frame is their answer
             self.protocol.decoder.answers = self.pending
+            self.protocol.decoder.into_pulls = self.protocol.pulls
             if self._handshake_timer is not None:
                 self._handshake_timer.cancel()
                 self._handshake_timer = None

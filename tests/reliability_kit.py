@@ -38,11 +38,11 @@ import msgpack
 import psutil
 
 from svcframe import testing
+from svcframe.decoder import FrameDecoder
 from svcframe.wire import (
     HEADER,
     HEADER_SIZE,
     Flag,
-    FrameDecoder,
     Kind,
     Status,
     auth_mac,

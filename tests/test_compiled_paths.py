@@ -169,7 +169,7 @@ async def test_begin_call_makes_the_common_call_and_declines_the_others_untouche
         await client.call(address, "small", b"warm", provider_id=1)
     before = state()
     declined = [
-        ("into", (address, "small", b"x", 1, None, 0, bytearray(8))),
+        ("into a read-only buffer", (address, "small", b"x", 1, None, 0, bytes(8))),
         ("unknown address", ("tcp://127.0.0.1:1", "small", b"x", 1, None, 0, None)),
         ("unknown name", (address, "never-called", b"x", 1, None, 0, None)),
         ("provider id out of range", (address, "small", b"x", 70000, None, 0, None)),
@@ -189,3 +189,35 @@ async def test_begin_call_makes_the_common_call_and_declines_the_others_untouche
     assert call is not None and rec.calls == before[1] + 1 and len(conn.pending) == 1
     assert call.answered(await call.future) == b"made"
     assert state()[:4] == (before[0], before[1] + 1, before[2], before[3])
+    while (rec.calls + 1) % client.monitor.sample_every == 0:
+        await client.call(address, "small", b"warm", provider_id=1)
+    into = bytearray(8)  # a result taken into the caller's buffer (over tcp: no cross-memory attach)
+    call = begin_call(client, address, "small", b"made", 1, None, 0, into)
+    assert call is not None and list(conn.protocol.pulls) == [next(iter(conn.pending))]
+    assert call.answered(await call.future) == 4 and into[:4] == b"made" and not conn.protocol.pulls
+
+
+@pytest.mark.asyncio
+async def test_begin_call_leaves_a_read_that_may_use_cross_memory_attach_to_its_definition(
+    make_engine: Callable[..., Awaitable[Engine]],
+) -> None:
+    from conftest import short_socket_path
+
+    from svcframe._speedups import begin_call
+
+    server = await make_engine(f"unix://{short_socket_path()}")
+    server.register(1, "small", lambda req, arg: arg)
+    client = await make_engine(None)
+    address = server.address or ""
+    for _ in range(REPEAT):
+        assert await client.call(address, "small", b"warm", provider_id=1, into=bytearray(8)) == 4
+    conn = client._conns[address]
+    assert conn.peer_cma
+    ((_, rec),) = client.monitor.origin.items()
+    while (rec.calls + 1) % client.monitor.sample_every == 0:
+        await client.call(address, "small", b"warm", provider_id=1)
+    calls = rec.calls
+    assert begin_call(client, address, "small", b"x", 1, None, 0, bytearray(8)) is None
+    assert rec.calls == calls and not conn.pending
+    call = begin_call(client, address, "small", b"x", 1, None, 0, None)  # (without into=: made)
+    assert call is not None and call.answered(await call.future) == b"x"

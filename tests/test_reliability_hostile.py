@@ -65,6 +65,7 @@ from reliability_kit import (
 
 from svcframe import AuthenticationFailed, ConfigError, ConnectionLost, Engine, Refused, RemoteError
 from svcframe.admin import ServiceHandle
+from svcframe.decoder import FrameDecoder
 from svcframe.errors import RemoteProtocolError
 from svcframe.wire import (
     HEADER,
@@ -72,7 +73,6 @@ from svcframe.wire import (
     MAGIC,
     WIRE_VERSION,
     Frame,
-    FrameDecoder,
     Kind,
     Status,
     encode_frame,

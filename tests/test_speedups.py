@@ -17,15 +17,19 @@ from pathlib import Path
 import msgpack
 import pytest
 from conftest import wait_until
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from svcframe import decoder as decoder_module
 from svcframe import wire
-from svcframe.wire import HEADER_SIZE, Frame, FrameDecoder, Kind, encode_frame, encode_header
+from svcframe.decoder import FrameDecoder
+from svcframe.errors import RemoteProtocolError
+from svcframe.protocol import IncomingPull
+from svcframe.wire import HEADER_SIZE, Frame, Kind, encode_frame, encode_header
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
-DATA_MAX = wire.HEADER_FIRST_AFTER_BYTES
+DATA_MAX = decoder_module.HEADER_FIRST_AFTER_BYTES
 
 
 def _outcome(fn: Callable[..., object], *args: object) -> object:
@@ -50,7 +54,9 @@ def _memory_kept(work: Callable[[], object]) -> int:
         tracemalloc.stop()
 
 
-def _reads(decoder: FrameDecoder | wire.PyFrameDecoder, stream: bytes, cuts: list[int]) -> Iterator[list[Frame] | None]:
+def _reads(
+    decoder: FrameDecoder | decoder_module.PyFrameDecoder, stream: bytes, cuts: list[int]
+) -> Iterator[list[Frame] | None]:
     """Receive ``stream`` into ``decoder`` in pieces cut at ``cuts`` (and at its free space): what each
     ``buffer_updated`` returns."""
     data = memoryview(stream)
@@ -69,7 +75,7 @@ compiled = pytest.mark.skipif(wire.PURE, reason="the pure-Python decoder was ask
 def test_the_extension_is_built_where_a_compiler_is() -> None:
     """pip install compiles it (hatch_build.py): a silent fall-back to pure Python would hide a broken build."""
     if os.environ.get("SVCFRAME_PURE", "") not in ("", "0"):
-        assert wire.PURE and wire._parse_inline is None
+        assert wire.PURE and decoder_module._parse_inline is None
         pytest.skip("SVCFRAME_PURE is set: the pure-Python decoder runs, as asked")
     if not shutil.which(COMPILER):
         pytest.skip(f"no C compiler ({COMPILER}): the package is pure Python here")
@@ -88,7 +94,7 @@ def test_the_extension_is_built_from_this_source() -> None:
 
 @compiled
 def test_parse_inline_checks_its_bounds() -> None:
-    parse = wire._parse_inline
+    parse = decoder_module._parse_inline
     assert parse is not None
     buf = bytearray(encode_frame(Kind.RESPONSE, 1, b"\xc0"))
     frames: list[Frame] = []
@@ -109,7 +115,7 @@ def test_parse_inline_checks_its_bounds() -> None:
 
 @compiled
 def test_it_leaves_what_is_not_a_complete_inline_frame_to_the_python_loop() -> None:
-    parse = wire._parse_inline
+    parse = decoder_module._parse_inline
     assert parse is not None
     one = encode_frame(Kind.REQUEST, 7, b"\x91\x01", provider_id=3, rpc=99, trace_id=b"t" * 16, span_id=5)
     cases = {
@@ -153,7 +159,7 @@ def test_it_leaves_what_is_not_a_complete_inline_frame_to_the_python_loop() -> N
 def test_it_takes_small_bulk_data_into_the_sinks_buffer() -> None:
     """A complete bulk data frame first in the batch: the sink is asked for its destination (kind, request id,
     length) and gets exactly its bytes; its Frame has the body None, and what follows is taken too."""
-    parse = wire._parse_inline
+    parse = decoder_module._parse_inline
     assert parse is not None
     dests: list[bytearray] = []
     called: list[tuple[int, int, int]] = []
@@ -192,9 +198,9 @@ def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> 
     """What a decoder makes of ``stream`` received in pieces cut at ``cuts``, in order: the batches of frames
     each read and each ``more()`` return (bulk data frames with the data their sink received), the sink's calls
     between them, then the error, if any."""
-    saved = wire._parse_inline
+    saved = decoder_module._parse_inline
     if not compiled_loop:
-        wire._parse_inline = None  # the pure-Python loop: the definition
+        decoder_module._parse_inline = None  # the pure-Python loop: the definition
     events: list[object] = []
     try:
         sunk: list[bytearray] = []
@@ -206,7 +212,7 @@ def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> 
             sunk.append(bytearray(length))
             return memoryview(sunk[-1])
 
-        decoder_type = FrameDecoder if compiled_loop else wire.PyFrameDecoder
+        decoder_type = FrameDecoder if compiled_loop else decoder_module.PyFrameDecoder
         decoder = decoder_type(max_body_bytes=4096, bulk_sink=sink, buffer_bytes=1024)
         decoder.legal_kinds = legal
         for got in _reads(decoder, stream, cuts):
@@ -216,7 +222,7 @@ def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> 
     except Exception as exc:  # the decision, compared: type and message
         events.append((type(exc).__name__, str(exc)))
     finally:
-        wire._parse_inline = saved
+        decoder_module._parse_inline = saved
     return events
 
 
@@ -261,7 +267,7 @@ def test_parse_inline_keeps_no_reference() -> None:
     """Every object it makes belongs to the frames it appends: 20,000 parses of a traced and an untraced frame,
     and a bulk data frame, the frames dropped each time, leave the traced memory where it was (a leaked reference would keep 14
     objects per frame: megabytes)."""
-    parse = wire._parse_inline
+    parse = decoder_module._parse_inline
     assert parse is not None
     dest = memoryview(bytearray(100))
     stream = (
@@ -284,28 +290,67 @@ def test_parse_inline_keeps_no_reference() -> None:
     assert grown < 64 * 1024, f"{grown} bytes still held after 20,000 parses"
 
 
-def _answered(stream: bytes, cuts: list[int], compiled: bool, waiting: set[int], done: set[int]) -> list[object]:
-    """What a decoder with calls ``waiting`` (by request id; those in ``done`` already cancelled) makes of
-    ``stream`` cut at ``cuts``, each returned frame dispatched as the engine does (``wire.answer_call`` for an
-    answer to a waiting call): the frames left over, then each call's end (result, error or still waiting)."""
+def _answered(
+    stream: bytes,
+    cuts: list[int],
+    compiled: bool,
+    waiting: set[int],
+    done: set[int],
+    pulls: dict[int, tuple[int, bool]],
+) -> list[object]:
+    """What a decoder with calls ``waiting`` (by request id; those in ``done`` already cancelled) and pulls
+    (request id: the size of its buffer, whether it is an into= call's) makes of ``stream`` cut at ``cuts``, each
+    returned frame dispatched as the engine does (``wire.answer_call`` for an answer to a waiting call,
+    ``Engine._into_answered``'s rule for data flagged INTO): the frames left over, then each call's end (result,
+    error or still waiting), then each pull's buffer."""
     loop = asyncio.new_event_loop()
     events: list[object] = []
     try:
         calls = {rid: loop.create_future() for rid in sorted(waiting)}
         for rid in done & waiting:
             calls[rid].cancel()
-        decoder = (FrameDecoder if compiled else wire.PyFrameDecoder)(max_body_bytes=4096, buffer_bytes=1024)
+        incoming = {
+            rid: IncomingPull(memoryview(bytearray(size)), overflow_ok=into) for rid, (size, into) in pulls.items()
+        }
+
+        def sink(kind: int, request_id: int, length: int) -> memoryview:  # Protocol._bulk_sink's data replies
+            pull = incoming.get(request_id)
+            if pull is None or kind != Kind.BULK_DATA_REPLY:
+                return memoryview(bytearray(length))  # (discarded)
+            start = pull.cursor
+            pull.cursor = end = start + length
+            if end > len(pull.dest) or pull.overflowed:
+                if pull.overflow_ok:
+                    pull.overflowed = True
+                    return memoryview(bytearray(length))
+                raise RemoteProtocolError(f"peer sent {end} bytes for a {len(pull.dest)}-byte pull")
+            return pull.dest[start:end]  # type: ignore[no-any-return]
+
+        decoder = (FrameDecoder if compiled else decoder_module.PyFrameDecoder)(
+            max_body_bytes=4096, bulk_sink=sink, buffer_bytes=1024
+        )
         decoder.answers = calls  # the pure core leaves answers to the dispatch
+        decoder.into_pulls = incoming
+        def batches(got: list[Frame] | None) -> Iterator[Frame]:  # and those held behind them (as the transport)
+            while got:
+                yield from got
+                got = decoder.more()
+
         try:
             for got in _reads(decoder, stream, cuts):
-                for frame in got or []:
+                for frame in batches(got):
                     call = calls.get(frame.request_id)
+                    pull = incoming.get(frame.request_id)
                     if frame.kind == Kind.RESPONSE and call is not None and not call.done():
                         wire.answer_call(call, frame.status, frame.body)  # type: ignore[arg-type]
+                    elif frame.kind == Kind.BULK_DATA_REPLY and frame.flags & wire.F_INTO:
+                        if pull is not None and pull.overflow_ok and call is not None and not call.done():
+                            call.set_result((0, pull.cursor, pull.cursor))  # (its data is in the pull: no event)
                     else:
                         events.append(tuple(frame))
         except Exception as exc:
             events.append((type(exc).__name__, str(exc)))
+        events.extend((rid, bytes(p.dest), p.cursor, p.overflowed) for rid, p in incoming.items())
         for rid, call in calls.items():
             if not call.done():
                 events.append((rid, "waiting"))
@@ -341,23 +386,42 @@ _answer = st.builds(
 )
 
 
+def _data_reply(rid: int, size: int, into: bool) -> bytes:
+    data = (bytes(range(251)) * (size // 251 + 1))[:size]
+    return encode_frame(Kind.BULK_DATA_REPLY, rid, data, flags=wire.F_INTO if into else 0)
+
+
+_reply = st.builds(_data_reply, st.integers(0, 7), st.integers(0, 300), st.booleans())
+
+
 @compiled
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(parts=[_data_reply(7, 10, True)], cuts=[], waiting={7}, done=set(), pulls={7: (20, True)})
+@example(  # two in one read, the second over the buffer
+    parts=[_data_reply(7, 10, True), _data_reply(7, 5, True)], cuts=[], waiting={7}, done=set(), pulls={7: (12, True)}
+)
+@example(  # an into= call's data, then an answer; an answer, then an into= call's data; a pull's data flagged INTO
+    parts=[_data_reply(3, 10, True), encode_frame(Kind.RESPONSE, 2, b"\xc0"), _data_reply(5, 4, True),
+           encode_frame(Kind.RESPONSE, 6, b"\x01"), _data_reply(4, 3, True)],
+    cuts=[90, 200], waiting={2, 3, 4, 5, 6}, done={5}, pulls={3: (10, True), 4: (8, False), 5: (4, True)},
+)  # fmt: skip
 @given(
-    parts=st.lists(st.one_of(_answer, _answer, _answer, _frame, _noise), min_size=1, max_size=12),
+    parts=st.lists(st.one_of(_answer, _answer, _answer, _reply, _reply, _frame, _noise), min_size=1, max_size=12),
     cuts=st.lists(st.integers(1, 4000), max_size=6),
     waiting=st.sets(st.integers(0, 7), min_size=1),
     done=st.sets(st.integers(0, 7), max_size=2),
+    pulls=st.dictionaries(st.integers(0, 7), st.tuples(st.integers(0, 400), st.booleans()), max_size=4),
 )
 def test_the_compiled_core_answers_calls_as_the_dispatch_would(
-    parts: list[bytes], cuts: list[int], waiting: set[int], done: set[int]
+    parts: list[bytes], cuts: list[int], waiting: set[int], done: set[int], pulls: dict[int, tuple[int, bool]]
 ) -> None:
     """Answers to waiting, cancelled and unknown calls, OK or not, with valid, refused (extension types, int map
-    keys) and malformed bodies, among other frames and noise, received in random pieces: each call ends the
-    same (the same result, or the same error), and the same frames are left to the dispatch, with the compiled
-    core answering calls itself or the pure-Python dispatch doing it."""
+    keys) and malformed bodies, and data replies flagged INTO or not for into= calls, pulls and nobody, within
+    their buffers or over them, among other frames and noise, received in random pieces: each call ends the
+    same (the same result, or the same error), each buffer holds the same bytes, and the same frames are left
+    to the dispatch, with the compiled core answering calls itself or the pure-Python dispatch doing it."""
     stream = b"".join(parts)
-    assert _answered(stream, cuts, True, waiting, done) == _answered(stream, cuts, False, waiting, done)
+    assert _answered(stream, cuts, True, waiting, done, pulls) == _answered(stream, cuts, False, waiting, done, pulls)
 
 
 @compiled

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from svcframe import decoder as decoder_module
 from svcframe import wire
+from svcframe.decoder import FrameDecoder
 from svcframe.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 from svcframe.wire import (
     DEFAULT_MAX_BODY_BYTES,
@@ -28,7 +30,6 @@ from svcframe.wire import (
     WIRE_VERSION,
     Flag,
     Frame,
-    FrameDecoder,
     Kind,
     Status,
     callpath_extend,
@@ -330,12 +331,14 @@ def test_the_response_after_bulk_data_comes_in_the_same_read() -> None:
     sink = Sink()
     decoder = FrameDecoder(bulk_sink=sink, buffer_bytes=64 * 1024)
     decoder.reuse_large = True  # a dialled connection, as a caller's
-    data = os.urandom(wire.HEADER_FIRST_AFTER_BYTES + 1000)
+    data = os.urandom(decoder_module.HEADER_FIRST_AFTER_BYTES + 1000)
     frames, _ = _receive(decoder, encode_frame(Kind.BULK_DATA_REPLY, 3, data))
     assert len(frames) == 1 and sink.received == [(Kind.BULK_DATA_REPLY, 3, bytearray(data))]
     frames, reads = _receive(decoder, encode_frame(Kind.RESPONSE, 3, pack_body(len(data))))
     assert reads == 1 and [f.kind for f in frames] == [Kind.RESPONSE] and unpack_body(frames[0].body) == len(data)
-    more = os.urandom(wire.HEADER_FIRST_AFTER_BYTES)  # its bytes past the tail are received into the destination
+    more = os.urandom(
+        decoder_module.HEADER_FIRST_AFTER_BYTES
+    )  # its bytes past the tail are received into the destination
     frames, reads = _receive(
         decoder, encode_frame(Kind.BULK_DATA_REPLY, 4, data) + encode_frame(Kind.BULK_DATA_REPLY, 5, more)
     )

@@ -331,6 +331,7 @@ def _answered(
         )
         decoder.answers = calls  # the pure core leaves answers to the dispatch
         decoder.into_pulls = incoming
+
         def batches(got: list[Frame] | None) -> Iterator[Frame]:  # and those held behind them (as the transport)
             while got:
                 yield from got

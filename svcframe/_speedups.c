@@ -595,15 +595,20 @@ core_buffer_updated(Core *self, PyObject *arg)
         return NULL;
     }
     PyObject *answered = NULL; /* (future, result, ...), given once the read decoded; made at its first answer */
-    PyObject *sink = self->bulk_sink ? self->bulk_sink : Py_None;
-    PyObject *pulls = PyDict_Check(self->into_pulls) && !IS_NONE(self->answers) ? self->into_pulls : NULL;
+    /* (held for the read: the sink and the futures run Python code, which may set other ones on the core) */
+    PyObject *sink = Py_NewRef(self->bulk_sink ? self->bulk_sink : Py_None);
+    PyObject *answers = Py_NewRef(self->answers);
+    PyObject *pulls = PyDict_Check(self->into_pulls) && !IS_NONE(answers) ? Py_NewRef(self->into_pulls) : NULL;
     int took_data = 0;
     Py_ssize_t start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
-                                  (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, self->answers,
-                                  IS_NONE(self->answers) ? NULL : &answered, pulls, &took_data);
-    if (start >= 0 && answered != NULL && !took_data && !PyList_GET_SIZE(frames) && end - start > 3 &&
-        (((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_REPLY ||
-         ((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_PUSH)) {
+                                  (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, answers,
+                                  IS_NONE(answers) ? NULL : &answered, pulls, &took_data);
+    Py_DECREF(answers);
+    Py_XDECREF(pulls);
+    int data_next = start >= 0 && end - start > 3 &&
+                    (((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_REPLY ||
+                     ((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_PUSH);
+    if (start >= 0 && answered != NULL && !took_data && !PyList_GET_SIZE(frames) && data_next) {
         /* answers, then bulk data: the Python loop holds data behind the frames before it (their dispatch may set
          * up its sink), so this read is decoded without answering, all of it frames (rare: a read of ours is
          * answered by the data's last frame) */
@@ -611,6 +616,7 @@ core_buffer_updated(Core *self, PyObject *arg)
         start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
                            (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, NULL, NULL, NULL, NULL);
     }
+    Py_DECREF(sink);
     PyBuffer_Release(&view);
     if (start < 0)
         goto fail;
@@ -625,7 +631,14 @@ core_buffer_updated(Core *self, PyObject *arg)
         }
     } else {
         /* the rest is the Python loop's; an error there (a bad frame behind the answers) answers nothing, as the
-         * pure-Python decoder's error loses the whole batch */
+         * pure-Python decoder's error loses the whole batch; but data behind an into= answer is held behind it by
+         * the pure decoder (dispatched first): its answers are given before the data is taken */
+        if (answered != NULL && took_data && data_next && !PyList_GET_SIZE(frames)) {
+            int given = give_answers(st, answered);
+            Py_CLEAR(answered);
+            if (given < 0)
+                goto fail;
+        }
         PyObject *rc = PyObject_CallMethodObjArgs((PyObject *)self, st->s_parse, frames, Py_True, NULL);
         if (rc == NULL)
             goto fail;
@@ -1319,9 +1332,22 @@ conn_send(module_state *st, PyObject *conn, PyObject *data)
     return r == NULL ? -1 : 0;
 }
 
+/* A compiled path hands its case to the Python definition: an Exception raised while it decided is cleared (the
+ * definition meets it again and raises it with its own context); anything else (KeyboardInterrupt, SystemExit,
+ * arriving while Python code ran) stays set, and 0 says to raise it now, as the definition would. 1: decline. */
+static inline int
+may_decline(void)
+{
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+        return 0;
+    PyErr_Clear();
+    return 1;
+}
+
 /* A request that _on_request would answer in its common case: its registration, its decoded argument (*arg)
- * and, when monitored, its statistics record (*rec) and the count it reaches (*calls), all new references; NULL when it is not that case (no exception set: _on_request then runs it, with its
- * errors). Nothing is changed here: the decision precedes every effect. */
+ * and, when monitored, its statistics record (*rec) and the count it reaches (*calls), all new references; NULL
+ * when it is not that case, perhaps with an exception set (serve_request decides what becomes of it). Nothing is
+ * changed here: the decision precedes every effect. */
 static PyObject *
 common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *conn, PyObject *frame,
                PyObject **arg, PyObject **rec, long long *calls)
@@ -1334,7 +1360,6 @@ common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *c
     PyObject *flags = PyTuple_GET_ITEM(frame, 1), *body = PyTuple_GET_ITEM(frame, 13);
     long fl = PyLong_CheckExact(flags) ? PyLong_AsLong(flags) : -1;
     if (fl < 0 || fl & st->not_fast || !PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) == 0) {
-        PyErr_Clear();
         return NULL;
     }
     PyObject *rows = FIELD(engine, E_ROWS), *refused = FIELD(engine, E_REFUSED);
@@ -1345,7 +1370,6 @@ common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *c
     PyObject *reg = key == NULL ? NULL : PyDict_GetItemWithError(rows, key);
     Py_XDECREF(key);
     if (reg == NULL || attr_true(reg, st->sn[N_IS_COROUTINE]) != 0) {
-        PyErr_Clear();
         return NULL;
     }
     Py_INCREF(reg); /* (held: decoding the body may run Python code, a collection's finalizers) */
@@ -1359,7 +1383,6 @@ common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *c
         PyObject *parent_rpc = PyTuple_GET_ITEM(frame, 8), *records = FIELD(conn, CN_RECORDS);
         if (!PyLong_CheckExact(parent_rpc) || PyLong_AsLong(parent_rpc) != 0 || records == NULL ||
             !PyDict_CheckExact(records)) {
-            PyErr_Clear();
             Py_DECREF(reg);
             return NULL;
         }
@@ -1367,7 +1390,6 @@ common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *c
         long long count = small_count(field_of(*rec, st->record_state, R_CALLS));
         long long every = small_count(FIELD(monitor, M_SAMPLE_EVERY));
         if (count < 0 || every <= 0 || count + 1 <= st->always_timed || !((count + 1) % every)) {
-            PyErr_Clear();
             *rec = NULL;
             Py_DECREF(reg);
             return NULL; /* (timed: _on_request times it) */
@@ -1377,7 +1399,6 @@ common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *c
     }
     *arg = unpack_body(module, body);
     if (*arg == NULL) { /* (refused: _on_request decodes it again and answers BAD_REQUEST) */
-        PyErr_Clear();
         Py_CLEAR(*rec);
         Py_DECREF(reg);
         return NULL;
@@ -1422,8 +1443,11 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *engine = args[0], *conn = args[1], *frame = args[2], *arg, *rec;
     long long calls = 0;
     PyObject *reg = common_request(st, module, engine, conn, frame, &arg, &rec, &calls);
-    if (reg == NULL)
+    if (reg == NULL) {
+        if (!may_decline())
+            return NULL;
         return PyObject_Vectorcall(st->on_request_py, args, (size_t)nargs, NULL);
+    }
     PyObject *req = NULL, *result = NULL, *task = NULL, *handler = NULL;
     int failed = 0;
     if (rec != NULL) { /* rec.calls = n */
@@ -1559,23 +1583,52 @@ typedef struct {
     char finished; /* the clean-up ran (it runs once) */
 } Call;
 
+static int
+call_traverse(Call *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->future);
+    Py_VISIT(self->conn);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->request_id);
+    Py_VISIT(self->rec);
+    Py_VISIT(self->progress);
+    Py_VISIT(self->name);
+    Py_VISIT(self->provider_id);
+    Py_VISIT(self->address);
+    Py_VISIT(self->timeout);
+    Py_VISIT(self->pulls);
+    Py_VISIT(self->pull);
+    Py_VISIT(self->into);
+    return 0;
+}
+
+static int
+call_clear(Call *self)
+{
+    self->finished = 1; /* (its tables are gone: nothing to clean up) */
+    Py_CLEAR(self->future);
+    Py_CLEAR(self->conn);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->request_id);
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->progress);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->provider_id);
+    Py_CLEAR(self->address);
+    Py_CLEAR(self->timeout);
+    Py_CLEAR(self->pulls);
+    Py_CLEAR(self->pull);
+    Py_CLEAR(self->into);
+    return 0;
+}
+
 static void
 call_dealloc(Call *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    Py_XDECREF(self->future);
-    Py_XDECREF(self->conn);
-    Py_XDECREF(self->pending);
-    Py_XDECREF(self->request_id);
-    Py_XDECREF(self->rec);
-    Py_XDECREF(self->progress);
-    Py_XDECREF(self->name);
-    Py_XDECREF(self->provider_id);
-    Py_XDECREF(self->address);
-    Py_XDECREF(self->timeout);
-    Py_XDECREF(self->pulls);
-    Py_XDECREF(self->pull);
-    Py_XDECREF(self->into);
+    PyObject_GC_UnTrack(self);
+    call_clear(self);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);
 }
@@ -1595,6 +1648,8 @@ progress_step(module_state *st, PyObject *progress, long delta)
     Py_XSETREF(FIELD(progress, P_INFLIGHT), sum);
     PyObject *blocking = FIELD(progress, P_BLOCKING);
     int is_blocking = blocking == Py_True ? 1 : blocking == Py_False ? 0 : blocking == NULL ? -1 : PyObject_IsTrue(blocking);
+    if (blocking == NULL)
+        PyErr_SetString(PyExc_AttributeError, "blocking");
     if (is_blocking != 0)
         return is_blocking < 0 ? -1 : 0;
     PyObject *r = PyObject_CallMethodNoArgs(progress, st->cn[C_ACTIVITY]);
@@ -1714,6 +1769,8 @@ call_failed(Call *self, PyObject *exc)
     module_state *st = call_state((PyObject *)self);
     if (st == NULL)
         return NULL;
+    if (self->conn == NULL) /* (cleared by the collector: nothing left to tell or clean up) */
+        return Py_NewRef(exc);
     PyObject *error = exc, *r = Py_None;
     Py_INCREF(error);
     Py_INCREF(r);
@@ -1756,6 +1813,8 @@ static PyMethodDef call_methods[] = {
 
 static PyType_Slot call_slots[] = {
     {Py_tp_dealloc, call_dealloc},
+    {Py_tp_traverse, call_traverse},
+    {Py_tp_clear, call_clear},
     {Py_tp_members, call_members},
     {Py_tp_methods, call_methods},
     {Py_tp_doc, "A call begun by begin_call (svcframe.calls.Calls._call_compiled awaits its future)."},
@@ -1766,7 +1825,7 @@ static PyType_Spec call_spec = {
     "svcframe._speedups.Call",
     sizeof(Call),
     0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_GC,
     call_slots,
 };
 
@@ -1785,7 +1844,7 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "begin_call takes 8 arguments");
         return NULL;
     }
-    if (st->call_type == NULL || st->sync == NULL || !configured(st)) {
+    if (st->task_request == NULL || st->sync == NULL || !configured(st)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure_calls() was not called");
         return NULL;
@@ -1812,12 +1871,13 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         !(PyFloat_CheckExact(timeout) || PyLong_CheckExact(timeout)))
         goto decline;
     double t = PyFloat_AsDouble(timeout);
-    if (!(t > -1e9 && t < 1e9)) /* (so int(t * 1e6) is exact, as in Python; NaN and errors are left to it) */
+    if ((t == -1.0 && PyErr_Occurred()) || !(t > -1e9 && t < 1e9)) /* (so int(t * 1e6) is exact, as in Python; NaN and errors are left to it) */
         goto decline;
     PyObject *conn = PyDict_GetItemWithError(conns, address); /* (borrowed: held by the Call, or unused) */
     PyObject *pending = field_of(conn, st->connection_state, CN_PENDING);
     if (pending == NULL || !PyDict_CheckExact(pending) || FIELD(conn, CN_CLOSED) != Py_False ||
-        !as_field(FIELD(conn, CN_PEER_MAX_BODY), UINT64_MAX, &limit) || FIELD(conn, CN_NEXT_REQUEST_ID) == NULL)
+        FIELD(conn, CN_PEER_MAX_BODY) == NULL || !as_field(FIELD(conn, CN_PEER_MAX_BODY), UINT64_MAX, &limit) ||
+        FIELD(conn, CN_NEXT_REQUEST_ID) == NULL)
         goto decline;
     PyObject *rid = PyDict_GetItemWithError(ids, name);
     if (rid == NULL || !as_field(rid, 0xFFFFFFFF, &rpc) || rpc == 0)
@@ -1870,7 +1930,7 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     long long usec = (long long)(t * 1e6); /* deadlines.wire_deadline */
     unsigned long long deadline_usec = usec > 0xFFFFFFFFLL ? 0 : usec > 0 ? (unsigned long long)usec : 1;
     /* the call is made from here on (an error now propagates, as _call_once's own would) */
-    call = PyObject_New(Call, (PyTypeObject *)st->call_type); /* (its references: held by what follows) */
+    call = PyObject_GC_New(Call, (PyTypeObject *)st->call_type); /* (its references: held by what follows) */
     if (call == NULL)
         goto error;
     call->future = call->request_id = call->pulls = call->pull = call->into = NULL;
@@ -1883,6 +1943,7 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     call->address = Py_NewRef(address);
     call->timeout = Py_NewRef(timeout);
     call->finished = 1; /* (not begun: nothing to clean up if this fails) */
+    PyObject_GC_Track(call);
     if (rec != NULL) {
         o = PyLong_FromLongLong(calls);
         if (o == NULL)
@@ -1948,7 +2009,8 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     call->finished = 0;
     goto done;
 decline:
-    PyErr_Clear();
+    if (!may_decline())
+        goto error;
     call = (Call *)Py_NewRef(Py_None);
     goto done;
 error:

@@ -221,3 +221,84 @@ async def test_begin_call_leaves_a_read_that_may_use_cross_memory_attach_to_its_
     assert rec.calls == calls and not conn.pending
     call = begin_call(client, address, "small", b"x", 1, None, 0, None)  # (without into=: made)
     assert call is not None and call.answered(await call.future) == b"x"
+
+
+class _Interrupt(BaseException):
+    """Not an Exception (as KeyboardInterrupt is not), raised once while an argument is encoded."""
+
+
+class _InterruptedOnce(dict[str, int]):
+    fired = False
+
+    def items(self) -> Any:  # (msgpack reads a dict subclass's items)
+        if not self.fired:
+            self.fired = True
+            raise _Interrupt
+        return super().items()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "definition"])
+async def test_an_interrupt_while_a_call_is_made_is_raised_not_swallowed(
+    make_engine: Callable[..., Awaitable[Engine]], monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
+    """begin_call hands a call it cannot make to _call_once; an Exception it met on the way is _call_once's to
+    raise again, but a KeyboardInterrupt or SystemExit is raised at once, as _call_once raises it."""
+    if not compiled:
+        monkeypatch.setattr(Calls, "_call", Calls._call_once)
+    server = await make_engine("tcp://127.0.0.1:0")
+    server.register(1, "obj", lambda req, arg: arg)
+    client = await make_engine(None)
+    client.monitor.enabled = False  # (every call untimed: begin_call's case)
+    address = server.address or ""
+    assert await client.call(address, "obj", {"a": 1}, provider_id=1) == {"a": 1}
+    with pytest.raises(_Interrupt):
+        await client.call(address, "obj", _InterruptedOnce(a=1), provider_id=1)
+    assert not client._conns[address].pending and client.progress.inflight == 0
+
+
+_ABANDONED = """
+import asyncio, gc, logging, warnings, weakref
+from svcframe import Engine
+warnings.simplefilter("ignore")
+logging.disable(logging.CRITICAL)
+
+async def start():
+    server = await Engine("tcp://127.0.0.1:0", secret=None).start()
+    never = asyncio.Event()
+    async def slow(req, arg):
+        await never.wait()
+    server.register(1, "slow", slow)
+    client = await Engine(None, secret=None, monitoring=False).start()
+    address = server.address
+    try:  # (the RPC's id and callpath cached: the next call is begin_call's)
+        await client.call(address, "slow", provider_id=1, timeout_seconds=0.01)
+    except Exception:
+        pass
+    task = asyncio.ensure_future(client.call(address, "slow", provider_id=1, timeout_seconds=3600))
+    while not server.inflight_for(1):
+        await asyncio.sleep(0)
+    return weakref.ref(client), weakref.ref(task)
+
+loop = asyncio.new_event_loop()
+client, task = loop.run_until_complete(start())
+loop.close()  # (its tasks and transports abandoned, the call still waiting)
+del loop
+gc.collect()
+print(client() is None, task() is None)
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["compiled", "definition"])
+def test_an_abandoned_call_is_collected_with_its_engine(pure: str) -> None:
+    """A call waiting when its loop is abandoned (closed without ending its tasks) is a reference cycle: call,
+    future, task, coroutine. The collector frees it, and the engine behind it, whichever path made the call (a
+    compiled Call it could not see through kept the whole engine alive)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SVCFRAME_PURE": pure}
+    done = subprocess.run([sys.executable, "-c", _ABANDONED], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"], done.stdout

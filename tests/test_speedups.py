@@ -406,6 +406,14 @@ _reply = st.builds(_data_reply, st.integers(0, 7), st.integers(0, 300), st.boole
            encode_frame(Kind.RESPONSE, 6, b"\x01"), _data_reply(4, 3, True)],
     cuts=[90, 200], waiting={2, 3, 4, 5, 6}, done={5}, pulls={3: (10, True), 4: (8, False), 5: (4, True)},
 )  # fmt: skip
+@example(  # an into= call's data, an answer, then data over a pull's buffer: the answers are given before it fails
+    parts=[_data_reply(7, 10, True), encode_frame(Kind.RESPONSE, 2, b"\xc0"), _data_reply(4, 10, False)],
+    cuts=[], waiting={2, 7}, done=set(), pulls={7: (20, True), 4: (5, False)},
+)  # fmt: skip
+@example(  # an into= call's empty data, then data and a bad frame (found by CI's run of this test)
+    parts=[_data_reply(6, 0, True), b"SF\x01\x07" + bytes(12), encode_frame(Kind.RESPONSE, 0, b"\xc0")],
+    cuts=[], waiting={6}, done=set(), pulls={0: (0, False), 6: (0, True)},
+)  # fmt: skip
 @given(
     parts=st.lists(st.one_of(_answer, _answer, _answer, _reply, _reply, _frame, _noise), min_size=1, max_size=12),
     cuts=st.lists(st.integers(1, 4000), max_size=6),

@@ -157,7 +157,7 @@ typedef struct {
      * the attribute names it reads (SERVE_NAMES) */
     PyObject *on_request_py, *request_type, *sync;
     long long not_fast, small_result, always_timed;
-    PyObject *sn[7];
+    PyObject *sn[8];
     /* begin_call and Call (configure_calls()): what Calls._call_once uses, and the names it reads (cn) */
     PyObject *call_type, *task_request, *pack_body, *nil_body, *error_from_status, *cancel_remote, *no_response;
     PyObject *deadline_expired, *cancelled_error, *no_parent, *zero;
@@ -165,6 +165,7 @@ typedef struct {
     PyObject *writable_kw, *overflow_ok_kw;             /* their keyword names: ("writable",), ("overflow_ok",) */
     long into_flag;
     long lent_status;
+    Py_ssize_t cma_min; /* bulk.CMA_MIN_BYTES: an into= buffer this large may be filled by cross-memory attach */
     PyObject *cn[14];
     long long batch_flush_bytes; /* svcframe.transport.BATCH_FLUSH_BYTES (configure_serve()) */
     /* the state types (EngineState, ConnectionState, MonitorState, ProgressState, RecordState) */
@@ -1248,11 +1249,11 @@ new_state_type(PyObject *module, const char *name, const char *const *names, int
 /* ---- serve_request: the common case of svcframe.handlers.Handlers._on_request ---------------------------- */
 
 /* The attribute and method names serve_request uses, interned once (module_state.sn, in this order). */
-#define SERVE_NAMES_N 7
+#define SERVE_NAMES_N 8
 static const char *const SERVE_NAMES[SERVE_NAMES_N] = {
-    "is_coroutine", "handler", "request", "send", "_handled", "_finish_error", "_track_task",
+    "is_coroutine", "handler", "request", "send", "_handled", "_finish_error", "_track_task", "send_many",
 };
-enum { N_IS_COROUTINE, N_HANDLER, N_REQUEST, N_SEND, N_HANDLED, N_FINISH_ERROR, N_TRACK_TASK };
+enum { N_IS_COROUTINE, N_HANDLER, N_REQUEST, N_SEND, N_HANDLED, N_FINISH_ERROR, N_TRACK_TASK, N_SEND_MANY };
 
 /* The method names begin_call and conn_send use, interned once (module_state.cn, in this order). */
 #define CALL_NAMES_N 14
@@ -1330,6 +1331,64 @@ conn_send(module_state *st, PyObject *conn, PyObject *data)
     }
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
+}
+
+/* svcframe.transport.Connection.send_many((header, data)) for two bytes objects: both join the batch of replies
+ * being dispatched (the common case: a server answers within its dispatch), or the definition writes them. 0,
+ * or -1 with an exception set. */
+static int
+conn_send_two(module_state *st, PyObject *conn, PyObject *header, PyObject *data)
+{
+    PyObject *batch = FIELD(conn, CN_BATCH), *r;
+    long long total = small_count(FIELD(conn, CN_BATCH_BYTES));
+    if (batch != NULL && PyList_CheckExact(batch) && total >= 0 && total < LLONG_MAX / 4) {
+        total += PyBytes_GET_SIZE(header) + PyBytes_GET_SIZE(data); /* batch.extend(parts); _batch_bytes += ... */
+        PyObject *count = PyList_Append(batch, header) < 0 || PyList_Append(batch, data) < 0
+                              ? NULL
+                              : PyLong_FromLongLong(total);
+        if (count == NULL)
+            return -1;
+        Py_XSETREF(FIELD(conn, CN_BATCH_BYTES), count);
+        if (total <= st->batch_flush_bytes)
+            return 0;
+        r = PyObject_CallMethodNoArgs(conn, st->cn[C_FLUSH_BATCH]);
+    } else {
+        PyObject *parts = PyTuple_Pack(2, header, data);
+        r = parts == NULL ? NULL : PyObject_CallMethodOneArg(conn, st->sn[N_SEND_MANY], parts);
+        Py_XDECREF(parts);
+    }
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* The header of a BULK_DATA_REPLY of ``length`` bytes with ``flags`` for request ``rid``: the bytes of
+ * svcframe.wire.pack_data_reply_header_flags(flags, length, rid). */
+static PyObject *
+data_reply_header(unsigned flags, Py_ssize_t length, unsigned long long rid)
+{
+    PyObject *header = PyBytes_FromStringAndSize(NULL, HEADER_SIZE);
+    if (header == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(header);
+    memset(p, 0, HEADER_SIZE);
+    wr16(p, MAGIC_INT);
+    p[2] = WIRE_VERSION;
+    p[3] = K_BULK_DATA_REPLY;
+    wr16(p + 4, (uint16_t)flags);
+    wr32(p + 12, (uint32_t)length);
+    wr64(p + 16, rid);
+    return header;
+}
+
+/* Connection.whole_frame_bytes (the largest data that leaves as one frame: min(peer_max_body_bytes,
+ * max_output_bytes // 2)); -1 when either is not a small int (the definition then decides). */
+static long long
+whole_frame_bytes(PyObject *conn)
+{
+    long long peer = small_count(FIELD(conn, CN_PEER_MAX_BODY)), cap = small_count(FIELD(conn, CN_MAX_OUTPUT));
+    if (peer < 0 || cap < 0)
+        return -1;
+    return peer < cap / 2 ? peer : cap / 2;
 }
 
 /* A compiled path hands its case to the Python definition: an Exception raised while it decided is cleared (the
@@ -1424,9 +1483,10 @@ PyDoc_STRVAR(serve_request_doc,
 "serve_request(engine, conn, frame, arrival_ns, arrival) -> None\n\n"
 "svcframe.handlers.Handlers._on_request (its Python twin, configure_serve()), without a Python frame in its\n"
 "common case: a sync handler of a known target, untraced, untimed (monitoring off, or counted and not\n"
-"sampled), whose result is None or small bytes. Any other request is handed to the twin before anything is\n"
-"done; a handler's other results and its exceptions go to the engine's _handled and _finish_error, as the\n"
-"twin's do.");
+"sampled), whose result is None or small bytes, or, for a call taking its result into its own buffer (into=),\n"
+"bytes that fit one frame (sent as one data frame flagged INTO, as _reply_into sends them). Any other request\n"
+"is handed to the twin before anything is done; a handler's other results and its exceptions go to the\n"
+"engine's _handled and _finish_error, as the twin's do.");
 
 static PyObject *
 serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1449,7 +1509,7 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return PyObject_Vectorcall(st->on_request_py, args, (size_t)nargs, NULL);
     }
     PyObject *req = NULL, *result = NULL, *task = NULL, *handler = NULL;
-    int failed = 0;
+    int failed = 0, into = (PyLong_AsLong(PyTuple_GET_ITEM(frame, 1)) & st->into_flag) != 0; /* (checked: an int) */
     if (rec != NULL) { /* rec.calls = n */
         PyObject *count = PyLong_FromLongLong(calls);
         if (count != NULL)
@@ -1479,12 +1539,19 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     handler = PyObject_GetAttr(reg, st->sn[N_HANDLER]);
     PyObject *call_args[2] = {req, arg};
     result = handler == NULL ? NULL : PyObject_Vectorcall(handler, call_args, 2, NULL);
-    if (result == Py_None || (result != NULL && PyBytes_CheckExact(result) &&
-                              PyBytes_GET_SIZE(result) <= st->small_result)) {
+    Py_ssize_t size = result != NULL && PyBytes_CheckExact(result) ? PyBytes_GET_SIZE(result) : -1;
+    unsigned long long rid;
+    if (!into && (result == Py_None || (size >= 0 && size <= st->small_result))) {
         PyObject *answer_args[2] = {PyTuple_GET_ITEM(frame, 4), result};
         PyObject *answer = ok_response(module, answer_args, 2);
         failed = answer == NULL || conn_send(st, conn, answer) < 0;
         Py_XDECREF(answer);
+    } else if (into && size > 0 && size <= whole_frame_bytes(conn) && as_field(PyTuple_GET_ITEM(frame, 4), UINT64_MAX, &rid)) {
+        /* taken into the caller's buffer (_finish, _reply_into): bytes that fit one frame leave as one data
+         * frame flagged INTO, which is also the answer; the object itself is written, not copied */
+        PyObject *header = data_reply_header((unsigned)st->into_flag, size, rid);
+        failed = header == NULL || conn_send_two(st, conn, header, result) < 0;
+        Py_XDECREF(header);
     } else if (result != NULL) { /* sent by _finish, or an awaitable run as a task (returned) */
         PyObject *zero = PyLong_FromLong(0);
         PyObject *handled_args[9] = {engine, conn, frame, reg, req, args[3], zero, Py_None, result};
@@ -1538,25 +1605,27 @@ done:
 }
 
 PyDoc_STRVAR(configure_serve_doc,
-"configure_serve(on_request_py, request_type, sync, not_fast_flags, small_result_bytes, always_timed,\n"
-"                batch_flush_bytes) -> None\n\n"
+"configure_serve(on_request_py, request_type, sync, not_fast_flags, into_flag, small_result_bytes,\n"
+"                always_timed, batch_flush_bytes) -> None\n\n"
 "What serve_request serves with: svcframe.handlers' Handlers._on_request (its twin), Request (a tuple\n"
-"subclass of 5 items), the sync handlers' thread-local, _NOT_FAST, _SMALL_RESULT_BYTES,\n"
-"monitoring.ALWAYS_TIMED and transport.BATCH_FLUSH_BYTES.");
+"subclass of 5 items), the sync handlers' thread-local, the request flags it leaves to the twin (no reply;\n"
+"a result lent by address), wire.F_INTO (the result taken into the caller's buffer: answered here when it is\n"
+"bytes that fit one frame), _SMALL_RESULT_BYTES, monitoring.ALWAYS_TIMED and transport.BATCH_FLUSH_BYTES.");
 
 static PyObject *
 configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "configure_serve takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "configure_serve takes 8 arguments");
         return NULL;
     }
     if (!PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure_serve: request_type must be a tuple subclass");
         return NULL;
     }
-    long long not_fast = PyLong_AsLongLong(args[3]), small = PyLong_AsLongLong(args[4]);
-    long long always = PyLong_AsLongLong(args[5]), flush = PyLong_AsLongLong(args[6]);
+    long long not_fast = PyLong_AsLongLong(args[3]), into_flag = PyLong_AsLongLong(args[4]);
+    long long small = PyLong_AsLongLong(args[5]), always = PyLong_AsLongLong(args[6]);
+    long long flush = PyLong_AsLongLong(args[7]);
     if (PyErr_Occurred())
         return NULL;
     module_state *st = (module_state *)PyModule_GetState(module);
@@ -1567,6 +1636,7 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_INCREF(args[2]);
     Py_XSETREF(st->sync, args[2]);
     st->not_fast = not_fast;
+    st->into_flag = (long)into_flag; /* (the same flag configure_calls() gives) */
     st->small_result = small;
     st->always_timed = always;
     st->batch_flush_bytes = flush;
@@ -1882,8 +1952,6 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *rid = PyDict_GetItemWithError(ids, name);
     if (rid == NULL || !as_field(rid, 0xFFFFFFFF, &rpc) || rpc == 0)
         goto decline;
-    if (into != Py_None && attr_true(conn, st->cn[C_PEER_CMA]) != 0)
-        goto decline; /* (the result may be copied from the server's memory: _call_once decides) */
     key = PyTuple_Pack(2, rid, provider_id);
     PyObject *callpath = key == NULL ? NULL : PyDict_GetItemWithError(roots, key);
     if (callpath == NULL || !as_field(callpath, UINT64_MAX, &cp) || cp == 0)
@@ -1925,6 +1993,9 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         view = PyObject_Vectorcall(st->as_byte_view, view_args, 1, st->writable_kw);
         if (view == NULL)
             goto decline; /* (not a writable buffer: _call_once raises its error) */
+        Py_ssize_t size = PyObject_Length(view);
+        if (size < 0 || (size >= st->cma_min && attr_true(conn, st->cn[C_PEER_CMA]) != 0))
+            goto decline; /* (the result may be copied from the server's memory: _call_once decides) */
         flags |= (unsigned long long)st->into_flag;
     }
     long long usec = (long long)(t * 1e6); /* deadlines.wire_deadline */
@@ -2037,19 +2108,20 @@ done:
 PyDoc_STRVAR(configure_calls_doc,
 "configure_calls(task_request, pack_body, nil_body, error_from_status, cancel_remote, no_response,\n"
 "                deadline_expired, cancelled_error, no_parent_provider, lent_status, as_byte_view,\n"
-"                incoming_pull, too_large, into_flag) -> None\n\n"
+"                incoming_pull, too_large, into_flag, cma_min_bytes) -> None\n\n"
 "What begin_call and Call use (svcframe.calls): the async handlers' request contextvar, wire.pack_body, the\n"
 "body of None, errors.error_from_status, calls' cancel_remote and no_response, DeadlineExpired,\n"
 "asyncio.CancelledError, wire.NO_PARENT_PROVIDER, Status.LENT; for into= calls bulk.as_byte_view,\n"
-"protocol.IncomingPull, calls' too_large and wire.F_INTO. configure_serve() comes first (the sync handlers'\n"
-"thread-local).");
+"protocol.IncomingPull, calls' too_large, wire.F_INTO and bulk.CMA_MIN_BYTES (an into= buffer this large may\n"
+"take its result by cross-memory attach: _call_once decides). configure_serve() comes first (the sync\n"
+"handlers' thread-local).");
 
 static PyObject *
 configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     module_state *st = (module_state *)PyModule_GetState(module);
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "configure_calls takes 14 arguments");
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "configure_calls takes 15 arguments");
         return NULL;
     }
     if (!PyContextVar_CheckExact(args[0]) || !PyBytes_CheckExact(args[2]) || !PyLong_CheckExact(args[8])) {
@@ -2057,7 +2129,8 @@ configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     long lent = PyLong_AsLong(args[9]), into_flag = PyLong_AsLong(args[13]);
-    if ((lent == -1 || into_flag == -1) && PyErr_Occurred())
+    Py_ssize_t cma_min = PyLong_AsSsize_t(args[14]);
+    if ((lent == -1 || into_flag == -1 || cma_min == -1) && PyErr_Occurred())
         return NULL;
     if (st->writable_kw == NULL && (st->writable_kw = Py_BuildValue("(s)", "writable")) == NULL)
         return NULL;
@@ -2075,6 +2148,7 @@ configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->too_large, Py_NewRef(args[12]));
     st->lent_status = lent;
     st->into_flag = into_flag;
+    st->cma_min = cma_min;
     Py_RETURN_NONE;
 }
 

@@ -79,6 +79,7 @@ def configure_serve(
     request_type: type,
     sync: Any,
     not_fast_flags: int,
+    into_flag: int,
     small_result_bytes: int,
     always_timed: int,
     batch_flush_bytes: int,
@@ -99,6 +100,7 @@ def configure_calls(
     incoming_pull: type,
     too_large: Any,
     into_flag: int,
+    cma_min_bytes: int,
     /,
 ) -> None: ...
 def begin_call(

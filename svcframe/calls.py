@@ -334,4 +334,5 @@ if not PURE:
     configure_calls(
         _task_request, pack_body, _NIL, error_from_status, cancel_remote, no_response, DeadlineExpired,
         asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT), as_byte_view, IncomingPull, too_large, F_INTO,
+        CMA_MIN_BYTES,
     )  # fmt: skip

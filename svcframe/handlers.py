@@ -621,16 +621,17 @@ def _expire_handler(task: asyncio.Task[Any]) -> None:
 
 #: How the engine's dispatch runs a request: ``Handlers._on_request`` (the definition), or its compiled twin
 #: (svcframe._speedups.serve_request, where it was built and SVCFRAME_PURE is unset), which serves the common
-#: case (a sync handler, untraced and untimed, answering None or small bytes) without a Python frame and
-#: hands every other request to ``_on_request`` before doing anything (tests/test_speedups.py checks they
-#: agree). Measured: see README "Performance".
+#: case (a sync handler, untraced and untimed, answering None or small bytes, or an into= call's bytes that fit
+#: one frame) without a Python frame and hands every other request to ``_on_request`` before doing anything
+#: (tests/test_compiled_paths.py checks they agree). Measured: see README "Performance".
 serve_request: Callable[[Any, Connection, Frame, int, float], None] = Handlers._on_request
 if not PURE:
     from ._speedups import configure_serve
     from ._speedups import serve_request as _serve_request_c
     from .transport import BATCH_FLUSH_BYTES
 
-    configure_serve(
-        Handlers._on_request, Request, _sync, _NOT_FAST, _SMALL_RESULT_BYTES, ALWAYS_TIMED, BATCH_FLUSH_BYTES
-    )
+    configure_serve(  # (it answers an into= call's bytes itself, as _reply_into does; not one lent by address)
+        Handlers._on_request, Request, _sync, F_NO_REPLY | F_CMA, F_INTO, _SMALL_RESULT_BYTES, ALWAYS_TIMED,
+        BATCH_FLUSH_BYTES,
+    )  # fmt: skip
     serve_request = _serve_request_c

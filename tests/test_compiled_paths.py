@@ -14,6 +14,7 @@ from conftest import wait_until
 from svcframe import AppError, Engine, Request
 from svcframe import engine as engine_module
 from svcframe import handlers as handlers_module
+from svcframe.bulk import CMA_MIN_BYTES
 from svcframe.calls import Calls
 from svcframe.handlers import current_request
 from svcframe.monitoring import ALWAYS_TIMED
@@ -32,6 +33,7 @@ def _register(server: Engine) -> None:
         "small": lambda req, arg: arg,  # bytes up to 4 KiB: answered in the request path itself
         "over_small": lambda req, arg: b"x" * 4097,
         "large": lambda req, arg: b"y" * 200_000,
+        "huge": lambda req, arg: bytes(range(250)) * 1_200,  # (300,000: over one frame of this server's)
         "obj": lambda req, arg: {"a": [1, 2], "arg": arg},
         "text": lambda req, arg: "hi",
         "awaitable": lambda req, arg: asyncio.sleep(0, result=b"later"),
@@ -62,22 +64,29 @@ def _shown(value: object, address: str) -> object:
     return value
 
 
-async def _outcomes(make_engine: Callable[..., Awaitable[Engine]], compiled: bool) -> dict[str, Any]:
+async def _outcomes(make_engine: Callable[..., Awaitable[Engine]], compiled: bool, transport: str) -> dict[str, Any]:
     """Every case REPEAT times through one implementation; what the caller saw and both engines counted."""
-    server = await make_engine("tcp://127.0.0.1:0")
+    from conftest import short_socket_path
+
+    listen = "tcp://127.0.0.1:0" if transport == "tcp" else f"unix://{short_socket_path()}"
+    server = await make_engine(listen, max_output_bytes=512 * 1024)  # (one frame: up to 256 KiB)
     _register(server)
     client = await make_engine(None)
     address = server.address or ""
     seen: dict[str, list[object]] = {}
 
-    async def outcome(case: str, call: Awaitable[Any]) -> None:
+    async def outcome(case: str, call: Awaitable[Any], buf: bytearray | None = None) -> None:
         try:
             value: object = await call
         except Exception as exc:
             value = exc
-        shown = _shown(value, address)
+        shown = _shown(value, address) if buf is None else (_shown(value, address), hash(bytes(buf)))
         if shown not in seen.setdefault(case, []):
             seen[case].append(shown)
+
+    async def into(case: str, name: str, arg: Any, size: int) -> None:  # the result, and the buffer it went to
+        buf = bytearray(size)
+        await outcome(case, client.call(address, name, arg, provider_id=1, into=buf), buf)
 
     for _ in range(REPEAT):
         for name in ("none", "over_small", "large", "obj", "text", "awaitable", "whoami", "nested", "app_error",
@@ -89,8 +98,13 @@ async def _outcomes(make_engine: Callable[..., Awaitable[Engine]], compiled: boo
         await outcome("no such provider", client.call(address, "small", provider_id=9))
         await outcome("cannot encode", client.call(address, "small", object(), provider_id=1))
         await outcome("idempotent", client.call(address, "none", provider_id=1, idempotent=True))
-        buf = bytearray(8)
-        await outcome("into", client.call(address, "small", b"into", provider_id=1, into=buf))
+        await into("into", "small", b"into", 8)
+        await into("into, one frame", "large", None, 200_000)
+        await into("into, over the buffer", "large", None, 100)
+        await into("into, chunked", "huge", None, 300_000)
+        await into("into, empty", "small", b"", 8)
+        for name in ("none", "text", "awaitable", "fails"):
+            await into(f"into, {name}", name, None, 16)
         assert current_request.get() is None
     for _ in range(3):
         await outcome("deadline", client.call(address, "slow", provider_id=1, timeout_seconds=0.005))
@@ -114,13 +128,16 @@ async def _outcomes(make_engine: Callable[..., Awaitable[Engine]], compiled: boo
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
 async def test_the_compiled_paths_end_every_call_as_their_definitions(
-    make_engine: Callable[..., Awaitable[Engine]], monkeypatch: pytest.MonkeyPatch
+    make_engine: Callable[..., Awaitable[Engine]], monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
-    compiled = await _outcomes(make_engine, True)
+    """(Over unix, an into= buffer of CMA_MIN_BYTES or more takes its result by cross-memory attach: the
+    definitions' path; a smaller one, the compiled paths'.)"""
+    compiled = await _outcomes(make_engine, True, transport)
     monkeypatch.setattr(engine_module, "serve_request", handlers_module.Handlers._on_request)
     monkeypatch.setattr(Calls, "_call", Calls._call_once)
-    definitions = await _outcomes(make_engine, False)
+    definitions = await _outcomes(make_engine, False, transport)
     for run in (compiled, definitions):  # which deadline passes first, the caller's or the server's, is a race
         deadline = run["seen"].pop("deadline")
         assert {message.partition(": ")[2] for _, message in deadline} <= {
@@ -133,7 +150,9 @@ async def test_the_compiled_paths_end_every_call_as_their_definitions(
     seen = compiled["seen"]
     assert seen["small"] == [b"abc"] and seen["whoami"] == [["whoami", True, 1]] and seen["nested"] == [b"n"]
     assert seen["cancelled"] == [True] * 3
-    assert [s[0] for s in seen["app_error"]] == ["AppError"] and seen["into"] == [4]
+    assert [s[0] for s in seen["app_error"]] == ["AppError"] and [s[0] for s in seen["into"]] == [4]
+    assert [s[0] for s in seen["into, one frame"]] == [200_000] and [s[0] for s in seen["into, chunked"]] == [300_000]
+    assert [s[0][0] for s in seen["into, over the buffer"]] == ["ResultTooLarge"]
 
 
 def test_the_state_types_have_the_names_of_their_python_twins() -> None:
@@ -217,8 +236,13 @@ async def test_begin_call_leaves_a_read_that_may_use_cross_memory_attach_to_its_
     while (rec.calls + 1) % client.monitor.sample_every == 0:
         await client.call(address, "small", b"warm", provider_id=1)
     calls = rec.calls
-    assert begin_call(client, address, "small", b"x", 1, None, 0, bytearray(8)) is None
+    assert begin_call(client, address, "small", b"x", 1, None, 0, bytearray(CMA_MIN_BYTES)) is None
     assert rec.calls == calls and not conn.pending
+    into = bytearray(CMA_MIN_BYTES - 1)  # (a smaller buffer takes its result over the socket: made)
+    call = begin_call(client, address, "small", b"x", 1, None, 0, into)
+    assert call is not None and call.answered(await call.future) == 1 and into[:1] == b"x"
+    while (rec.calls + 1) % client.monitor.sample_every == 0:
+        await client.call(address, "small", b"warm", provider_id=1)
     call = begin_call(client, address, "small", b"x", 1, None, 0, None)  # (without into=: made)
     assert call is not None and call.answered(await call.future) == b"x"
 

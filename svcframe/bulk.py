@@ -751,8 +751,8 @@ async def _cma_copy(
     Raises:
         OSError (see cma.read); DeadlineExceeded when ``deadline`` (loop time) passes between two pieces.
     """
-    pid = conn.peer_pid
-    if pid is None or cma.start_time(pid) != conn.peer_start_time:
+    pid, process = conn.peer_pid, conn.peer_process
+    if pid is None or process is None or not process.alive():
         raise OSError(3, f"the peer's process {pid} is gone (its pid may now be another process's)")  # ESRCH
     size = len(dest)
     if size <= _CMA_INLINE_BYTES:

@@ -10,7 +10,8 @@ not own:
   writes into another process. A pull reads the owner's exposed buffer; a push asks the owner to read
   the pusher's source.
 * the peer's pid comes from the kernel (``SO_PEERCRED`` of the unix socket), never from a message, and
-  its start time is checked before every read (a pid reused by another process is not read); the
+  it is checked before every read that the pid is still that process's (``PeerProcess``: its start time,
+  then a pidfd; a pid reused by another process is not read); the
   addresses come from the peer and point into its own memory (its exposed buffer, its push source).
 
 The kernel checks the rest: reading another process needs ptrace access to it (same user and, with
@@ -21,7 +22,9 @@ fall back to the socket path.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import select
 import socket
 import struct
 import sys
@@ -67,6 +70,52 @@ def peer_pid(sock: socket.socket | None) -> int | None:
     except OSError:
         return None
     return pid if pid > 0 else None
+
+
+class PeerProcess:
+    """The process at the other end of a unix connection (its pid from ``SO_PEERCRED``), and whether it is
+    still that process: checked before every read, since pids are reused.
+
+    The first check compares its start time with the one read when the connection was made, then opens a
+    pidfd (Linux 5.3+; ``os.pidfd_open``), which refers to that process and no other; later checks poll it (one
+    system call: a pidfd is readable once its process has exited). Without pidfds, every check compares start
+    times (``/proc/PID/stat``: an open, a read and a parse; 9.7 µs a check where the poll takes 0.4 µs).
+    ``close()`` gives the pidfd back (the connection is gone).
+    """
+
+    __slots__ = ("_pidfd", "_poll", "pid", "start_time")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start_time = start_time(pid)
+        self._pidfd: int | None = None  # (None: not tried yet; -1: none to be had, start times each time)
+        self._poll: select.poll | None = None  # (poll, not select: a descriptor may be above FD_SETSIZE)
+
+    def alive(self) -> bool:
+        """True when the process that connected still runs (its pid is not another process's)."""
+        if self._poll is not None:
+            return not self._poll.poll(0)
+        if self.start_time is None or start_time(self.pid) != self.start_time:
+            return False
+        if self._pidfd is None:  # the first check: take a pidfd for the later ones
+            try:
+                fd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError) as exc:  # none to be had here (or refused): start times each time
+                self._pidfd = -1
+                return getattr(exc, "errno", None) != errno.ESRCH
+            if start_time(self.pid) != self.start_time:  # reused in between: the pidfd is another process's
+                os.close(fd)
+                self.start_time = None
+                return False
+            self._pidfd, self._poll = fd, select.poll()
+            self._poll.register(fd, select.POLLIN)
+        return True
+
+    def close(self) -> None:
+        """The connection is gone: give the pidfd back; ``alive()`` is False from now on."""
+        fd, self._pidfd, self._poll, self.start_time = self._pidfd, None, None, None
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
 
 def start_time(pid: int) -> int | None:

@@ -156,7 +156,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         self.peer_label = "?"  # the statistics key: the peer's address, or clients@HOST
         self.peer_host: str | None = None  # the peer's IP address (tcp); None for unix sockets
         self.peer_pid: int | None = None  # the peer's pid, from the kernel (unix sockets only)
-        self.peer_start_time: int | None = None  # its start time then (pids are reused: svcframe.cma)
+        self.peer_process: cma.PeerProcess | None = None  # that process (pids are reused: svcframe.cma)
         self.peer_engine_id: str | None = None
         self.peer_address: str | None = None
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES
@@ -183,7 +183,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # half-open peers are found by the OS
         self.peer_pid = cma.peer_pid(sock)
-        self.peer_start_time = cma.start_time(self.peer_pid) if self.peer_pid is not None else None
+        self.peer_process = cma.PeerProcess(self.peer_pid) if self.peer_pid is not None else None
         peer = transport.get_extra_info("peername")
         self.peername = self.peer_label = (
             f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (str(peer) if peer else "local")
@@ -365,6 +365,8 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.peer_process is not None:
+            self.peer_process.close()
         # Frames still waiting for their turn are dropped, as a batch's frames behind a GOODBYE or a bad frame
         # always were. (The peer's end cannot overtake them: its EOF is read only once reading resumes.)
         self._backlog = None

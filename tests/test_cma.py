@@ -173,6 +173,54 @@ def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> No
     assert cma.start_time(proc.pid) is None
 
 
+def test_a_peer_process_is_alive_until_it_exits_and_never_after() -> None:
+    """The check before every read: the process that connected runs (by start time, then by a pidfd it keeps);
+    once it has exited, or the connection closed, it is not read, whoever holds its pid then."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "30"])
+    peer = cma.PeerProcess(proc.pid)
+    try:
+        assert peer.start_time is not None
+        assert peer.alive() and peer.alive()  # (the first check opens the pidfd, the second polls it)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not peer.alive()
+    peer.close()
+    assert not peer.alive()
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):  # a connection's pidfd is given back when it closes
+        other = cma.PeerProcess(os.getpid())
+        assert other.alive() and other.alive()
+        other.close()
+        assert not other.alive()
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_without_pidfds_a_peer_is_checked_by_its_start_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel gives no pidfd (before Linux 5.3; under valgrind), every check compares start times,
+    and the pidfd is asked for once, not before every read."""
+    import errno
+    import subprocess
+
+    asked = []
+
+    def no_pidfds(pid: int, flags: int = 0) -> int:
+        asked.append(pid)
+        raise OSError(errno.ENOSYS, "pidfd_open")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    proc = subprocess.Popen(["sleep", "30"])
+    peer = cma.PeerProcess(proc.pid)
+    try:
+        assert all(peer.alive() for _ in range(5)) and asked == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not peer.alive()
+
+
 @uvloop_test
 async def test_cma_requests_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
     """At the protocol level: a CMA pull over tcp is refused with a "cma:" error and the connection kept

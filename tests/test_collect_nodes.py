@@ -37,6 +37,7 @@ def _new_descendants(before: set[int]) -> list[int]:
     return alive_pids(c.pid for c in psutil.Process().children(recursive=True) if c.pid not in before)
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 @pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec on PATH or beside python (pip install mpich)")
 def test_collect_on_three_hosts_launched_by_mpiexec(tmp_path, figures) -> None:
     before = _descendants()  # e.g. multiprocessing's resource tracker, started by an earlier test
@@ -101,6 +102,7 @@ def test_collect_on_three_hosts_launched_by_mpiexec(tmp_path, figures) -> None:
     assert wall < 60
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 @pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec on PATH or beside python (pip install mpich)")
 def test_ctrl_c_ends_mpiexec_processes_and_resume_completes(tmp_path) -> None:
     from test_collect_more import _samples

@@ -84,6 +84,7 @@ async def _write_until_killed(
     return sent, in_flight[0]
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 async def test_acknowledged_writes_survive_kill_9_at_random_points(procs: Procs, tmp_path: Path, figures: Any) -> None:
     rng = random.Random(20260909)
     config = service_config(tmp_path, kv="durable")

@@ -230,6 +230,7 @@ print(json.dumps([os.getpid(), c.selection, c.index, c.nic]), flush=True)
 """
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 def test_roundrobin_across_16_processes_started_together() -> None:
     """16 unrelated processes released at once (one write on a pipe they all block on): every selection
     number is taken exactly once, and no NIC is used twice before all eight are used (the lock works)."""
@@ -372,6 +373,7 @@ async def test_default_server_stays_on_loopback() -> None:
 
 
 # -- the Figure 2 self-test ------------------------------------------------------------------------------------
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 def test_nic_dispersion_command(tmp_path: Path) -> None:
     """``svcframe selftest nic-dispersion`` on a described two-NIC node rehearsed on loopback aliases: one
     server per NIC, the plumber's mapping per scenario and policy, bandwidth measured, a chart written."""

@@ -118,6 +118,7 @@ def test_filesystem_barrier_publishes_when_all_ranks_are_ready(tmp_path) -> None
         _kill(procs)
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 def test_stale_member_file_does_not_complete_the_group(tmp_path) -> None:
     group = tmp_path / "group.json"
     (tmp_path / "group.json.d").mkdir()

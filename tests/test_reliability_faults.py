@@ -376,6 +376,7 @@ async def test_sigterm_with_calls_longer_than_the_grace_exits_by_grace_plus_1_s(
 # --- configuration changes under load --------------------------------------------------------------------------------
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 async def test_add_and_remove_providers_under_load(procs: Procs, tmp_path: Path, figures: Any) -> None:
     """16 clients: 12 call two stable providers, 4 call a provider that 50 admin operations remove and add
     again. The stable providers lose nothing; calls to the changing one succeed or fail fast with Refused /
@@ -468,6 +469,7 @@ async def _back_to_baseline(server: ServerProcess, baseline: int, within: float 
     return time.monotonic() - t0
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 async def test_bulk_integrity_kills_and_deadlines(procs: Procs, tmp_path: Path, figures: Any) -> None:
     """Bulk transfers in all three directions (server pulls from us, server pushes to us, we pull from the
     server) with SHA-256 on both ends; a client process killed in the middle of a 256 MiB transfer; a

@@ -30,6 +30,7 @@ DURATION_SECONDS = scaled(5.0, 30.0)
 WARM_UP_CALLS = 200  # of each kind (no-op, key-value, bulk), before the server's memory is measured
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 async def test_soak_64_clients_mixed_load(procs: Procs, tmp_path: Path, figures: Any) -> None:
     server = procs.spawn(service_config(tmp_path, kv="durable"))
     latencies: dict[str, list[float]] = {"noop": [], "kv": [], "bulk": []}

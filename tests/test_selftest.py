@@ -108,6 +108,7 @@ def test_cli_rejects_bad_parameters(tmp_path) -> None:
     assert "duration_seconds" in proc.stderr
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 def test_collect_small_suite_writes_plots_and_model(tmp_path) -> None:
     opts = CollectOptions(
         out=tmp_path / "rl", duration_seconds=0.3, repeats=1, warmup_iterations=5, bulk_size=64 * 1024,

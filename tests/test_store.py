@@ -162,6 +162,7 @@ def collected(tmp_path_factory):
     return tmp, db, first, second, env
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 def test_collect_records_every_run(collected) -> None:
     tmp, db, first, second, _ = collected
     assert first.returncode == 0, first.stderr
@@ -199,6 +200,7 @@ def test_collect_records_every_run(collected) -> None:
         assert raw["kind"] == "svcframe-selftest" and raw["aggregate"]["ops"] > 0
 
 
+@pytest.mark.one_interpreter  # (long, and about our logic: CI's first interpreter only)
 def test_history_lists_and_compares(collected) -> None:
     tmp, db, _, _, env = collected
     listing = subprocess.run(

@@ -2231,56 +2231,27 @@ speedups_exec(PyObject *module)
     return PyModule_AddStringConstant(module, "SOURCE_SHA256", SVCFRAME_SOURCE_SHA256);
 }
 
+/* Every object the module state holds, listed once (its traverse and clear run over it). */
+#define STATE_OBJECTS(X) \
+    X(s_done) X(s_set_result) X(s_get_buffer_slow) X(s_direct_updated) X(s_compact) X(s_parse) X(s_release_pages) \
+    X(s_overflow_ok) X(s_cursor) X(frame_type) X(zero_trace) X(unpack) X(unpack_kwnames) X(unpack_kwvalues) \
+    X(request_frame_py) X(ok_response_py) X(unpack_body_py) X(core_type) X(deadlines_type) X(heappush) X(heapify) \
+    X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(call_type) X(task_request) \
+    X(pack_body) X(nil_body) X(error_from_status) X(cancel_remote) X(no_response) X(deadline_expired) \
+    X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
+    X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state)
+
 static int
 speedups_traverse(PyObject *module, visitproc visit, void *arg)
 {
     module_state *st = (module_state *)PyModule_GetState(module);
-    Py_VISIT(st->s_done);
-    Py_VISIT(st->s_set_result);
-    Py_VISIT(st->s_get_buffer_slow);
-    Py_VISIT(st->s_direct_updated);
-    Py_VISIT(st->s_compact);
-    Py_VISIT(st->s_parse);
-    Py_VISIT(st->s_release_pages);
-    Py_VISIT(st->s_overflow_ok);
-    Py_VISIT(st->s_cursor);
-    Py_VISIT(st->frame_type);
-    Py_VISIT(st->zero_trace);
-    Py_VISIT(st->unpack);
-    Py_VISIT(st->unpack_kwnames);
-    Py_VISIT(st->unpack_kwvalues);
-    Py_VISIT(st->request_frame_py);
-    Py_VISIT(st->ok_response_py);
-    Py_VISIT(st->unpack_body_py);
-    Py_VISIT(st->core_type);
-    Py_VISIT(st->deadlines_type);
-    Py_VISIT(st->heappush);
-    Py_VISIT(st->heapify);
-    Py_VISIT(st->s_arm);
-    Py_VISIT(st->s_compact_heap);
-    Py_VISIT(st->s_idle);
-    Py_VISIT(st->on_request_py);
-    Py_VISIT(st->request_type);
-    Py_VISIT(st->sync);
+#define VISIT(field) Py_VISIT(st->field);
+    STATE_OBJECTS(VISIT)
+#undef VISIT
     for (int i = 0; i < SERVE_NAMES_N; i++)
         Py_VISIT(st->sn[i]);
-    PyObject **calls[] = {&st->call_type, &st->task_request, &st->pack_body, &st->nil_body, &st->error_from_status,
-                          &st->cancel_remote, &st->no_response, &st->deadline_expired, &st->cancelled_error,
-                          &st->no_parent, &st->zero};
-    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
-        Py_VISIT(*calls[i]);
     for (int i = 0; i < CALL_NAMES_N; i++)
         Py_VISIT(st->cn[i]);
-    Py_VISIT(st->engine_state);
-    Py_VISIT(st->as_byte_view);
-    Py_VISIT(st->incoming_pull);
-    Py_VISIT(st->too_large);
-    Py_VISIT(st->writable_kw);
-    Py_VISIT(st->overflow_ok_kw);
-    Py_VISIT(st->connection_state);
-    Py_VISIT(st->monitor_state);
-    Py_VISIT(st->progress_state);
-    Py_VISIT(st->record_state);
     return 0;
 }
 
@@ -2288,52 +2259,13 @@ static int
 speedups_clear(PyObject *module)
 {
     module_state *st = (module_state *)PyModule_GetState(module);
-    Py_CLEAR(st->s_done);
-    Py_CLEAR(st->s_set_result);
-    Py_CLEAR(st->s_get_buffer_slow);
-    Py_CLEAR(st->s_direct_updated);
-    Py_CLEAR(st->s_compact);
-    Py_CLEAR(st->s_parse);
-    Py_CLEAR(st->s_release_pages);
-    Py_CLEAR(st->s_overflow_ok);
-    Py_CLEAR(st->s_cursor);
-    Py_CLEAR(st->frame_type);
-    Py_CLEAR(st->zero_trace);
-    Py_CLEAR(st->unpack);
-    Py_CLEAR(st->unpack_kwnames);
-    Py_CLEAR(st->unpack_kwvalues);
-    Py_CLEAR(st->request_frame_py);
-    Py_CLEAR(st->ok_response_py);
-    Py_CLEAR(st->unpack_body_py);
-    Py_CLEAR(st->core_type);
-    Py_CLEAR(st->deadlines_type);
-    Py_CLEAR(st->heappush);
-    Py_CLEAR(st->heapify);
-    Py_CLEAR(st->s_arm);
-    Py_CLEAR(st->s_compact_heap);
-    Py_CLEAR(st->s_idle);
-    Py_CLEAR(st->on_request_py);
-    Py_CLEAR(st->request_type);
-    Py_CLEAR(st->sync);
+#define CLEAR(field) Py_CLEAR(st->field);
+    STATE_OBJECTS(CLEAR)
+#undef CLEAR
     for (int i = 0; i < SERVE_NAMES_N; i++)
         Py_CLEAR(st->sn[i]);
-    PyObject **calls[] = {&st->call_type, &st->task_request, &st->pack_body, &st->nil_body, &st->error_from_status,
-                          &st->cancel_remote, &st->no_response, &st->deadline_expired, &st->cancelled_error,
-                          &st->no_parent, &st->zero};
-    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
-        Py_CLEAR(*calls[i]);
     for (int i = 0; i < CALL_NAMES_N; i++)
         Py_CLEAR(st->cn[i]);
-    Py_CLEAR(st->engine_state);
-    Py_CLEAR(st->as_byte_view);
-    Py_CLEAR(st->incoming_pull);
-    Py_CLEAR(st->too_large);
-    Py_CLEAR(st->writable_kw);
-    Py_CLEAR(st->overflow_ok_kw);
-    Py_CLEAR(st->connection_state);
-    Py_CLEAR(st->monitor_state);
-    Py_CLEAR(st->progress_state);
-    Py_CLEAR(st->record_state);
     return 0;
 }
 

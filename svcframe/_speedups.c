@@ -1653,23 +1653,18 @@ typedef struct {
     char finished; /* the clean-up ran (it runs once) */
 } Call;
 
+/* A Call's objects, listed once (its traverse and clear run over it). */
+#define CALL_OBJECTS(X) \
+    X(future) X(conn) X(pending) X(request_id) X(rec) X(progress) X(name) X(provider_id) X(address) X(timeout) \
+    X(pulls) X(pull) X(into)
+
 static int
 call_traverse(Call *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->future);
-    Py_VISIT(self->conn);
-    Py_VISIT(self->pending);
-    Py_VISIT(self->request_id);
-    Py_VISIT(self->rec);
-    Py_VISIT(self->progress);
-    Py_VISIT(self->name);
-    Py_VISIT(self->provider_id);
-    Py_VISIT(self->address);
-    Py_VISIT(self->timeout);
-    Py_VISIT(self->pulls);
-    Py_VISIT(self->pull);
-    Py_VISIT(self->into);
+#define VISIT(field) Py_VISIT(self->field);
+    CALL_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
@@ -1677,19 +1672,9 @@ static int
 call_clear(Call *self)
 {
     self->finished = 1; /* (its tables are gone: nothing to clean up) */
-    Py_CLEAR(self->future);
-    Py_CLEAR(self->conn);
-    Py_CLEAR(self->pending);
-    Py_CLEAR(self->request_id);
-    Py_CLEAR(self->rec);
-    Py_CLEAR(self->progress);
-    Py_CLEAR(self->name);
-    Py_CLEAR(self->provider_id);
-    Py_CLEAR(self->address);
-    Py_CLEAR(self->timeout);
-    Py_CLEAR(self->pulls);
-    Py_CLEAR(self->pull);
-    Py_CLEAR(self->into);
+#define CLEAR(field) Py_CLEAR(self->field);
+    CALL_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 

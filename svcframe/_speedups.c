@@ -1000,6 +1000,19 @@ static inline void wr16(unsigned char *p, uint16_t v) { memcpy(p, &v, 2); }
 static inline void wr32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void wr64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 
+/* A header at p with the fields every frame sets (kind, flags, body length, request id), the rest zero. */
+static inline void
+write_header(unsigned char *p, unsigned kind, unsigned flags, Py_ssize_t length, unsigned long long rid)
+{
+    memset(p, 0, HEADER_SIZE);
+    wr16(p, MAGIC_INT);
+    p[2] = WIRE_VERSION;
+    p[3] = (unsigned char)kind;
+    wr16(p + 4, (uint16_t)flags);
+    wr32(p + 12, (uint32_t)length);
+    wr64(p + 16, rid);
+}
+
 /* args[i] as an unsigned int of at most ``max``; 0 with no exception when it is not one (the caller defers to
  * the Python twin, whose error is the definition). */
 static int
@@ -1045,15 +1058,9 @@ request_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (frame == NULL)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(frame);
-    memset(p, 0, HEADER_SIZE);
-    wr16(p, MAGIC_INT);
-    p[2] = WIRE_VERSION;
-    p[3] = K_REQUEST;
-    wr16(p + 4, (uint16_t)v[0]);   /* flags */
+    write_header(p, K_REQUEST, (unsigned)v[0], length, v[3]); /* flags, request_id */
     wr16(p + 6, (uint16_t)v[1]);   /* provider_id */
     wr32(p + 8, (uint32_t)v[2]);   /* rpc_id */
-    wr32(p + 12, (uint32_t)length); /* body length */
-    wr64(p + 16, v[3]);            /* request_id */
     wr32(p + 24, (uint32_t)v[4]);  /* deadline_usec; status (28) 0 */
     wr16(p + 30, (uint16_t)v[5]);  /* parent_provider_id */
     wr32(p + 32, (uint32_t)v[6]);  /* parent_rpc_id; reserved (36) 0 */
@@ -1088,12 +1095,7 @@ ok_response(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (frame == NULL)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(frame);
-    memset(p, 0, HEADER_SIZE);
-    wr16(p, MAGIC_INT);
-    p[2] = WIRE_VERSION;
-    p[3] = K_RESPONSE;
-    wr32(p + 12, (uint32_t)(head + n));
-    wr64(p + 16, rid);
+    write_header(p, K_RESPONSE, 0, head + n, rid);
     unsigned char *b = p + HEADER_SIZE;
     if (result == Py_None) {
         b[0] = 0xc0;
@@ -1369,14 +1371,7 @@ data_reply_header(unsigned flags, Py_ssize_t length, unsigned long long rid)
     PyObject *header = PyBytes_FromStringAndSize(NULL, HEADER_SIZE);
     if (header == NULL)
         return NULL;
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(header);
-    memset(p, 0, HEADER_SIZE);
-    wr16(p, MAGIC_INT);
-    p[2] = WIRE_VERSION;
-    p[3] = K_BULK_DATA_REPLY;
-    wr16(p + 4, (uint16_t)flags);
-    wr32(p + 12, (uint32_t)length);
-    wr64(p + 16, rid);
+    write_header((unsigned char *)PyBytes_AS_STRING(header), K_BULK_DATA_REPLY, flags, length, rid);
     return header;
 }
 

@@ -15,7 +15,8 @@ of every opcode: exact and independent of the machine, slow; how the work of iss
                                    [--bytecodes] [--top 15]
 
 Under callgrind (tools/instructions_per_client_call.sh) only this process is counted: valgrind does not
-follow the server child (``--trace-children=no``, its default).
+follow the server child (``--trace-children=no``, its default), and ``callgrind_mark`` brackets the timed
+calls.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def server(impl: str, transport: str, core: int) -> Iterator[str]:
                 yield peer.address
 
 
+def callgrind_mark() -> None:
+    """Where callgrind dumps its counts (``--dump-before=getsid``, tools/instructions_per_client_call.sh): the
+    second dump holds the timed calls alone. ``getsid`` because nothing else in a client calls it."""
+    os.getsid(0)
+
+
 async def counted(operation: Operation, calls: int, depth: int) -> None:
     """Exactly ``calls`` calls of ``operation``, ``depth`` at a time."""
     left = calls
@@ -88,6 +95,7 @@ async def client(impl: str, address: str, args: argparse.Namespace) -> None:
     await counted(operation, 200, args.depth)  # warm up: connection, caches
     profiler = cProfile.Profile() if args.profile else None
     opcodes: collections.Counter[tuple[str, int, str]] = collections.Counter()
+    callgrind_mark()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profiler:
         profiler.enable()
@@ -95,6 +103,7 @@ async def client(impl: str, address: str, args: argparse.Namespace) -> None:
         await counted(operation, args.calls, args.depth)
     if profiler:
         profiler.disable()
+    callgrind_mark()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     await side.close()
     print(

@@ -1119,6 +1119,38 @@ ok_response(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return frame;
 }
 
+PyDoc_STRVAR(receive_bytes_doc,
+"receive_bytes(size) -> tuple[bytes, memoryview]\n\n"
+"A new bytes object of ``size`` bytes (> 0), not yet written, and a writable memoryview of its bytes, for\n"
+"svcframe.decoder to receive a large bin result straight into the object the call returns (one copy, the\n"
+"kernel's, where decoding a received body made a second). The view does not own the bytes: the caller\n"
+"keeps both, writes only through the view, and lets the view go before it hands the bytes out.\n\n"
+"Raises ValueError (size < 1), MemoryError.");
+
+static PyObject *
+receive_bytes(PyObject *module, PyObject *arg)
+{
+    Py_ssize_t size = PyLong_AsSsize_t(arg);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (size < 1) {
+        PyErr_SetString(PyExc_ValueError, "receive_bytes: size must be at least 1");
+        return NULL;
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, size);
+    if (bytes == NULL)
+        return NULL;
+    PyObject *view = PyMemoryView_FromMemory(PyBytes_AS_STRING(bytes), size, PyBUF_WRITE);
+    if (view == NULL) {
+        Py_DECREF(bytes);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, bytes, view);
+    Py_DECREF(bytes);
+    Py_DECREF(view);
+    return pair;
+}
+
 PyDoc_STRVAR(unpack_body_doc,
 "unpack_body(body) -> object\n\n"
 "svcframe.wire.unpack_body: a simple item (nil, true, false, a fixint, a bin 8) without a call, other bytes\n"
@@ -2139,6 +2171,7 @@ static PyMethodDef speedups_methods[] = {
     {"request_frame", (PyCFunction)(void (*)(void))request_frame, METH_FASTCALL, request_frame_doc},
     {"ok_response", (PyCFunction)(void (*)(void))ok_response, METH_FASTCALL, ok_response_doc},
     {"unpack_body", (PyCFunction)unpack_body, METH_O, unpack_body_doc},
+    {"receive_bytes", (PyCFunction)receive_bytes, METH_O, receive_bytes_doc},
     {"serve_request", (PyCFunction)(void (*)(void))serve_request, METH_FASTCALL, serve_request_doc},
     {"configure_serve", (PyCFunction)(void (*)(void))configure_serve, METH_FASTCALL, configure_serve_doc},
     {"begin_call", (PyCFunction)(void (*)(void))begin_call, METH_FASTCALL, begin_call_doc},

@@ -29,10 +29,12 @@ from .wire import (
     PURE,
     WIRE_VERSION,
     ZERO_TRACE_ID,
+    BinBody,
     Frame,
     Kind,
     _new_tuple,
     lazy_buffer,
+    receive_bytes,
 )
 
 #: The header as the decoder reads it: the same 80 bytes as HEADER, with the magic as an int and the
@@ -41,6 +43,9 @@ _DECODE = struct.Struct("<HBBHHIIQIHHIIQQQQQ")
 _MAGIC_INT = int.from_bytes(MAGIC, "little")
 assert _DECODE.size == HEADER.size and struct.calcsize("<HBBHHIIQIHHIIQ") == 48  # trace id at bytes 48-63
 _BULK_DATA_KINDS = frozenset((int(Kind.BULK_DATA_REPLY), int(Kind.BULK_DATA_PUSH)))
+_K_RESPONSE = int(Kind.RESPONSE)
+_BIN32 = 0xC6  # msgpack's bin 32: one byte, then the length (4 bytes, big-endian), then the bytes
+_BIN32_LENGTH = struct.Struct(">I")
 
 #: The compiled twins of the decoder's per-frame loop and receive interface (svcframe/_speedups.c); None where
 #: it was not built or SVCFRAME_PURE is set (the pure-Python decoder is then FrameDecoder).
@@ -77,6 +82,7 @@ class _Decoding:
     _head: memoryview
     _direct: memoryview | None
     _direct_frame: tuple[Any, ...] | None
+    _direct_value: BinBody | None
     _large: mmap.mmap | None
     bulk_sink: BulkSink | None
     answers: dict[int, Any] | None
@@ -116,6 +122,7 @@ class _Decoding:
         self._direct: memoryview | None = None
         self._direct_pos = 0
         self._direct_frame: tuple[Any, ...] | None = None  # header fields of the frame being received
+        self._direct_value: BinBody | None = None  # the bytes result it is received into (see _parse)
         self.held = False  # a bulk data frame waits behind the frames returned last: call more()
         # The compiled loop takes whole bulk data frames under this many bytes; 0 after a large bulk data chunk,
         # when the next read takes a header and a little more (get_buffer) and _parse takes the data
@@ -195,6 +202,7 @@ class _Decoding:
         """Release the buffers, any bulk destination and the sink (the connection is gone)."""
         self._direct = None
         self._direct_frame = None
+        self._direct_value = None
         self.bulk_sink = None
         self._large = None
         self._head.release()
@@ -316,12 +324,28 @@ class _Decoding:
             # With reuse_large (our own, dialled connections), one such buffer is kept and reused, so a client
             # that reads large results does not map and fault a fresh one per result (issue 14: 1,025 page
             # faults per 4 MiB read); the frames of a batch are dispatched before it is written again.
+            # A large bytes result (an OK RESPONSE whose body is one bin 32, its header already here) is received
+            # straight into the bytes object the call returns, where decoding the kept buffer made a second copy
+            # (issue 14, `svcframe bench --workload client-read`: a 4 MiB inline read went from 0.57-0.58x raw
+            # uvloop's bandwidth to 0.86-0.89x, and with glibc's default malloc settings still 0 page faults).
             if self.reuse_large:
                 if frames:
                     self._start = start
                     self.held = True  # the frames before it are dispatched (and their bodies decoded) first
                     return
-                dest = self._large_view(length)
+                if (
+                    kind == _K_RESPONSE
+                    and not status
+                    and receive_bytes is not None
+                    and body_start + 5 <= end
+                    and buf[body_start] == _BIN32
+                    and _BIN32_LENGTH.unpack_from(buf, body_start + 1)[0] == length - 5
+                ):
+                    value, dest = receive_bytes(length - 5)
+                    self._direct_value = BinBody(value, length)
+                    body_start += 5
+                else:
+                    dest = self._large_view(length)
             else:
                 dest = memoryview(lazy_buffer(length))
             self._start_direct(dest, (kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider,
@@ -342,9 +366,12 @@ class _Decoding:
             frames.append(self._finish_direct())
 
     def _finish_direct(self) -> Frame:
-        dest, fields = self._direct, self._direct_frame
-        self._direct = self._direct_frame = None
+        dest, fields, value = self._direct, self._direct_frame, self._direct_value
+        self._direct = self._direct_frame = self._direct_value = None
         assert dest is not None and fields is not None
+        if value is not None:
+            dest.release()  # (the view does not own the bytes: nothing writes them once they are handed out)
+            return _new_tuple(Frame, (*fields, value))
         # A large inline body keeps its own buffer, as a memoryview (msgpack decodes it without another copy).
         if fields[0] in _BULK_DATA_KINDS:
             # after a large chunk, more is likely: its bytes go straight to their destination; after a small one,
@@ -447,7 +474,7 @@ class _PyDecoderCore:
 class PyFrameDecoder(_Decoding, _PyDecoderCore):
     """FrameDecoder in pure Python (what FrameDecoder is without the compiled core, or with SVCFRAME_PURE=1)."""
 
-    __slots__ = ("_direct_frame", "_large", "held")
+    __slots__ = ("_direct_frame", "_direct_value", "_large", "held")
 
 
 if TYPE_CHECKING or _DecoderCore is None:  # noqa: SIM108  (mypy reads the pure core as the type)
@@ -480,7 +507,7 @@ class FrameDecoder(_Decoding, _Core):
     bits), FrameTooLarge. After an error the decoder is unusable: drop the connection.
     """
 
-    __slots__ = ("_direct_frame", "_large", "held")
+    __slots__ = ("_direct_frame", "_direct_value", "_large", "held")
 
 
 if not PURE:

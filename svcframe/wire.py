@@ -133,10 +133,14 @@ if not PURE:
     try:
         from ._speedups import configure
         from ._speedups import ok_response as _ok_response_c
+        from ._speedups import receive_bytes as _receive_bytes_c
         from ._speedups import request_frame as _request_frame_c
         from ._speedups import unpack_body as _unpack_body_c
     except ImportError:
         PURE = True
+#: A new bytes object and a writable view of it (svcframe.decoder receives a large bytes result into it);
+#: None in the pure-Python build, which has no writable view of a bytes.
+receive_bytes: Callable[[int], tuple[bytes, memoryview]] | None = None if PURE else _receive_bytes_c
 
 
 class Flag(enum.IntFlag):
@@ -363,7 +367,23 @@ def bin_header(length: int) -> bytes:
     return b"\xc6" + length.to_bytes(4, "big")
 
 
-def _unpack_body_py(body: bytes | bytearray | memoryview) -> object:
+class BinBody:
+    """A body that was one msgpack bin 32 (a large ``bytes`` result), already decoded: the frame decoder
+    received its bytes straight into ``value`` (svcframe.decoder: a RESPONSE on a dialled connection, compiled
+    builds), so ``unpack_body`` returns ``value`` without the copy decoding would make. ``len()`` is the
+    body's length on the wire (header included), as for any body."""
+
+    __slots__ = ("size", "value")
+
+    def __init__(self, value: bytes, size: int) -> None:
+        self.value = value
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _unpack_body_py(body: bytes | bytearray | memoryview | BinBody) -> object:
     """Decode a msgpack body strictly (no extension types, str map keys). Container and string sizes
     are bounded by the body's length (msgpack's default), and the body by the frame size limit. The
     definition of ``unpack_body``, whose compiled twin (svcframe._speedups) decodes a simple body (nil, a bool,
@@ -371,6 +391,8 @@ def _unpack_body_py(body: bytes | bytearray | memoryview) -> object:
 
     Raises RemoteProtocolError for anything malformed.
     """
+    if type(body) is BinBody:
+        return body.value
     if not body:
         return None
     try:
@@ -392,7 +414,7 @@ def _unpack_body_py(body: bytes | bytearray | memoryview) -> object:
 _NIL = b"\xc0"  # msgpack's nil: the body of a None result
 
 
-def answer_call(waiter: Any, status: int, body: bytes | bytearray | memoryview) -> None:
+def answer_call(waiter: Any, status: int, body: bytes | bytearray | memoryview | BinBody) -> None:
     """Give the future ``waiter`` of a call (not done) its answer, a RESPONSE's ``status`` and ``body``:
     ``(status, value, len(body))``, the value decoded by ``unpack_body`` (``decode_status_body`` for a non-OK
     status), or the RemoteProtocolError of a body it refuses. The engine's dispatch answers calls with it;
@@ -410,7 +432,7 @@ def answer_call(waiter: Any, status: int, body: bytes | bytearray | memoryview) 
             waiter.set_result((0, value, len(body)))
 
 
-def decode_status_body(body: bytes | bytearray | memoryview | None) -> object:
+def decode_status_body(body: bytes | bytearray | memoryview | BinBody | None) -> object:
     """The body of a non-OK RESPONSE, decoded (``svcframe.errors.error_from_status`` reads it); None when it
     is malformed: the status alone still says what failed."""
     try:
@@ -438,7 +460,7 @@ _UNPACK_STRICT = {"ext_hook": _refuse_ext, "max_ext_len": 0, "object_pairs_hook"
 
 #: ``unpack_body(body) -> object``: ``_unpack_body_py``, compiled where it was built (a server's noop call 540
 #: instructions fewer: tools/instructions_per_call.sh).
-unpack_body: Callable[[bytes | bytearray | memoryview], object] = _unpack_body_py if PURE else _unpack_body_c
+unpack_body: Callable[[bytes | bytearray | memoryview | BinBody], object] = _unpack_body_py if PURE else _unpack_body_c
 
 #: The shortest shared secret accepted (bytes): 128 bits, as the nonces.
 MIN_SECRET_BYTES = 16

@@ -327,7 +327,7 @@ class _Decoding:
             # A large bytes result (an OK RESPONSE whose body is one bin 32, its header already here) is received
             # straight into the bytes object the call returns, where decoding the kept buffer made a second copy
             # (issue 14, `svcframe bench --workload client-read`: a 4 MiB inline read went from 0.57-0.58x raw
-            # uvloop's bandwidth to 0.86-0.89x, and with glibc's default malloc settings still 0 page faults).
+            # uvloop's bandwidth to 0.86-1.01x, and with glibc's default malloc settings still 0 page faults).
             if self.reuse_large:
                 if frames:
                     self._start = start

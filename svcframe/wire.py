@@ -382,6 +382,16 @@ class BinBody:
     def __len__(self) -> int:
         return self.size
 
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not BinBody:
+            return NotImplemented
+        return self.size == other.size and self.value == other.value
+
+    __hash__ = None  # type: ignore[assignment]  # (compared by value, as the bytes it stands for)
+
+    def __repr__(self) -> str:
+        return f"BinBody({len(self.value)} bytes)"
+
 
 def _unpack_body_py(body: bytes | bytearray | memoryview | BinBody) -> object:
     """Decode a msgpack body strictly (no extension types, str map keys). Container and string sizes

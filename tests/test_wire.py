@@ -341,6 +341,7 @@ def test_a_large_bytes_result_is_received_into_the_bytes_the_call_returns(cut: i
         again = _receive(dialled, stream)[0][0]
         value = unpack_body(again.body)
         assert type(value) is bytes and value == data and value is not unpack_body(frames[0].body)
+        assert again == frames[0] and again.body != b"\xc0"  # (a frame compares by its body's value)
     elif cut is not None and cut < HEADER_SIZE + 5:
         assert type(frames[0].body) is not wire.BinBody  # the bin header not yet there: the kept buffer
     others = [

@@ -40,8 +40,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from selftest import SELFTEST_CONFIG
 from selftest.bench_client import IMPLS, MSGPACK, RAW, READ_METHODS, SIDES, SVCFRAME, Operation, spin_msec
 from selftest.bench_peers import PeerServer
-from svcframe.config import load_config
-from svcframe.launch import Launch
 from svcframe.loops import run
 from svcframe.progress import PROGRESS_MODES
 
@@ -55,6 +53,9 @@ def server(impl: str, transport: str, core: int) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="sfpc", dir="/tmp") as tmp:
         unix = f"{tmp}/s.sock" if transport == "unix" else None
         if impl == SVCFRAME:
+            from svcframe.config import load_config  # here: the raw and msgpack clients load no more than they
+            from svcframe.launch import Launch  # run (under callgrind, start-up is most of a run's time)
+
             cfg = load_config(SELFTEST_CONFIG)
             if unix:
                 cfg.engine.address = f"unix://{unix}"

@@ -183,3 +183,4 @@ __all__ = [
     "register_provider_type",
     "rpc",
 ]
+assert {*_EXPORTS, "__version__"} == {*__all__}, "svcframe/__init__.py: __all__ and _EXPORTS name the same names"

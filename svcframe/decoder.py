@@ -33,6 +33,7 @@ from .wire import (
     Frame,
     Kind,
     _new_tuple,
+    bin_header,
     lazy_buffer,
     receive_bytes,
 )
@@ -44,8 +45,6 @@ _MAGIC_INT = int.from_bytes(MAGIC, "little")
 assert _DECODE.size == HEADER.size and struct.calcsize("<HBBHHIIQIHHIIQ") == 48  # trace id at bytes 48-63
 _BULK_DATA_KINDS = frozenset((int(Kind.BULK_DATA_REPLY), int(Kind.BULK_DATA_PUSH)))
 _K_RESPONSE = int(Kind.RESPONSE)
-_BIN32 = 0xC6  # msgpack's bin 32: one byte, then the length (4 bytes, big-endian), then the bytes
-_BIN32_LENGTH = struct.Struct(">I")
 
 #: The compiled twins of the decoder's per-frame loop and receive interface (svcframe/_speedups.c); None where
 #: it was not built or SVCFRAME_PURE is set (the pure-Python decoder is then FrameDecoder).
@@ -338,8 +337,7 @@ class _Decoding:
                     and not status
                     and receive_bytes is not None
                     and body_start + 5 <= end
-                    and buf[body_start] == _BIN32
-                    and _BIN32_LENGTH.unpack_from(buf, body_start + 1)[0] == length - 5
+                    and buf[body_start : body_start + 5] == bin_header(length - 5)  # (a bin 32's is 5 bytes)
                 ):
                     value, dest = receive_bytes(length - 5)
                     self._direct_value = BinBody(value, length)

@@ -22,7 +22,10 @@ Workloads (``CLIENT_WORKLOADS``):
   trip), by bulk push (the server pushes into a buffer the client exposed once) and by bulk pull (the server
   returns a handle on a region it exposes, the client pulls it into a reused buffer); both bulk methods take
   two round trips. The raw peer's pull (the data comes with the reply) and
-  the msgpack peer's inline result beside them.
+  the msgpack peer's inline result beside them; over unix, at sizes read by cross-memory attach, also
+  ``cma copy``: one ``process_vm_readv`` of another process's buffer per read and no message, the most a
+  read by one copy between processes gets on this machine (Margo's ``na+sm`` bulk transfers are one such
+  copy plus their messages). svcframe's reads by cross-memory attach give their ratio to it.
 
 Servers run in their default progress modes (svcframe and raw: ``spindown``) except in ``client-seq``;
 clients in theirs (a client-only engine blocks). Client processes run with ``MALLOC_TUNING`` in their
@@ -65,6 +68,7 @@ RAW = "raw uvloop"
 MSGPACK = "asyncio+msgpack"
 SVCFRAME = "svcframe"
 IMPLS = (RAW, MSGPACK, SVCFRAME)
+COPY = "cma copy"  # client-read's reference for reads by cross-memory attach (no server: the module's text)
 CLIENT_WORKLOADS = ("client-cpu", "client-seq", "client-read")
 #: the figure each workload's ratio to raw compares (lower is better for the first two)
 HEADLINE = {"client-cpu": "client_cpu_usec_per_call", "client-seq": "p50_usec", "client-read": "gib_per_second"}
@@ -193,7 +197,47 @@ class SvcframeSide:
         await self.engine.close()
 
 
-SIDES: dict[str, Any] = {RAW: RawSide, MSGPACK: MsgpackSide, SVCFRAME: SvcframeSide}
+#: The source of ``cma copy``: a process holding ``size`` bytes, which prints their address and waits.
+_COPY_SOURCE = (
+    "import ctypes, sys; b = ctypes.create_string_buffer(b'Z' * {size}, {size}); "
+    "print(ctypes.addressof(b), flush=True); sys.stdin.read()"
+)
+
+
+class CopySide:
+    """``cma copy``: a read is one ``process_vm_readv`` of another process's buffer into ours, no message."""
+
+    def __init__(self) -> None:
+        self.cma_bytes = 0
+        self.source: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    async def open(cls, address: str, mode: str) -> CopySide:
+        return cls()  # (no server: the source is a process of ours, started by ``operation``)
+
+    def operation(self, op: str, size: int, method: str) -> Operation:
+        from svcframe import cma
+
+        self.source = source = subprocess.Popen(
+            [sys.executable, "-c", _COPY_SOURCE.format(size=size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert source.stdout is not None
+        address = int(source.stdout.readline())
+        view = memoryview(bytearray(size))  # reused by every read, as the other clients' buffers are
+        read, pid = cma.read, source.pid
+
+        async def copy() -> None:
+            read(pid, address, view)
+            self.cma_bytes += size
+
+        return copy
+
+    async def close(self) -> None:
+        if self.source is not None:
+            self.source.communicate()  # (its stdin closed: it exits)
+
+
+SIDES: dict[str, Any] = {RAW: RawSide, MSGPACK: MsgpackSide, SVCFRAME: SvcframeSide, COPY: CopySide}
 
 
 def spin_msec(mode: str) -> float:
@@ -445,7 +489,7 @@ class ClientBench:
             cores: list[int], malloc: str = "tuned") -> dict[str, Any]:  # fmt: skip
         """One sample of ``cmd`` on one client process per core of ``cores``, against ``impl``'s server in
         ``server_mode``: the sample's figures (summed over the processes) and the server's CPU time."""
-        address, pid = self.server(impl, transport, server_mode)
+        address, pid = self.server(impl, transport, server_mode) if impl != COPY else ("", os.getpid())
         if impl == SVCFRAME:
             self.set_server_mode(address, server_mode)
         clients = self.client_processes(len(cores), malloc)
@@ -461,8 +505,8 @@ class ClientBench:
             "ops_per_second": sum(o["calls"] / o["elapsed_seconds"] for o in outs),
             "client_cpu_usec_per_call": sum(o["cpu_seconds"] for o in outs) / max(calls, 1) * 1e6,
             "client_faults_per_call": sum(o["minor_faults"] for o in outs) / max(calls, 1),
-            "server_cpu_usec_per_call": server_cpu / max(calls, 1) * 1e6,
-            "server_utilization": server_cpu / wall,
+            "server_cpu_usec_per_call": server_cpu / max(calls, 1) * 1e6 if impl != COPY else 0.0,
+            "server_utilization": server_cpu / wall if impl != COPY else 0.0,
             "cma_bytes": sum(o["cma_bytes"] for o in outs),
         }
         if "size" in cmd:
@@ -496,12 +540,16 @@ class ClientBench:
         return self._rows("client-seq", settings, one)
 
     def read_rows(self) -> list[dict[str, Any]]:
+        from svcframe.bulk import CMA_MIN_BYTES
+
         settings = []
         for transport in ("tcp", "unix"):
             for size in READ_SIZES:
                 where = {"transport": transport, "size": size, "malloc": "tuned"}
                 settings += [(RAW, {**where, "method": "inline"}), (MSGPACK, {**where, "method": "inline"})]
                 settings += [(SVCFRAME, {**where, "method": m}) for m in READ_METHODS]
+                if transport == "unix" and size >= CMA_MIN_BYTES:
+                    settings.append((COPY, {**where, "method": "inline"}))
         where = {"transport": "tcp", "size": READ_SIZES[-1], "malloc": "default", "method": "inline"}
         settings += [(impl, where) for impl in IMPLS]
 
@@ -515,6 +563,9 @@ class ClientBench:
             base = tuned.get((r["impl"], r["transport"], r["size"], r["method"]))
             if r["malloc"] == "default" and base is not None:
                 r["ratio_to_tuned"] = r["gib_per_second"] / base["gib_per_second"]
+            copy = tuned.get((COPY, r["transport"], r["size"], "inline"))
+            if copy is not None and r["cma_bytes"] and r["malloc"] == "tuned":
+                r["ratio_to_copy"] = r["gib_per_second"] / copy["gib_per_second"]
         return rows
 
     def _rows(
@@ -617,11 +668,17 @@ def tables(workload: str, rows: list[dict[str, Any]]) -> list[Table]:
             over = f"{r['transport']} {quantity(r['size'], 'B')}"
             row: list[str] = [impl, over, spread(r, "gib_per_second", "GiB/s"), ratio_cell(r)]
             row.append(f"{r['client_faults_per_call']:.0f}")
-            row.append(("cma" if r["cma_bytes"] else "-") if malloc == "tuned" else f"{r['ratio_to_tuned']:.2f}")
+            if malloc == "default":
+                row.append(f"{r['ratio_to_tuned']:.2f}")
+            else:
+                row.append(f"{r['ratio_to_copy']:.2f}" if "ratio_to_copy" in r else "cma" if r["cma_bytes"] else "-")
             cells.append(tuple(row))
         if cells:
             last = "cma" if malloc == "tuned" else "of tuned"
-            legend = "cma: by cross-memory attach" if malloc == "tuned" else "of tuned: over the tuned figure"
+            legend = (
+                "cma: by cross-memory attach, over cma copy's bandwidth" if malloc == "tuned"
+                else "of tuned: over the tuned figure"
+            )  # fmt: skip
             title = (
                 f"client-read: reads, client with {malloc} malloc settings (ratio: over raw's; pf: the "
                 f"client's page faults per read; {legend})"

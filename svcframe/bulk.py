@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import secrets
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -333,7 +335,7 @@ class BulkTransfers:
         if isinstance(target, _LazyDest):
             target = target.materialize()  # the owner answered: now the destination is allocated
         try:
-            await _cma_copy(loop, conn, address, target, deadline)
+            await self._cma_read(conn, handle.bulk_id, offset, address, target, deadline)
         except OSError as exc:
             if exc.errno in _CMA_REFUSED:  # the kernel will keep refusing: the socket path from now on
                 conn.peer_cma = False
@@ -344,6 +346,51 @@ class BulkTransfers:
         self.cma_bytes += len(target)
         self.monitor.record_bulk("cma_pull", conn.peer_label, len(target), int((loop.time() - start) * 1e9))
         return True
+
+    async def _cma_read(
+        self, conn: Connection, bulk_id: bytes, offset: int, source: int, dest: memoryview, deadline: float | None
+    ) -> None:
+        """Copy the peer's exposed range ``bulk_id[offset:offset + len(dest)]``, at address ``source`` in its
+        memory, into ``dest``. A range of SPLIT_MIN_BYTES or more is a *split read* when the peer takes part
+        (``Connection.peer_cma_write``): we ask it to write the first SPLIT_WRITER_SHARE of the range into
+        ``dest`` (a BULK_PULL flagged CMA naming the destination, when the request expires and where to put
+        its mark) and copy the rest meanwhile, so that its core and ours copy at once; if it declines (busy,
+        or any error) we copy its part too. ``dest`` is not given back before the peer's mark is there, or it
+        answered, or its connection ended, or the request is ``_SPLIT_GRACE_NS`` past its expiry
+        (svcframe.cma), even if our caller is cancelled meanwhile.
+
+        Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
+        and server on their own cores, three runs): 7.5-8.4 GiB/s, where the reader copying all of it gave
+        5.9-6.5, and ``cma copy`` (one process_vm_readv per read and no message, the same run) 6.6. A C loop
+        of process_vm_readv copies 6.3-8.9 GiB/s on one core of this machine, and 13.8-17.1 on two.
+
+        Raises:
+            OSError (svcframe.cma.read), DeadlineExceeded: as ``_cma_copy``.
+        """
+        loop = self._loop or asyncio.get_running_loop()
+        size = len(dest)
+        if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * SPLIT_WRITER_SHARE <= SPLIT_MAX_PART_BYTES):
+            await _cma_copy(loop, conn, source, dest, deadline)
+            return
+        part = int(size * SPLIT_WRITER_SHARE) & -_SPLIT_ALIGN  # the peer's: the first bytes
+        expires = time.monotonic_ns() + _SPLIT_EXPIRY_NS
+        mark = bytearray(8)  # the peer writes its request id here once its part is all in dest (svcframe.cma)
+        request_id = conn.next_request_id()
+        answer: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
+        conn.pending[request_id] = answer
+        mark_address = cma.buffer_address(memoryview(mark)) if _MARK_ORDERED else 0
+        fields = [bulk_id, offset, part, cma.buffer_address(dest), expires, mark_address]
+        conn.send(encode_frame(Kind.BULK_PULL, request_id, pack_body(fields), flags=F_CMA))
+        try:
+            await _cma_copy(loop, conn, source + part, dest[part:], deadline)  # ours, while the peer writes
+        finally:
+            # the mark: the peer's write is done, its answer (dropped when it comes) need not be waited for
+            written = (_MARK_ORDERED and _marked(mark, request_id)) or await _written(answer, expires + _SPLIT_GRACE_NS)
+            conn.pending.pop(request_id, None)
+        if not written:
+            await _cma_copy(loop, conn, source, dest[:part], deadline)
+        else:
+            self.monitor.record_bulk("cma_written", conn.peer_label, part, 0)
 
     async def _cma_push(self, handle: BulkHandle, offset: int, src: memoryview, timeout_seconds: float | None) -> bool:
         """Push by cross-memory attach when the owner is a process of this node on a unix connection: the
@@ -454,7 +501,7 @@ class BulkTransfers:
             loop = self._loop or asyncio.get_running_loop()
             dest = into[:size]
             try:
-                await _cma_copy(loop, conn, source, dest, deadline)
+                await self._cma_read(conn, bulk_id, 0, source, dest, deadline)
                 self.cma_bytes += size
                 return size
             except OSError as exc:
@@ -574,16 +621,18 @@ class BulkTransfers:
     # -- serving the transfers peers make on our buffers ------------------------------------------------
     def _bulk_request(
         self, conn: Connection, frame: Frame, need: str
-    ) -> tuple[memoryview | None, str | None, int, int | None]:
-        """Parse a BULK_PULL / BULK_PUSH body ``[bulk id, offset, size]`` (a push flagged CMA adds the
-        address of the pusher's source) and find the exposed range: (view or None, error or None, size,
-        source address or None)."""
-        by_cma = bool(frame[1] & F_CMA) and frame[0] == K_BULK_PUSH
+    ) -> tuple[memoryview | None, str | None, int, list[int] | None]:
+        """Parse a BULK_PULL / BULK_PUSH body ``[bulk id, offset, size]`` and find the exposed range: (view or
+        None, error or None, size, the CMA fields or None). Flagged CMA, a push adds the address of the
+        pusher's source ``[source]``; a pull may add ``[destination, expires_ns, mark address]``, asking us to
+        write the range into the puller's memory (the first part of a split read, ``_serve_cma_write``)."""
+        by_cma = bool(frame[1] & F_CMA)
+        extra = (1,) if by_cma and frame[0] == K_BULK_PUSH else (0, 3) if by_cma else (0,)
         try:
             fields = unpack_body(frame.body or b"")
             if (
                 not isinstance(fields, list)
-                or len(fields) != (4 if by_cma else 3)
+                or len(fields) - 3 not in extra
                 or not isinstance(fields[0], bytes)
                 or not all(isinstance(v, int) for v in fields[1:])
                 or min(fields[1:]) < 0
@@ -593,28 +642,31 @@ class BulkTransfers:
             why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id (bytes), offset >= 0, size >= 0]"
             raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
         bulk_id, offset, size = fields[:3]
-        source = fields[3] if by_cma else None
+        more: list[int] | None = fields[3:] or None
         entry = self._exposed.get(bulk_id)
         if entry is None:
-            return None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, source
+            return None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, more
         view, mode, bound = entry
         if bound is not None and self._conns.get(bound) is not conn:
-            return None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, source
+            return None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, more
         if need not in mode:
             return (
                 None,
                 f"bulk handle {_short(bulk_id)} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
                 size,
-                source,
+                more,
             )
         if offset + size > len(view):
-            return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size, source
-        return view[offset : offset + size], None, size, source
+            return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size, more
+        return view[offset : offset + size], None, size, more
 
     def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
-        view, error, size, _ = self._bulk_request(conn, frame, READ)
+        view, error, size, more = self._bulk_request(conn, frame, READ)
         if view is None:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        if more is not None:
+            self._serve_cma_write(conn, frame, view, *more)
             return
         if frame[1] & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
             if conn.peer_pid is None or not self.bulk_cma:
@@ -642,15 +694,49 @@ class BulkTransfers:
         self._reply(conn, frame, Status.OK, b"")
 
     def _on_push_request(self, conn: Connection, frame: Frame) -> None:
-        view, error, size, source = self._bulk_request(conn, frame, WRITE)
-        if source is not None:
-            self._serve_cma_push(conn, frame, view, error, source)
+        view, error, size, more = self._bulk_request(conn, frame, WRITE)
+        if more is not None:
+            self._serve_cma_push(conn, frame, view, error, more[0])
             return
         incoming = conn.protocol.expect_push(frame, view, size, error)
         if incoming is None:  # nothing to wait for: empty, or refused (its data, if any, is discarded)
             self._reply_push(conn, frame, error)
             return
         self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
+
+    def _serve_cma_write(
+        self, conn: Connection, frame: Frame, view: memoryview, dest: int, expires_ns: int, mark_address: int
+    ) -> None:
+        """The first part of a split read (``_cma_read``): write the exposed range into the puller's
+        destination, at once, then the request id (8 bytes, little-endian) at ``mark_address`` (unless 0), in
+        one ``process_vm_writev``, and answer. Declined (BULK_ERROR, the puller then copies the range itself)
+        when this engine does not do cross-memory attach, when it is busy (a handler
+        or a transfer of ours in flight: our core is not idle, and the puller's own copy does not wait for it),
+        when the range is over SPLIT_MAX_PART_BYTES (it would hold the loop), or past ``expires_ns``
+        (``time.monotonic_ns``): the puller may have given the destination back by then (svcframe.cma)."""
+        pid, process = conn.peer_pid, conn.peer_process
+        size = len(view)
+        if pid is None or process is None or not self.bulk_cma:
+            why = "not available on this connection"
+        elif self.progress.inflight > 0:
+            why = "busy"
+        elif size > SPLIT_MAX_PART_BYTES:
+            why = f"{size} bytes is over {SPLIT_MAX_PART_BYTES} for one write"
+        elif not process.alive():
+            why = f"the peer's process {pid} is gone"
+        elif time.monotonic_ns() > expires_ns:
+            why = "the request expired"
+        else:
+            try:
+                cma.write(pid, dest, view, mark_address, frame[4].to_bytes(8, "little"))
+            except OSError as exc:
+                self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
+                return
+            self.cma_bytes += size
+            self.monitor.record_bulk("served_cma_write", conn.peer_label, size, 0)
+            self._reply(conn, frame, Status.OK, b"")
+            return
+        self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: write declined: {why}")
 
     def _serve_cma_push(
         self, conn: Connection, frame: Frame, view: memoryview | None, error: str | None, source: int
@@ -723,6 +809,27 @@ _CMA_REFUSED = frozenset({1, 3, 38})
 #: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
 _CMA_INLINE_BYTES = 8 * 1024 * 1024
 _CMA_PIECE_BYTES = 8 * 1024 * 1024
+#: A cross-memory read of at least this many bytes is split between the two processes (``_cma_read``); a
+#: smaller one is copied whole by the reader (one copy of 512 KiB takes about what the extra message costs).
+SPLIT_MIN_BYTES = 1024 * 1024
+#: The writer's part of a split read: it starts later than the reader (its request crosses the socket) and,
+#: on the machine measured, copies more slowly (``process_vm_writev``).
+SPLIT_WRITER_SHARE = 0.45
+#: The most one split-read write may copy, in bytes: it runs on the writer's event loop (about 1 ms at most).
+SPLIT_MAX_PART_BYTES = 8 * 1024 * 1024
+_SPLIT_ALIGN = 64 * 1024  # the parts meet on a page boundary (a multiple of every page size in use)
+#: The peer's mark shows its part is in place only where the CPU keeps the order of stores (x86-64's TSO:
+#: the kernel copies the mark after the data); elsewhere the reader waits for the peer's answer.
+_MARK_ORDERED = platform.machine().lower() in ("x86_64", "amd64")
+#: A split read's write request expires this long after it was sent (a writer that reads it later declines:
+#: it is busy; it reads one at once otherwise, within 10-30 µs measured)...
+_SPLIT_EXPIRY_NS = 20_000_000
+#: ... and without the writer's answer the reader keeps its caller's buffer until this long after that (a
+#: writer that checked the expiry just before it is still writing).
+_SPLIT_GRACE_NS = 200_000_000
+#: Before that wait, the reader polls the writer's mark for this long (the writer usually ends within tens
+#: of µs of the reader).
+_SPLIT_SPIN_SECONDS = 100e-6
 #: Results lent by address (reads into the caller's buffer by cross-memory attach) that callers have not yet
 #: read, in bytes, over all connections; past it results are sent as data (a caller that never reads holds
 #: at most this much of the server's memory).
@@ -762,6 +869,46 @@ async def _cma_copy(
         if deadline is not None and loop.time() > deadline:
             raise DeadlineExceeded(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
         await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
+
+
+def _marked(mark: bytearray, request_id: int) -> bool:
+    """True once the peer has written ``request_id`` into ``mark``: its part of a split read is in place.
+    Polls for up to _SPLIT_SPIN_SECONDS: a part that ends a little after ours is then taken without a trip
+    through the event loop (its answer woke a blocking loop 40-65 µs later, measured)."""
+    if int.from_bytes(mark, "little") == request_id:
+        return True
+    clock = time.perf_counter
+    end = clock() + _SPLIT_SPIN_SECONDS
+    while clock() < end:
+        if int.from_bytes(mark, "little") == request_id:
+            return True
+    return False
+
+
+async def _written(answer: asyncio.Future[tuple[int, Any, int]], until_ns: int) -> bool:
+    """Wait for the peer's answer to a split read's write request: True when it wrote its part. Until the
+    answer or ``until_ns`` (``time.monotonic_ns``) the peer may be writing into our caller's buffer
+    (svcframe.cma), so the wait goes on through a cancellation of the caller (re-raised after) and through
+    the connection's end (the future fails: a peer that has not read the request yet still may), to
+    ``until_ns`` at most."""
+    cancelled = False
+    while not (answer.done() and not answer.cancelled() and answer.exception() is None):
+        left = (until_ns - time.monotonic_ns()) / 1e9
+        if left <= 0:
+            break
+        try:
+            if answer.done():  # ended without an answer
+                await asyncio.sleep(left)
+            else:
+                await asyncio.wait((answer,), timeout=left)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    if not answer.done():
+        answer.cancel()
+        return False
+    return not answer.cancelled() and answer.exception() is None and answer.result()[0] == Status.OK
 
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:

@@ -3,20 +3,26 @@
 Mercury's shared-memory plugin (``na+sm``, under Mochi's Margo) moves bulk data between processes of one
 node with Linux's ``process_vm_readv``/``process_vm_writev``: the bytes go from one address space to the
 other in a single kernel copy, instead of a copy into a socket buffer and another out of it. svcframe
-does the same over ``unix://`` connections, with two rules that keep a peer from touching memory it does
-not own:
+does the same over ``unix://`` connections, with rules that keep a peer from touching memory it does not
+own:
 
-* a process only ever *reads* a peer's memory into its own buffers (``process_vm_readv``); nothing
-  writes into another process. A pull reads the owner's exposed buffer; a push asks the owner to read
-  the pusher's source.
+* a process reads a peer's memory only into its own buffers (``process_vm_readv``). A pull reads the
+  owner's exposed buffer; a push asks the owner to read the pusher's source.
+* it writes into a peer's memory (``process_vm_writev``) only where that peer asked, for a read the peer
+  is making and waiting on: the first part of a *split read* (``svcframe.bulk``), whose asker copies the
+  rest itself meanwhile, so that two cores copy. The asker names a destination in its own memory, a time
+  (``time.monotonic_ns``, one clock on one node) after which the writer declines, and where the writer
+  puts a mark once done; it does not give the destination back to its caller before the mark is there,
+  or the writer answered, or that time is long past.
 * the peer's pid comes from the kernel (``SO_PEERCRED`` of the unix socket), never from a message, and
-  it is checked before every read that the pid is still that process's (``PeerProcess``: its start time,
-  then a pidfd; a pid reused by another process is not read); the
-  addresses come from the peer and point into its own memory (its exposed buffer, its push source).
+  it is checked before every copy that the pid is still that process's (``PeerProcess``: its start time,
+  then a pidfd; a pid reused by another process is not touched); the
+  addresses come from the peer and point into its own memory (its exposed buffer, its push source, its
+  split read's destination).
 
-The kernel checks the rest: reading another process needs ptrace access to it (same user and, with
-Yama, ``ptrace_scope`` 0, or ``CAP_SYS_PTRACE``). When it is refused, or on any other error, transfers
-fall back to the socket path.
+The kernel checks the rest: reading or writing another process needs ptrace access to it (same user and,
+with Yama, ``ptrace_scope`` 0, or ``CAP_SYS_PTRACE``). When it is refused, or on any other error, transfers
+fall back to the socket path (a split read's asker copies the whole range itself).
 """
 
 from __future__ import annotations
@@ -37,21 +43,23 @@ class _IOVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def _bind() -> object | None:
+def _bind(name: str) -> object | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.process_vm_readv
+        fn = getattr(libc, name)
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.POINTER(_IOVec), ctypes.c_ulong,
                    ctypes.c_ulong]  # fmt: skip
     fn.restype = ctypes.c_ssize_t
-    return fn
+    bound: object = fn
+    return bound
 
 
-_process_vm_readv = _bind()
+_process_vm_readv = _bind("process_vm_readv")
+_process_vm_writev = _bind("process_vm_writev")
 
 
 def supported() -> bool:
@@ -174,23 +182,56 @@ def read(pid: int, address: int, dest: memoryview) -> None:
     Raises:
         OSError: the kernel refused (EPERM: no ptrace access; ESRCH: no such process; EFAULT: the range
             is not mapped in the peer) or CMA is not supported here (ENOSYS).
+        ValueError: ``dest`` is read-only.
     """
-    if _process_vm_readv is None:
-        raise OSError(38, "process_vm_readv is not available on this platform")  # ENOSYS
-    size = len(dest)
+    if dest.readonly:
+        raise ValueError("the destination of a CMA read must be writable")
+    _transfer(_process_vm_readv, "process_vm_readv", pid, address, dest)
+
+
+def write(pid: int, address: int, src: memoryview, mark_address: int = 0, mark: bytes = b"") -> None:
+    """Copy ``src`` to ``address`` in process ``pid`` (one kernel copy): only where that process asked for
+    it (the module's rules). With ``mark_address``, ``mark`` is written there after the data, in the same
+    system call: the peer sees the mark only once the data is all there (the kernel copies the ranges in
+    order, and x86-64 keeps the order of stores; elsewhere the peer must wait for our answer instead).
+
+    Raises:
+        OSError: as ``read`` (EFAULT: the range is not mapped, or not writable, in the peer; a write cut
+            short, with a mark, is EFAULT too: the mark was not written; with a mark, at most 2 GiB).
+    """
+    if not mark_address:
+        _transfer(_process_vm_writev, "process_vm_writev", pid, address, src)
+        return
+    if _process_vm_writev is None:
+        raise OSError(38, "process_vm_writev is not available on this platform")  # ENOSYS
+    size, total = len(src), len(src) + len(mark)
+    if not (0 < address <= _MAX_ADDRESS - size and 0 < mark_address <= _MAX_ADDRESS - len(mark)):
+        raise OSError(14, f"process_vm_writev with pid {pid}: address out of range")
+    keep = ctypes.create_string_buffer(mark, len(mark))
+    local = (_IOVec * 2)(_IOVec(buffer_address(src) if size else 0, size), _IOVec(ctypes.addressof(keep), len(mark)))
+    remote = (_IOVec * 2)(_IOVec(address, size), _IOVec(mark_address, len(mark)))
+    got = _process_vm_writev(pid, local, 2, remote, 2, 0)  # type: ignore[operator]
+    if got != total:
+        err = ctypes.get_errno() if got < 0 else 14  # cut short: the mark was not written
+        raise OSError(err, f"process_vm_writev with pid {pid}: {os.strerror(err)}")
+
+
+def _transfer(fn: object | None, name: str, pid: int, address: int, local_view: memoryview) -> None:
+    """``len(local_view)`` bytes between ``local_view`` and ``address`` in ``pid``, by ``fn``."""
+    if fn is None:
+        raise OSError(38, f"{name} is not available on this platform")  # ENOSYS
+    size = len(local_view)
     if not size:
         return
     if not 0 < address <= _MAX_ADDRESS - size:  # a peer's address is data from the wire: bound it
-        raise OSError(14, f"process_vm_readv from pid {pid}: address {address:#x} + {size} is out of range")
-    if dest.readonly:
-        raise ValueError("the destination of a CMA read must be writable")
-    base = buffer_address(dest)
+        raise OSError(14, f"{name} with pid {pid}: address {address:#x} + {size} is out of range")
+    base = buffer_address(local_view)
     done = 0
     while done < size:  # the kernel may copy less than asked (at most 2 GiB - 4 KiB per call)
         local = _IOVec(base + done, size - done)
         remote = _IOVec(address + done, size - done)
-        got = _process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)  # type: ignore[operator]
+        got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)  # type: ignore[operator]
         if got <= 0:
             err = ctypes.get_errno() if got < 0 else 14  # EFAULT: nothing copied
-            raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
+            raise OSError(err, f"{name} with pid {pid}: {os.strerror(err)}")
         done += got

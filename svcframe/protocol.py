@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .decoder import FrameDecoder
@@ -129,6 +129,8 @@ class Peer:
         max_body_bytes: the largest frame body it accepts.
         cma: it serves bulk transfers by cross-memory attach and the kernel told us its pid.
         authenticated: the shared secret was proved (by the peer on the server side, both ways on the client).
+        cma_write: with ``cma``, it also writes a range of its own into our memory when we ask (the other half
+            of a split read: ``svcframe.bulk``); peers before this field do not.
     """
 
     engine_id: str
@@ -136,6 +138,7 @@ class Peer:
     max_body_bytes: int
     cma: bool
     authenticated: bool
+    cma_write: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +292,7 @@ class Protocol:
                 "auth": self.identity.secret is not None,
                 "max_body_bytes": self.decoder.max_body_bytes,
                 "cma": self.identity.cma,
+                "cma_write": self.identity.cma,
             }
             self._out.append(encode_frame(Kind.HELLO, 0, pack_body(hello)))
 
@@ -415,8 +419,9 @@ class Protocol:
             engine_id=engine_id,
             address=address if isinstance(address, str) else None,
             max_body_bytes=limit,
-            cma=hello.get("cma") is True and self._peer_on_node,
+            cma=(cma := hello.get("cma") is True and self._peer_on_node),
             authenticated=authenticated,
+            cma_write=cma and hello.get("cma_write") is True,
         )
 
     def _server_hello(self, hello: dict[str, Any]) -> Closed | None:
@@ -439,7 +444,7 @@ class Protocol:
         proof = auth_mac(secret, "server", self._nonce, client_nonce, self.identity.engine_id,  # type: ignore[arg-type]
                          peer.engine_id, self._remote_endpoint)  # fmt: skip
         self._out.append(encode_frame(Kind.HELLO, 0, pack_body({"mac": proof})))
-        self._open(Peer(peer.engine_id, peer.address, peer.max_body_bytes, peer.cma, True))
+        self._open(replace(peer, authenticated=True))
         return None
 
     def _client_hello(self, hello: dict[str, Any]) -> Closed | None:
@@ -453,6 +458,7 @@ class Protocol:
             "address": self.identity.address,
             "max_body_bytes": self.decoder.max_body_bytes,
             "cma": self.identity.cma,
+            "cma_write": self.identity.cma,
         }
         secret = self.identity.secret
         if secret is None:
@@ -481,7 +487,7 @@ class Protocol:
         mac = hello.get("mac")
         if not isinstance(mac, bytes) or not hmac.compare_digest(mac, expect):
             return self._refused(f"{self._remote_endpoint} did not prove the shared secret (an impostor or a relay?)")
-        self._open(Peer(peer.engine_id, peer.address, peer.max_body_bytes, peer.cma, True))
+        self._open(replace(peer, authenticated=True))
         return None
 
     def _open(self, peer: Peer) -> None:

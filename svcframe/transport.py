@@ -112,7 +112,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
     Attributes:
         protocol: the connection's state (phase, handshake, tables).
         pending / serving: the protocol's tables of outgoing calls and served requests, by request id.
-        peer_engine_id / peer_address / peer_max_body_bytes / peer_cma / authenticated: from the handshake
+        peer_engine_id / peer_address / peer_max_body_bytes / peer_cma / peer_cma_write / authenticated: from the handshake
             (``protocol.peer``), copied here once it completes.
         ready: resolved when the handshake completed (or failed, with the error).
         records: the owner's per-connection statistics cache.
@@ -161,6 +161,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         self.peer_address: str | None = None
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES
         self.peer_cma = False
+        self.peer_cma_write = False
         self.authenticated = False
         self.admitted = False  # counted against the owner's connection caps (server side)
         self._open = False
@@ -304,9 +305,10 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         if isinstance(event, Opened):
             peer = event.peer
             self.peer_engine_id, self.peer_address = peer.engine_id, peer.address
-            self.peer_max_body_bytes, self.peer_cma, self.authenticated = (
+            self.peer_max_body_bytes, self.peer_cma, self.peer_cma_write, self.authenticated = (
                 peer.max_body_bytes,
                 peer.cma,
+                peer.cma_write,
                 peer.authenticated,
             )
             # Statistics are kept per peer label: a server's address, or for client-only peers (no address) one

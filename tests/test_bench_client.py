@@ -18,6 +18,7 @@ from conftest import poll_until
 from selftest import SELFTEST_CONFIG
 from selftest.bench import BenchOptions, print_table, run_bench
 from selftest.bench_client import (
+    COPY,
     HEADLINE,
     IMPLS,
     MALLOC_TUNING,
@@ -31,6 +32,7 @@ from selftest.bench_client import (
     client_environment,
 )
 from svcframe import BulkHandle, Engine
+from svcframe.bulk import CMA_MIN_BYTES
 from svcframe.config import load_config
 from svcframe.errors import BulkError, RemoteError
 from svcframe.launch import Launch
@@ -129,6 +131,8 @@ def test_client_rows_cover_every_setting_beside_raw(
             setting = (transport, size, "tuned")
             expected |= {("client-read", RAW, (*setting, "inline")), ("client-read", MSGPACK, (*setting, "inline"))}
             expected |= {("client-read", SVCFRAME, (*setting, m)) for m in READ_METHODS}
+            if transport == "unix" and size >= CMA_MIN_BYTES:
+                expected.add(("client-read", COPY, (*setting, "inline")))
     expected |= {("client-read", impl, ("tcp", READ_SIZES[-1], "default", "inline")) for impl in IMPLS}
     fields = {"client-cpu": (), "client-seq": ("placement", "server_mode", "client_mode"),
               "client-read": ("transport", "size", "malloc", "method")}  # fmt: skip
@@ -145,6 +149,9 @@ def test_client_rows_cover_every_setting_beside_raw(
         if r["workload"] == "client-read":
             assert ("ratio_to_tuned" in r) == (r["malloc"] == "default")
             assert r["transport"] == "unix" or r["cma_bytes"] == 0
+            assert ("ratio_to_copy" in r) == (
+                r["cma_bytes"] > 0 and r["malloc"] == "tuned" and r["size"] >= CMA_MIN_BYTES
+            )
         if r["impl"] == RAW:
             assert r["ratio_to_raw"] == 1.0
     assert result["wall_seconds"]["client"] > 0

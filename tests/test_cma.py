@@ -284,10 +284,12 @@ async def test_cma_pull_past_its_deadline_is_a_deadline_error_not_a_socket_retry
 async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
     procs: Procs, tmp_path: Path, sockdir: Path
 ) -> None:
-    """``call(..., into=buffer)`` over unix: the server lends its bytes result by address, we copy it with one
-    process_vm_readv and release it; nothing stays exposed on the server, the socket carried no data. A
-    buffer below CMA_MIN_BYTES, and a result larger than the buffer, take the socket path and its errors."""
+    """``call(..., into=buffer)`` over unix: the server lends its bytes result by address and, idle, writes its
+    first part into our buffer (process_vm_writev) while we copy the rest (process_vm_readv), then we release
+    it; nothing stays exposed on the server, the socket carried no data. A buffer below CMA_MIN_BYTES, and a
+    result larger than the buffer, take the socket path and its errors."""
     from svcframe import ResultTooLarge
+    from svcframe.bulk import SPLIT_WRITER_SHARE
 
     server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/i.sock"))
     async with Engine(None) as engine:
@@ -297,14 +299,144 @@ async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
                                   into=buf)  # fmt: skip
             assert n == 3 * MIB and buf[:n] == pattern(3 * MIB, seed)
         assert engine.cma_bytes == 9 * MIB  # all three by cross-memory attach
+        assert _bulk_counts(engine).get("cma_written") == 3  # the server wrote part of each
         small = bytearray(CMA_MIN_BYTES - 1)
         n = await engine.call(server.address, "read", {"size": 1000, "seed": 4}, provider_id=RELTEST_ID, into=small)
         assert n == 1000 and small[:n] == pattern(1000, 4) and engine.cma_bytes == 9 * MIB  # by the socket
         with pytest.raises(ResultTooLarge):
             await engine.call(server.address, "read", {"size": 5 * MIB, "seed": 5}, provider_id=RELTEST_ID, into=buf)
         state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
-        assert state == {"exposed": 0, "cma_bytes": 0}  # every lent result released; the server copied nothing
+        part = int(3 * MIB * SPLIT_WRITER_SHARE) & -(64 << 10)  # what the server wrote of each
+        assert state == {"exposed": 0, "cma_bytes": 3 * part}  # every lent result released
     assert "Traceback" not in server.log()
+
+
+@uvloop_test
+async def test_a_busy_server_leaves_the_whole_split_read_to_the_reader(
+    procs: Procs, tmp_path: Path, sockdir: Path
+) -> None:
+    """A server with a handler in flight declines to write its part of a split read (its core is not idle):
+    the reader copies all of it, correct; when the server is idle again it writes its part again."""
+    import asyncio
+
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/b.sock"))
+    size = 2 * MIB
+    async with Engine(None) as engine:
+        buf = bytearray(size)
+        sleeper = asyncio.ensure_future(engine.call(server.address, "sleep", 30, provider_id=RELTEST_ID))
+        try:
+            for seed in range(2):
+                n = await engine.call(server.address, "read", {"size": size, "seed": seed}, provider_id=RELTEST_ID,
+                                      into=buf)  # fmt: skip
+                assert n == size and buf == pattern(size, seed)
+            state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
+            assert state["cma_bytes"] == 0 and "cma_written" not in _bulk_counts(engine)
+        finally:
+            sleeper.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await sleeper
+
+        async def idle_again() -> bool:  # until the server has seen the cancel and ended the handler
+            n = await engine.call(server.address, "read", {"size": size, "seed": 3}, provider_id=RELTEST_ID, into=buf)
+            assert n == size and buf == pattern(size, 3)
+            return _bulk_counts(engine).get("cma_written", 0) > 0
+
+        await check_until(idle_again, what="the idle server writing its part of a split read")
+    assert "Traceback" not in server.log()
+
+
+@uvloop_test
+async def test_split_read_write_requests_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
+    """At the protocol level, a request to write an exposed range into the asker's memory: into an address
+    that is not mapped there, it is refused with a "cma:" error (EFAULT) and the connection kept; past its
+    expiry, or over tcp, it is declined; a correct one is written, then its mark (the request id); a request
+    with a destination and no expiry and mark is a bad frame."""
+    import ctypes
+    import time
+
+    import msgpack
+    from reliability_kit import open_raw, raw_handshake, read_frame, request, secret, wait_closed_by_peer
+
+    from svcframe.wire import Flag, Kind, Status, encode_frame, pack_body, unpack_body
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "u").mkdir()
+    tcp = procs.spawn(service_config(tmp_path / "t", kv=None), name="tcp")
+    unix = procs.spawn(service_config(tmp_path / "u", kv=None, address=f"unix://{sockdir}/w.sock"), name="unix")
+    size = 1 << 20
+    dest = ctypes.create_string_buffer(size)
+    mark = ctypes.create_string_buffer(8)
+    later = time.monotonic_ns() + 60 * 10**9
+    for server in (tcp, unix):
+        reader, writer = await open_raw(server.address)
+        await raw_handshake(reader, writer, secret())
+        writer.write(request(1, RELTEST_ID, "expose", pack_body({"size": size, "seed": 4})))
+        fields, body = await read_frame(reader)
+        bulk_id = msgpack.unpackb(body)["bulk"][2]
+
+        async def ask(rid: int, fields_: list[object], reader: Any = reader, writer: Any = writer) -> tuple[int, Any]:
+            writer.write(encode_frame(Kind.BULK_PULL, rid, pack_body(fields_), flags=Flag.CMA))
+            answer, answer_body = await read_frame(reader)
+            assert answer[2] == Kind.RESPONSE and answer[7] == rid
+            return answer[9], unpack_body(answer_body) if answer_body else None
+
+        status, why = await ask(2, [bulk_id, 0, size, ctypes.addressof(dest), later, 0])
+        if server is tcp:
+            assert status == Status.BULK_ERROR and str(why).startswith("cma: write declined"), why
+            assert dest.raw[:16] == bytes(16)
+        else:
+            assert status == Status.OK and dest.raw == pattern(size, 4)
+            status, why = await ask(3, [bulk_id, 0, size, 4096, later, 0])  # not mapped here
+            assert status == Status.BULK_ERROR and "Bad address" in str(why), why
+            ctypes.memset(dest, 0, size)
+            status, why = await ask(4, [bulk_id, 0, size, ctypes.addressof(dest), time.monotonic_ns() - 1, 0])
+            assert status == Status.BULK_ERROR and "expired" in str(why) and dest.raw[:16] == bytes(16), why
+            status, why = await ask(5, [bulk_id, 0, size, ctypes.addressof(dest), later, ctypes.addressof(mark)])
+            assert status == Status.OK and dest.raw == pattern(size, 4)  # the connection was kept
+            assert int.from_bytes(mark.raw, "little") == 5  # and then the request id, as the mark
+            writer.write(encode_frame(Kind.BULK_PULL, 6, pack_body([bulk_id, 0, size, 4096]), flags=Flag.CMA))
+            fields, _ = await read_frame(reader)
+            assert fields[2] == Kind.RESPONSE and fields[9] == Status.BAD_REQUEST
+            fields, _ = await read_frame(reader)
+            assert fields[2] == Kind.GOODBYE
+            await wait_closed_by_peer(reader, 5.0)
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_split_read_keeps_the_buffer_until_the_writer_answers_even_when_cancelled() -> None:
+    """``bulk._written``, the wait for the writer's answer: a cancellation of the reader does not end it
+    before the answer comes (the writer may be writing into the reader's buffer until then); it is raised
+    after. Without an answer, or when the connection ends first (the writer may not have read the request
+    yet), the wait lasts to its time limit; a refusal ends it at once."""
+    import asyncio
+    import time
+
+    from svcframe.bulk import _written
+    from svcframe.errors import ConnectionLost, Status
+
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[tuple[int, object, int]] = loop.create_future()
+    waiter = asyncio.ensure_future(_written(answer, time.monotonic_ns() + 60 * 10**9))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.sleep(0)
+    assert not waiter.done(), "the wait ended before the writer answered"
+    loop.call_soon(answer.set_result, (Status.OK, None, 0))
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert answer.done()
+
+    for ending in ("silent", "lost"):
+        future: asyncio.Future[tuple[int, object, int]] = loop.create_future()
+        if ending == "lost":
+            loop.call_soon(future.set_exception, ConnectionLost("gone"))
+        limit = time.monotonic_ns() + 30_000_000
+        assert await _written(future, limit) is False
+        assert time.monotonic_ns() >= limit, f"{ending}: the buffer was given back before the time limit"
+    declined: asyncio.Future[tuple[int, object, int]] = loop.create_future()
+    loop.call_soon(declined.set_result, (Status.BULK_ERROR, "cma: write declined: busy", 0))
+    assert await _written(declined, time.monotonic_ns() + 60 * 10**9) is False
 
 
 _REFUSED_READER = """

@@ -278,6 +278,30 @@ def test_malformed_hellos_are_protocol_errors() -> None:
         client.feed(encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "s", "nonce": b"short"})))
 
 
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "authenticated"])
+def test_cross_memory_attach_and_split_reads_are_announced_in_the_hellos(secret: bytes | None) -> None:
+    """Both sides announce cross-memory attach and split-read writes (svcframe.bulk); each takes them up only
+    for a peer of its node (a unix socket), and an older peer, whose HELLO has no "cma_write", is never asked
+    to write."""
+    for on_node in (True, False):
+        server = Protocol(Role.SERVER, Identity("server-engine", None, secret, cma=True), nonce=SERVER_NONCE)
+        client = Protocol(Role.CLIENT, Identity("client-engine", None, secret, cma=True), nonce=CLIENT_NONCE)
+        server.connection_made(SERVER_END, CLIENT_END, peer_on_node=on_node)
+        client.connection_made(CLIENT_END, SERVER_END, peer_on_node=on_node)
+        handshake(server, client)
+        assert server.phase is Phase.OPEN and client.phase is Phase.OPEN
+        assert server.peer is not None and client.peer is not None
+        assert server.peer.authenticated is client.peer.authenticated is (secret is not None)
+        for peer in (server.peer, client.peer):
+            assert (peer.cma, peer.cma_write) == (on_node, on_node)
+    older = {"engine_id": "s", "nonce": SERVER_NONCE, "auth": False, "max_body_bytes": 1 << 20, "cma": True}
+    for hello, cma_write in ((older, False), ({**older, "cma_write": True}, True), ({**older, "cma": 1}, False)):
+        client = Protocol(Role.CLIENT, Identity("c", None, cma=True))
+        client.connection_made(CLIENT_END, SERVER_END, peer_on_node=True)
+        client.feed(encode_frame(Kind.HELLO, 0, pack_body(hello)))
+        assert client.peer is not None and client.peer.cma_write is cma_write
+
+
 @pytest.mark.parametrize("limit", [0, 1, 4095, -5, "4 MiB", 2.5e6, True])
 def test_a_hello_announcing_a_frame_limit_below_the_minimum_is_refused(limit: object) -> None:
     """We send a peer bulk data in frames of at most its announced max_body_bytes: a limit of 1 byte would

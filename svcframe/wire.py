@@ -115,7 +115,10 @@ class Kind(enum.IntEnum):
     RESPONSE = 3
     CANCEL = 4
     BULK_PULL = 5  # request: body [bulk_id, offset, length]; answered by BULK_DATA_REPLY frames + RESPONSE
+    # (flagged CMA: answered by the range's address; with [.., destination, expires_ns, mark address] added,
+    # by writing the range there: svcframe.bulk, split reads)
     BULK_PUSH = 6  # request: body [bulk_id, offset, length]; followed by BULK_DATA_PUSH frames
+    # (flagged CMA: [.., source address], which the owner reads)
     BULK_DATA_REPLY = 7  # raw data for the receiver's own request `request_id` (a pull)
     BULK_DATA_PUSH = 8  # raw data for the sender's request `request_id` (a push)
     GOODBYE = 9  # the sender closes or drains; status says why

@@ -352,27 +352,29 @@ class BulkTransfers:
     ) -> None:
         """Copy the peer's exposed range ``bulk_id[offset:offset + len(dest)]``, at address ``source`` in its
         memory, into ``dest``. A range of SPLIT_MIN_BYTES or more is a *split read* when the peer takes part
-        (``Connection.peer_cma_write``): we ask it to write the first SPLIT_WRITER_SHARE of the range into
-        ``dest`` (a BULK_PULL flagged CMA naming the destination, when the request expires and where to put
+        (``Connection.peer_cma_write``): we ask it to write the first part of the range (its share:
+        SPLIT_WRITER_SHARE) into ``dest`` (a BULK_PULL flagged CMA naming the destination, when the request expires and where to put
         its mark) and copy the rest meanwhile, so that its core and ours copy at once; if it declines (busy,
         or any error) we copy its part too. ``dest`` is not given back before the peer's mark is there, or it
         answered, or its connection ended, or the request is ``_SPLIT_GRACE_NS`` past its expiry
         (svcframe.cma), even if our caller is cancelled meanwhile.
 
         Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
-        and server on their own cores, three runs): 7.5-8.4 GiB/s, where the reader copying all of it gave
-        5.9-6.5, and ``cma copy`` (one process_vm_readv per read and no message, the same run) 6.6. A C loop
-        of process_vm_readv copies 6.3-8.9 GiB/s on one core of this machine, and 13.8-17.1 on two.
+        and server on their own cores, medians of six runs): 7.2-8.4 GiB/s, 1.02-1.17x ``cma copy`` of the
+        same run (one process_vm_readv per read and no message: 6.7-7.4), where the reader copying all of it
+        gave 5.9-6.5. A C loop of process_vm_readv copies 6.3-8.9 GiB/s on one core of this machine, and
+        13.8-17.1 on two.
 
         Raises:
             OSError (svcframe.cma.read), DeadlineExceeded: as ``_cma_copy``.
         """
         loop = self._loop or asyncio.get_running_loop()
         size = len(dest)
-        if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * SPLIT_WRITER_SHARE <= SPLIT_MAX_PART_BYTES):
+        share = conn.split_share or SPLIT_WRITER_SHARE
+        if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * share <= SPLIT_MAX_PART_BYTES):
             await _cma_copy(loop, conn, source, dest, deadline)
             return
-        part = int(size * SPLIT_WRITER_SHARE) & -_SPLIT_ALIGN  # the peer's: the first bytes
+        part = int(size * share) & -_SPLIT_ALIGN  # the peer's: the first bytes
         expires = time.monotonic_ns() + _SPLIT_EXPIRY_NS
         mark = bytearray(8)  # the peer writes its request id here once its part is all in dest (svcframe.cma)
         request_id = conn.next_request_id()
@@ -385,7 +387,11 @@ class BulkTransfers:
             await _cma_copy(loop, conn, source + part, dest[part:], deadline)  # ours, while the peer writes
         finally:
             # the mark: the peer's write is done, its answer (dropped when it comes) need not be waited for
-            written = (_MARK_ORDERED and _marked(mark, request_id)) or await _written(answer, expires + _SPLIT_GRACE_NS)
+            first = _MARK_ORDERED and int.from_bytes(mark, "little") == request_id
+            written = first or (_MARK_ORDERED and _marked(mark, request_id))
+            if _MARK_ORDERED and written:  # the peer ended first: give it more next time; else less
+                conn.split_share = min(max(share + (SPLIT_SHARE_STEP if first else -SPLIT_SHARE_STEP), 0.2), 0.8)
+            written = written or await _written(answer, expires + _SPLIT_GRACE_NS)
             conn.pending.pop(request_id, None)
         if not written:
             await _cma_copy(loop, conn, source, dest[:part], deadline)
@@ -812,9 +818,11 @@ _CMA_PIECE_BYTES = 8 * 1024 * 1024
 #: A cross-memory read of at least this many bytes is split between the two processes (``_cma_read``); a
 #: smaller one is copied whole by the reader (one copy of 512 KiB takes about what the extra message costs).
 SPLIT_MIN_BYTES = 1024 * 1024
-#: The writer's part of a split read: it starts later than the reader (its request crosses the socket) and,
-#: on the machine measured, copies more slowly (``process_vm_writev``).
+#: The writer's part of a split read: at first (it starts later than the reader: its request crosses the
+#: socket), then adapted per connection by SPLIT_SHARE_STEP a read, up when the writer had ended when the
+#: reader did, down when not, between 0.2 and 0.8: the two end together, whatever each copy's speed.
 SPLIT_WRITER_SHARE = 0.45
+SPLIT_SHARE_STEP = 0.01
 #: The most one split-read write may copy, in bytes: it runs on the writer's event loop (about 1 ms at most).
 SPLIT_MAX_PART_BYTES = 8 * 1024 * 1024
 _SPLIT_ALIGN = 64 * 1024  # the parts meet on a page boundary (a multiple of every page size in use)

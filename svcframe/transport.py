@@ -162,6 +162,8 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES
         self.peer_cma = False
         self.peer_cma_write = False
+        #: the share of a split read the peer writes (svcframe.bulk._cma_read adapts it; 0: not yet)
+        self.split_share = 0.0
         self.authenticated = False
         self.admitted = False  # counted against the owner's connection caps (server side)
         self._open = False

@@ -389,8 +389,8 @@ class BulkTransfers:
             # the mark: the peer's write is done, its answer (dropped when it comes) need not be waited for
             first = _MARK_ORDERED and int.from_bytes(mark, "little") == request_id
             written = first or (_MARK_ORDERED and _marked(mark, request_id))
-            if _MARK_ORDERED and written:  # the peer ended first: give it more next time; else less
-                conn.split_share = min(max(share + (SPLIT_SHARE_STEP if first else -SPLIT_SHARE_STEP), 0.2), 0.8)
+            if _MARK_ORDERED and written:
+                conn.split_share = next_share(share, first)
             written = written or await _written(answer, expires + _SPLIT_GRACE_NS)
             conn.pending.pop(request_id, None)
         if not written:
@@ -820,9 +820,10 @@ _CMA_PIECE_BYTES = 8 * 1024 * 1024
 SPLIT_MIN_BYTES = 1024 * 1024
 #: The writer's part of a split read: at first (it starts later than the reader: its request crosses the
 #: socket), then adapted per connection by SPLIT_SHARE_STEP a read, up when the writer had ended when the
-#: reader did, down when not, between 0.2 and 0.8: the two end together, whatever each copy's speed.
+#: reader did, down when not (``next_share``): the two end together, whatever each copy's speed.
 SPLIT_WRITER_SHARE = 0.45
 SPLIT_SHARE_STEP = 0.01
+SPLIT_SHARE_MIN, SPLIT_SHARE_MAX = 0.2, 0.8
 #: The most one split-read write may copy, in bytes: it runs on the writer's event loop (about 1 ms at most).
 SPLIT_MAX_PART_BYTES = 8 * 1024 * 1024
 _SPLIT_ALIGN = 64 * 1024  # the parts meet on a page boundary (a multiple of every page size in use)
@@ -877,6 +878,13 @@ async def _cma_copy(
         if deadline is not None and loop.time() > deadline:
             raise DeadlineExceeded(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
         await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
+
+
+def next_share(share: float, writer_first: bool) -> float:
+    """The writer's share of the next split read on a connection: a step more when the writer had ended by
+    the time the reader did (``writer_first``), a step less when the reader had to wait for it, within
+    [SPLIT_SHARE_MIN, SPLIT_SHARE_MAX]."""
+    return min(max(share + (SPLIT_SHARE_STEP if writer_first else -SPLIT_SHARE_STEP), SPLIT_SHARE_MIN), SPLIT_SHARE_MAX)
 
 
 def _marked(mark: bytearray, request_id: int) -> bool:

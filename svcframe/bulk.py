@@ -718,14 +718,25 @@ class BulkTransfers:
         one ``process_vm_writev``, and answer. Declined (BULK_ERROR, the puller then copies the range itself)
         when this engine does not do cross-memory attach, when it is busy (a handler
         or a transfer of ours in flight: our core is not idle, and the puller's own copy does not wait for it),
-        when the range is over SPLIT_MAX_PART_BYTES (it would hold the loop), or past ``expires_ns``
+        when the range is over SPLIT_MAX_PART_BYTES (it would hold the loop), when the peer asks for more than
+        SPLIT_WRITE_SHARE_OF_TIME of our time (a token bucket, in seconds of writing, of at most
+        SPLIT_WRITE_BURST_SECONDS: a request costs a few bytes and its write up to a millisecond of our loop,
+        so a peer that keeps asking gets what a reader at full speed gets and no more), or past ``expires_ns``
         (``time.monotonic_ns``): the puller may have given the destination back by then (svcframe.cma)."""
         pid, process = conn.peer_pid, conn.peer_process
         size = len(view)
+        now = time.monotonic()
+        allowance = min(
+            conn.cma_write_allowance + (now - conn.cma_write_reckoned) * SPLIT_WRITE_SHARE_OF_TIME,
+            SPLIT_WRITE_BURST_SECONDS,
+        )
+        conn.cma_write_reckoned = now
         if pid is None or process is None or not self.bulk_cma:
             why = "not available on this connection"
         elif self.progress.inflight > 0:
             why = "busy"
+        elif allowance <= 0:
+            why = f"this peer's writes took over {SPLIT_WRITE_SHARE_OF_TIME:.0%} of our time"
         elif size > SPLIT_MAX_PART_BYTES:
             why = f"{size} bytes is over {SPLIT_MAX_PART_BYTES} for one write"
         elif not process.alive():
@@ -738,6 +749,8 @@ class BulkTransfers:
             except OSError as exc:
                 self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
                 return
+            finally:
+                conn.cma_write_allowance = allowance - (time.monotonic() - now)
             self.cma_bytes += size
             self.monitor.record_bulk("served_cma_write", conn.peer_label, size, 0)
             self._reply(conn, frame, Status.OK, b"")
@@ -826,6 +839,10 @@ SPLIT_SHARE_STEP = 0.01
 SPLIT_SHARE_MIN, SPLIT_SHARE_MAX = 0.2, 0.8
 #: The most one split-read write may copy, in bytes: it runs on the writer's event loop (about 1 ms at most).
 SPLIT_MAX_PART_BYTES = 8 * 1024 * 1024
+#: The share of our time one peer's split-read writes may take, and the most they may take in one burst,
+#: in seconds: a reader at full speed takes about half (the writer copies while the reader does).
+SPLIT_WRITE_SHARE_OF_TIME = 0.75
+SPLIT_WRITE_BURST_SECONDS = 0.005
 _SPLIT_ALIGN = 64 * 1024  # the parts meet on a page boundary (a multiple of every page size in use)
 #: The peer's mark shows its part is in place only where the CPU keeps the order of stores (x86-64's TSO:
 #: the kernel copies the mark after the data); elsewhere the reader waits for the peer's answer.

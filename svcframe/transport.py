@@ -164,6 +164,10 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         self.peer_cma_write = False
         #: the share of a split read the peer writes (svcframe.bulk._cma_read adapts it; 0: not yet)
         self.split_share = 0.0
+        #: split-read writes this peer may still ask of us now, in bytes (svcframe.bulk._serve_cma_write), and
+        #: when that was reckoned (time.monotonic())
+        self.cma_write_allowance = 0.0
+        self.cma_write_reckoned = 0.0
         self.authenticated = False
         self.admitted = False  # counted against the owner's connection caps (server side)
         self._open = False

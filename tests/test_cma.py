@@ -354,8 +354,9 @@ async def test_a_busy_server_leaves_the_whole_split_read_to_the_reader(
 async def test_split_read_write_requests_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
     """At the protocol level, a request to write an exposed range into the asker's memory: into an address
     that is not mapped there, it is refused with a "cma:" error (EFAULT) and the connection kept; past its
-    expiry, or over tcp, it is declined; a correct one is written, then its mark (the request id); a request
-    with a destination and no expiry and mark is a bad frame."""
+    expiry, or over tcp, it is declined; a correct one is written, then its mark (the request id); a peer that
+    asks for writes without pause is declined past its share of the server's time; a request with a
+    destination and no expiry and mark is a bad frame."""
     import ctypes
     import time
 
@@ -374,38 +375,56 @@ async def test_split_read_write_requests_from_a_raw_peer(procs: Procs, tmp_path:
     later = time.monotonic_ns() + 60 * 10**9
     for server in (tcp, unix):
         reader, writer = await open_raw(server.address)
-        await raw_handshake(reader, writer, secret())
-        writer.write(request(1, RELTEST_ID, "expose", pack_body({"size": size, "seed": 4})))
-        fields, body = await read_frame(reader)
-        bulk_id = msgpack.unpackb(body)["bulk"][2]
+        try:
+            await raw_handshake(reader, writer, secret())
+            writer.write(request(1, RELTEST_ID, "expose", pack_body({"size": size, "seed": 4})))
+            fields, body = await read_frame(reader)
+            bulk_id = msgpack.unpackb(body)["bulk"][2]
 
-        async def ask(rid: int, fields_: list[object], reader: Any = reader, writer: Any = writer) -> tuple[int, Any]:
-            writer.write(encode_frame(Kind.BULK_PULL, rid, pack_body(fields_), flags=Flag.CMA))
-            answer, answer_body = await read_frame(reader)
-            assert answer[2] == Kind.RESPONSE and answer[7] == rid
-            return answer[9], unpack_body(answer_body) if answer_body else None
+            async def ask(
+                rid: int, fields_: list[object], reader: Any = reader, writer: Any = writer
+            ) -> tuple[int, Any]:
+                writer.write(encode_frame(Kind.BULK_PULL, rid, pack_body(fields_), flags=Flag.CMA))
+                answer, answer_body = await read_frame(reader)
+                assert answer[2] == Kind.RESPONSE and answer[7] == rid
+                return answer[9], unpack_body(answer_body) if answer_body else None
 
-        status, why = await ask(2, [bulk_id, 0, size, ctypes.addressof(dest), later, 0])
-        if server is tcp:
-            assert status == Status.BULK_ERROR and str(why).startswith("cma: write declined"), why
-            assert dest.raw[:16] == bytes(16)
-        else:
-            assert status == Status.OK and dest.raw == pattern(size, 4)
-            status, why = await ask(3, [bulk_id, 0, size, 4096, later, 0])  # not mapped here
-            assert status == Status.BULK_ERROR and "Bad address" in str(why), why
-            ctypes.memset(dest, 0, size)
-            status, why = await ask(4, [bulk_id, 0, size, ctypes.addressof(dest), time.monotonic_ns() - 1, 0])
-            assert status == Status.BULK_ERROR and "expired" in str(why) and dest.raw[:16] == bytes(16), why
-            status, why = await ask(5, [bulk_id, 0, size, ctypes.addressof(dest), later, ctypes.addressof(mark)])
-            assert status == Status.OK and dest.raw == pattern(size, 4)  # the connection was kept
-            assert int.from_bytes(mark.raw, "little") == 5  # and then the request id, as the mark
-            writer.write(encode_frame(Kind.BULK_PULL, 6, pack_body([bulk_id, 0, size, 4096]), flags=Flag.CMA))
-            fields, _ = await read_frame(reader)
-            assert fields[2] == Kind.RESPONSE and fields[9] == Status.BAD_REQUEST
-            fields, _ = await read_frame(reader)
-            assert fields[2] == Kind.GOODBYE
-            await wait_closed_by_peer(reader, 5.0)
-        writer.close()
+            status, why = await ask(2, [bulk_id, 0, size, ctypes.addressof(dest), later, 0])
+            if server is tcp:
+                assert status == Status.BULK_ERROR and str(why).startswith("cma: write declined"), why
+                assert dest.raw[:16] == bytes(16)
+            else:
+                assert status == Status.OK and dest.raw == pattern(size, 4)
+                status, why = await ask(3, [bulk_id, 0, size, 4096, later, 0])  # not mapped here
+                assert status == Status.BULK_ERROR and "Bad address" in str(why), why
+                ctypes.memset(dest, 0, size)
+                status, why = await ask(4, [bulk_id, 0, size, ctypes.addressof(dest), time.monotonic_ns() - 1, 0])
+                assert status == Status.BULK_ERROR and "expired" in str(why) and dest.raw[:16] == bytes(16), why
+                status, why = await ask(5, [bulk_id, 0, size, ctypes.addressof(dest), later, ctypes.addressof(mark)])
+                assert status == Status.OK and dest.raw == pattern(size, 4)  # the connection was kept
+                assert int.from_bytes(mark.raw, "little") == 5  # and then the request id, as the mark
+                # a peer that keeps asking gets SPLIT_WRITE_SHARE_OF_TIME of the server's time: the rest is declined
+                many = 1000
+                writer.write(b"".join(
+                    encode_frame(Kind.BULK_PULL, 100 + i, pack_body([bulk_id, 0, size, ctypes.addressof(dest), later, 0]),
+                                 flags=Flag.CMA)
+                    for i in range(many)
+                ))  # fmt: skip
+                outcomes = []
+                for _ in range(many):
+                    answer, answer_body = await read_frame(reader)
+                    outcomes.append(answer[9] == Status.OK or str(unpack_body(answer_body)))
+                written = outcomes.count(True)
+                declined = [o for o in outcomes if o is not True]
+                assert 10 <= written < many and all("of our time" in o for o in declined), (written, declined[:1])
+                writer.write(encode_frame(Kind.BULK_PULL, 6, pack_body([bulk_id, 0, size, 4096]), flags=Flag.CMA))
+                fields, _ = await read_frame(reader)
+                assert fields[2] == Kind.RESPONSE and fields[9] == Status.BAD_REQUEST
+                fields, _ = await read_frame(reader)
+                assert fields[2] == Kind.GOODBYE
+                await wait_closed_by_peer(reader, 5.0)
+        finally:
+            writer.close()  # (a failure above must not leave the transport to the loop)
 
 
 def test_a_split_reads_share_moves_a_step_toward_the_slower_side_within_bounds() -> None:

@@ -184,7 +184,7 @@ def read(pid: int, address: int, dest: memoryview) -> None:
             is not mapped in the peer) or CMA is not supported here (ENOSYS).
         ValueError: ``dest`` is read-only.
     """
-    if dest.readonly:
+    if dest.readonly and len(dest):
         raise ValueError("the destination of a CMA read must be writable")
     _transfer(_process_vm_readv, "process_vm_readv", pid, address, dest)
 

@@ -388,10 +388,13 @@ class BulkTransfers:
         finally:
             # the mark: the peer's write is done, its answer (dropped when it comes) need not be waited for
             first = _MARK_ORDERED and int.from_bytes(mark, "little") == request_id
-            written = first or (_MARK_ORDERED and _marked(mark, request_id))
-            if _MARK_ORDERED and written:
+            written = (
+                first
+                or (_MARK_ORDERED and _marked(mark, request_id))
+                or await _written(answer, expires + _SPLIT_GRACE_NS)
+            )
+            if written and _MARK_ORDERED:
                 conn.split_share = next_share(share, first)
-            written = written or await _written(answer, expires + _SPLIT_GRACE_NS)
             conn.pending.pop(request_id, None)
         if not written:
             await _cma_copy(loop, conn, source, dest[:part], deadline)

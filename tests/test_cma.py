@@ -310,9 +310,9 @@ async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
         assert (
             3 * 3 * MIB * (SPLIT_WRITER_SHARE - 0.05) <= state["cma_bytes"] <= 3 * 3 * MIB * (SPLIT_WRITER_SHARE + 0.05)
         )
-        # the share moved by at most a step a read (none when the mark came late: the answer was awaited)
+        # the share moved a step a read: up when the server's part was in place as ours was, down when not
         moves = (engine._conns[server.address].split_share - SPLIT_WRITER_SHARE) / SPLIT_SHARE_STEP
-        assert abs(moves) <= 3 + 1e-9 and abs(moves - round(moves)) < 1e-9, moves
+        assert round(moves) in (-3, -1, 1, 3) and abs(moves - round(moves)) < 1e-9, moves
     assert "Traceback" not in server.log()
 
 

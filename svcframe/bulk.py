@@ -42,7 +42,7 @@ from .errors import (
     error_from_status,
 )
 from .monitoring import Monitor
-from .protocol import IncomingPull
+from .protocol import IncomingPull, WriteOffer
 from .wire import (
     F_CMA,
     F_INTO,
@@ -322,20 +322,41 @@ class BulkTransfers:
         pid = conn.peer_pid
         if pid is None or not conn.peer_cma:
             return False
-        status, address, _ = await self._bulk_op(
-            handle, Kind.BULK_PULL, offset, len(target), None, None, deadline - loop.time(), by_cma=True
-        )
-        if status != Status.OK:
-            if _cma_refused(status, address):
+        offer = None  # the owner may write part of the range into a buffer of the caller's as it answers
+        if conn.peer_cma_offer and isinstance(target, memoryview) and len(target) >= SPLIT_MIN_BYTES:
+            offer = _SplitWrite(loop, conn, conn.offer_share or SPLIT_OFFER_SHARE, dest=target)
+        try:
+            status, answer, _ = await self._bulk_op(
+                handle,
+                Kind.BULK_PULL,
+                offset,
+                len(target),
+                None,
+                None,
+                deadline - loop.time(),
+                by_cma=True,
+                offer=offer,
+            )
+        except BaseException:
+            if offer is not None:  # no answer: the owner may still write
+                await offer.settle()
+            raise
+        if status != Status.OK:  # (answered: an offer the owner did not take it will not take)
+            if offer is not None:
+                offer.drop()
+            if _cma_refused(status, answer):
                 conn.peer_cma = False  # the owner cannot serve it: the socket from now on
                 return False
-            raise error_from_status(status, address, "bulk pull", 0, _owner(handle))
-        if not isinstance(address, int) or address <= 0:
-            raise RemoteProtocolError(f"a cross-memory pull was answered with {address!r:.40}, not an address")
+            raise error_from_status(status, answer, "bulk pull", 0, _owner(handle))
+        address, part = answer if offer is not None and isinstance(answer, list) and len(answer) == 2 else (answer, 0)
+        if not (isinstance(address, int) and address > 0 and isinstance(part, int) and 0 <= part <= len(target)):
+            if offer is not None:  # the owner may be writing all the same
+                await offer.settle()
+            raise RemoteProtocolError(f"a cross-memory pull was answered with {answer!r:.40}, not an address")
         if isinstance(target, _LazyDest):
             target = target.materialize()  # the owner answered: now the destination is allocated
         try:
-            await self._cma_read(conn, handle.bulk_id, offset, address, target, deadline)
+            await self._cma_read(conn, handle.bulk_id, offset, address, target, deadline, offer, part)
         except OSError as exc:
             if exc.errno in _CMA_REFUSED:  # the kernel will keep refusing: the socket path from now on
                 conn.peer_cma = False
@@ -348,16 +369,25 @@ class BulkTransfers:
         return True
 
     async def _cma_read(
-        self, conn: Connection, bulk_id: bytes, offset: int, source: int, dest: memoryview, deadline: float | None
+        self,
+        conn: Connection,
+        bulk_id: bytes,
+        offset: int,
+        source: int,
+        dest: memoryview,
+        deadline: float | None,
+        offer: _SplitWrite | None = None,
+        part: int = 0,
     ) -> None:
         """Copy the peer's exposed range ``bulk_id[offset:offset + len(dest)]``, at address ``source`` in its
         memory, into ``dest``. A range of SPLIT_MIN_BYTES or more is a *split read* when the peer takes part
-        (``Connection.peer_cma_write``): we ask it to write the first part of the range (its share:
-        SPLIT_WRITER_SHARE) into ``dest`` (a BULK_PULL flagged CMA naming the destination, when the request expires and where to put
-        its mark) and copy the rest meanwhile, so that its core and ours copy at once; if it declines (busy,
-        or any error) we copy its part too. ``dest`` is not given back before the peer's mark is there, or it
-        answered, or its connection ended, or the request is ``_SPLIT_GRACE_NS`` past its expiry
-        (svcframe.cma), even if our caller is cancelled meanwhile.
+        (``Connection.peer_cma_write``): we ask it to write the first part of the range (its share of it,
+        ``Connection.split_share``) into ``dest`` (a BULK_PULL flagged CMA naming the destination, when the
+        request expires and where to put its mark) and copy the rest meanwhile, so that its core and ours copy
+        at once; if it declines (busy, or any error) we copy its part too. With ``offer`` the peer was asked
+        before it answered (``_offer_write``) and is writing the first ``part`` bytes already (none: it
+        declined). ``dest`` is not given back before the peer's mark is there, or it answered, or the request
+        is ``_SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
 
         Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
         and server on their own cores, medians of six runs): 7.2-8.4 GiB/s, 1.02-1.17x ``cma copy`` of the
@@ -370,36 +400,44 @@ class BulkTransfers:
         """
         loop = self._loop or asyncio.get_running_loop()
         size = len(dest)
-        share = conn.split_share or SPLIT_WRITER_SHARE
-        if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * share <= SPLIT_MAX_PART_BYTES):
-            await _cma_copy(loop, conn, source, dest, deadline)
-            return
-        part = int(size * share) & -_SPLIT_ALIGN  # the peer's: the first bytes
-        expires = time.monotonic_ns() + _SPLIT_EXPIRY_NS
-        mark = bytearray(8)  # the peer writes its request id here once its part is all in dest (svcframe.cma)
-        request_id = conn.next_request_id()
-        answer: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
-        conn.pending[request_id] = answer
-        mark_address = cma.buffer_address(memoryview(mark)) if _MARK_ORDERED else 0
-        fields = [bulk_id, offset, part, cma.buffer_address(dest), expires, mark_address]
-        conn.send(encode_frame(Kind.BULK_PULL, request_id, pack_body(fields), flags=F_CMA))
+        if offer is not None and not part:  # the peer declined its offer (e.g. it expired: a slow handler)
+            offer.drop()
+            offer = None
+        if offer is None:
+            share = conn.split_share or SPLIT_WRITER_SHARE
+            if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * share <= SPLIT_MAX_PART_BYTES):
+                await _cma_copy(loop, conn, source, dest, deadline)
+                return
+            part = int(size * share) & -_SPLIT_ALIGN  # the peer's: the first bytes
+            offer = _SplitWrite(loop, conn, share, offered=False)  # (its request: BULK_PULL flagged CMA, 6 fields)
+            fields = [bulk_id, offset, part, cma.buffer_address(dest), offer.expires_ns, offer.mark_address()]
+            conn.send(encode_frame(Kind.BULK_PULL, offer.request_id, pack_body(fields), flags=F_CMA))
         try:
             await _cma_copy(loop, conn, source + part, dest[part:], deadline)  # ours, while the peer writes
         finally:
-            # the mark: the peer's write is done, its answer (dropped when it comes) need not be waited for
-            first = _MARK_ORDERED and int.from_bytes(mark, "little") == request_id
-            written = (
-                first
-                or (_MARK_ORDERED and _marked(mark, request_id))
-                or await _written(answer, expires + _SPLIT_GRACE_NS)
-            )
-            if written and _MARK_ORDERED:
-                conn.split_share = next_share(share, first)
-            conn.pending.pop(request_id, None)
+            written = await offer.written()
         if not written:
             await _cma_copy(loop, conn, source, dest[:part], deadline)
         else:
             self.monitor.record_bulk("cma_written", conn.peer_label, part, 0)
+
+    def _offer_write(self, conn: Connection, request_id: int, dest: memoryview, request: bytes) -> _SplitWrite | None:
+        """Send an ``into=`` request ``request_id`` over ``unix://`` (the encoded frame ``request``), and, when
+        the peer takes offers (``Connection.peer_cma_offer``) and ``dest`` is SPLIT_MIN_BYTES or more, before it
+        in the same write an offer to write the first part of the result it will lend into ``dest`` (a
+        BULK_PULL flagged CMA and INTO, body ``[request id, destination, size, expires_ns, mark address, share
+        in 1/65536ths]``): its write then starts as its answer leaves, a round trip before a split read's
+        request would reach it. Returns the offer, or None when none was made. The caller ends the offer:
+        ``_take_lent`` with it, ``drop()`` when the request was answered without a lend, ``settle()`` when it
+        was not answered (cancelled, timed out, connection lost)."""
+        size = len(dest)
+        if not conn.peer_cma_offer or size < SPLIT_MIN_BYTES:
+            conn.send(request)
+            return None
+        share = conn.offer_share or SPLIT_OFFER_SHARE
+        offer = _SplitWrite(self._loop or asyncio.get_running_loop(), conn, share, dest=dest)
+        conn.send_many((offer.offer_frame(request_id), request))
+        return offer
 
     async def _cma_push(self, handle: BulkHandle, offset: int, src: memoryview, timeout_seconds: float | None) -> bool:
         """Push by cross-memory attach when the owner is a process of this node on a unix connection: the
@@ -457,8 +495,13 @@ class BulkTransfers:
         immutable ``bytes``) is exposed meanwhile under a fresh bulk id the answer carries, for the caller to
         pull over the socket should the kernel refuse the copy. False (answer with the data) when this engine
         or connection cannot take part, or results lent and not yet read are MAX_LENT_PER_CONNECTION on this
-        connection or hold MAX_LENT_BYTES in all."""
+        connection or hold MAX_LENT_BYTES in all.
+
+        When the caller offered it (``_offer_write``), we write the first part of the result into its buffer
+        ourselves once the answer has left, while it copies the rest: the answer then ends with that part's
+        size (0: declined, as ``_split_write_declined`` says, and the offer is answered so)."""
         size = len(view)
+        offer = conn.protocol.offers.pop(request_id, None) if conn.protocol.offers else None
         if (
             size < CMA_MIN_BYTES
             or not self.bulk_cma
@@ -471,8 +514,14 @@ class BulkTransfers:
         self._exposed[bulk_id] = (view, READ, None)
         conn.protocol.lent[request_id] = bulk_id
         self._lent_bytes += size
-        body = pack_body([size, cma.buffer_address(view), bulk_id])
-        conn.send(encode_frame(K_RESPONSE, request_id, body, flags=F_INTO | F_CMA, status=Status.LENT))
+        fields: list[Any] = [size, cma.buffer_address(view), bulk_id]
+        # (a handler running as a task is in flight until it answers: its own work is not another's)
+        part = self._offered_part(conn, offer, size, 1 if request_id in conn.serving else 0) if offer else 0
+        if offer is not None:
+            fields.append(part)
+        conn.send(encode_frame(K_RESPONSE, request_id, pack_body(fields), flags=F_INTO | F_CMA, status=Status.LENT))
+        if part:
+            self._write_offered(conn, offer, view[:part])  # type: ignore[arg-type]  # (part: an offer)
         return True
 
     def _release_lent(self, conn: Connection, request_id: int) -> None:
@@ -484,33 +533,45 @@ class BulkTransfers:
             entry[0].release()
 
     async def _take_lent(
-        self, conn: Connection, address: str, request_id: int, fields: Any, into: memoryview, deadline: float
+        self,
+        conn: Connection,
+        address: str,
+        request_id: int,
+        fields: Any,
+        into: memoryview,
+        deadline: float,
+        offer: _SplitWrite | None = None,
     ) -> int:
         """Copy a result lent by address (see ``_lend``) into ``into`` and release it; over the socket when the
-        kernel refuses the copy. Returns the result's size.
+        kernel refuses the copy. Returns the result's size. With ``offer`` (``_offer_write``) the answer says
+        how many of the first bytes the peer is writing itself.
 
         Raises:
-            RemoteProtocolError: the answer is not [size, address, bulk id]; ResultTooLarge: the result is
-            larger than ``into``; BulkError, DeadlineExceeded, ConnectionLost (the socket fallback).
+            RemoteProtocolError: the answer is not [size, address, bulk id] (and, to an offer, the bytes the
+            peer writes, at most the size); ResultTooLarge: the result is larger than ``into``; BulkError,
+            DeadlineExceeded, ConnectionLost (the socket fallback).
         """
         try:
             if (
                 not isinstance(fields, list)
-                or len(fields) != 3
+                or len(fields) != (3 if offer is None else 4)
                 or not all(isinstance(v, int) and v > 0 for v in fields[:2])
                 or not isinstance(fields[2], bytes)
                 or len(fields[2]) != BULK_ID_BYTES
+                or (offer is not None and not (isinstance(fields[3], int) and 0 <= fields[3] <= fields[0]))
             ):
                 raise RemoteProtocolError(f"a result lent by address was answered with {fields!r:.60}")
             size: int = fields[0]
             source: int = fields[1]
             bulk_id: bytes = fields[2]
+            part: int = fields[3] if offer is not None else 0
             if size > len(into):
                 raise ResultTooLarge(f"the result is {size} bytes; the buffer given as into= holds {len(into)}")
             loop = self._loop or asyncio.get_running_loop()
             dest = into[:size]
             try:
-                await self._cma_read(conn, bulk_id, 0, source, dest, deadline)
+                ending, offer = offer, None  # (ended by _cma_read, whatever happens there)
+                await self._cma_read(conn, bulk_id, 0, source, dest, deadline, ending, part)
                 self.cma_bytes += size
                 return size
             except OSError as exc:
@@ -522,6 +583,8 @@ class BulkTransfers:
             await self.pull(handle, dest, timeout_seconds=max(deadline - loop.time(), 0.0))
             return size
         finally:
+            if offer is not None:  # a bad answer: the peer may be writing all the same
+                await offer.settle()
             if not conn.closed:
                 conn.send(encode_frame(K_CANCEL, request_id))  # read (or given up): the owner may let it go
 
@@ -536,10 +599,11 @@ class BulkTransfers:
         timeout_seconds: float | None,
         *,
         by_cma: bool = False,
+        offer: _SplitWrite | None = None,
     ) -> tuple[int, Any, int]:
         """Send a BULK_PULL or BULK_PUSH and wait for its completion. A push sends its data frames, or with
         ``by_cma`` the address of ``src`` for the owner to read; a pull with ``by_cma`` asks for the
-        range's address instead of its data."""
+        range's address instead of its data, after ``offer`` when given (``_SplitWrite.offer_frame``)."""
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
@@ -569,7 +633,9 @@ class BulkTransfers:
                 kind, request_id, pack_body([handle.bulk_id, offset, size]), deadline_usec=deadline_usec
             )
         try:
-            if src is None or by_cma:
+            if offer is not None:
+                conn.send_many((offer.offer_frame(request_id), header))
+            elif src is None or by_cma:
                 conn.send(header)
             else:
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
@@ -670,6 +736,9 @@ class BulkTransfers:
         return view[offset : offset + size], None, size, more
 
     def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
+        if frame[1] & F_INTO:  # (flagged CMA too) not a pull: an offer for a request of the peer's
+            self._on_write_offer(conn, frame)
+            return
         view, error, size, more = self._bulk_request(conn, frame, READ)
         if view is None:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
@@ -678,11 +747,18 @@ class BulkTransfers:
             self._serve_cma_write(conn, frame, view, *more)
             return
         if frame[1] & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
+            offer = conn.protocol.offers.pop(frame[4], None) if conn.protocol.offers else None
             if conn.peer_pid is None or not self.bulk_cma:
                 self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
-            else:
+            elif offer is None:
                 self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
                 self._reply(conn, frame, Status.OK, pack_body(cma.buffer_address(view)))
+            else:  # and with the part of it we write ourselves (its offer: _offered_part)
+                self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
+                part = self._offered_part(conn, offer, size, 0)
+                self._reply(conn, frame, Status.OK, pack_body([cma.buffer_address(view), part]))
+                if part:
+                    self._write_offered(conn, offer, view[:part])
             return
         self.monitor.record_bulk("served_pull", conn.peer_label, size, 0)
         if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one frame, room to write: inline
@@ -717,48 +793,124 @@ class BulkTransfers:
         self, conn: Connection, frame: Frame, view: memoryview, dest: int, expires_ns: int, mark_address: int
     ) -> None:
         """The first part of a split read (``_cma_read``): write the exposed range into the puller's
-        destination, at once, then the request id (8 bytes, little-endian) at ``mark_address`` (unless 0), in
-        one ``process_vm_writev``, and answer. Declined (BULK_ERROR, the puller then copies the range itself)
-        when this engine does not do cross-memory attach, when it is busy (a handler
-        or a transfer of ours in flight: our core is not idle, and the puller's own copy does not wait for it),
-        when the range is over SPLIT_MAX_PART_BYTES (it would hold the loop), when the peer asks for more than
+        destination, at once, then the request id at ``mark_address``, and answer; or decline
+        (``_split_write_declined``: the puller then copies the range itself)."""
+        why = self._split_write_declined(conn, len(view), expires_ns, 0)
+        if why is None:
+            self._split_write(conn, frame[4], dest, view, mark_address)
+        else:
+            self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: write declined: {why}")
+
+    def _split_write_declined(self, conn: Connection, size: int, expires_ns: int, own: int) -> str | None:
+        """Why we do not write ``size`` bytes of a split read into the peer's memory now, or None: we do not do
+        cross-memory attach; we are busy (more than ``own`` handlers, calls or transfers of ours in flight: our
+        core is not idle, and the reader's own copy does not wait for us); the peer asks for more than
         SPLIT_WRITE_SHARE_OF_TIME of our time (a token bucket, in seconds of writing, of at most
-        SPLIT_WRITE_BURST_SECONDS: a request costs a few bytes and its write up to a millisecond of our loop,
-        so a peer that keeps asking gets what a reader at full speed gets and no more), or past ``expires_ns``
-        (``time.monotonic_ns``): the puller may have given the destination back by then (svcframe.cma)."""
+        SPLIT_WRITE_BURST_SECONDS: a request costs a few bytes and its write up to a millisecond of our loop, so
+        a peer that keeps asking gets what a reader at full speed gets and no more); the part is over
+        SPLIT_MAX_PART_BYTES (it would hold the loop); the peer is gone; or it is past ``expires_ns``
+        (``time.monotonic_ns``: the reader may have given its buffer back by then: svcframe.cma)."""
         pid, process = conn.peer_pid, conn.peer_process
-        size = len(view)
         now = time.monotonic()
-        allowance = min(
+        conn.cma_write_allowance = min(
             conn.cma_write_allowance + (now - conn.cma_write_reckoned) * SPLIT_WRITE_SHARE_OF_TIME,
             SPLIT_WRITE_BURST_SECONDS,
         )
         conn.cma_write_reckoned = now
-        if pid is None or process is None or not self.bulk_cma:
-            why = "not available on this connection"
-        elif self.progress.inflight > 0:
-            why = "busy"
-        elif allowance <= 0:
-            why = f"this peer's writes took over {SPLIT_WRITE_SHARE_OF_TIME:.0%} of our time"
-        elif size > SPLIT_MAX_PART_BYTES:
-            why = f"{size} bytes is over {SPLIT_MAX_PART_BYTES} for one write"
-        elif not process.alive():
-            why = f"the peer's process {pid} is gone"
-        elif time.monotonic_ns() > expires_ns:
-            why = "the request expired"
-        else:
-            try:
-                cma.write(pid, dest, view, mark_address, frame[4].to_bytes(8, "little"))
-            except OSError as exc:
-                self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
-                return
-            finally:
-                conn.cma_write_allowance = allowance - (time.monotonic() - now)
-            self.cma_bytes += size
-            self.monitor.record_bulk("served_cma_write", conn.peer_label, size, 0)
-            self._reply(conn, frame, Status.OK, b"")
+        if pid is None or process is None or not self.bulk_cma or conn.closed:
+            return "not available on this connection"
+        if self.progress.inflight > own:
+            return "busy"
+        if conn.cma_write_allowance <= 0:
+            return f"this peer's writes took over {SPLIT_WRITE_SHARE_OF_TIME:.0%} of our time"
+        if size > SPLIT_MAX_PART_BYTES:
+            return f"{size} bytes is over {SPLIT_MAX_PART_BYTES} for one write"
+        if not process.alive():
+            return f"the peer's process {pid} is gone"
+        if time.monotonic_ns() > expires_ns:
+            return "the request expired"
+        return None
+
+    def _split_write(self, conn: Connection, request_id: int, dest: int, view: memoryview, mark_address: int) -> None:
+        """Write ``view`` at ``dest`` in the peer's memory, then ``request_id`` (8 bytes, little-endian) at
+        ``mark_address`` (unless 0), in one ``process_vm_writev``, and answer ``request_id`` (OK, or BULK_ERROR
+        "cma: ..." when the kernel refused). Its time counts against the peer's allowance."""
+        start = time.monotonic()
+        try:
+            cma.write(conn.peer_pid, dest, view, mark_address, request_id.to_bytes(8, "little"))  # type: ignore[arg-type]
+        except OSError as exc:
+            conn.send(encode_frame(K_RESPONSE, request_id, pack_body(f"cma: {exc}"), status=Status.BULK_ERROR))
             return
-        self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: write declined: {why}")
+        finally:
+            conn.cma_write_allowance -= time.monotonic() - start
+        self.cma_bytes += len(view)
+        self.monitor.record_bulk("served_cma_write", conn.peer_label, len(view), 0)
+        conn.send(encode_frame(K_RESPONSE, request_id, b"", status=Status.OK))
+
+    def _on_write_offer(self, conn: Connection, frame: Frame) -> None:
+        """A peer's offer (``_offer_write``: a BULK_PULL flagged CMA and INTO, body ``[request id,
+        destination, size, expires_ns, mark address, share]``, ints, the share in 1/65536ths): kept in
+        ``Protocol.offers`` for ``_lend`` to use on that request's result. Declined at once (BULK_ERROR) when
+        MAX_LENT_PER_CONNECTION offers not yet expired are kept, or one for that request is.
+
+        Raises:
+            RemoteProtocolError (after BAD_REQUEST and GOODBYE): a malformed body.
+        """
+        try:
+            fields = unpack_body(frame.body or b"")
+            if not (
+                isinstance(fields, list)
+                and len(fields) == 6
+                and all(type(v) is int and v >= 0 for v in fields)
+                and fields[0] > 0
+                and 0 < fields[5] <= _SHARE_ONE
+            ):
+                raise ValueError
+        except (ProtocolError, ValueError, TypeError) as exc:
+            why = str(exc) if isinstance(exc, ProtocolError) else (
+                "expected [request id > 0, destination, size, expires_ns, mark address, share 1..65536], ints >= 0"
+            )  # fmt: skip
+            raise self._bad_body(conn, frame, f"malformed write offer: {why}") from None
+        offers = conn.protocol.offers
+        if len(offers) >= MAX_LENT_PER_CONNECTION:  # first, forget the expired ones (results answered otherwise)
+            now = time.monotonic_ns()
+            for request_id in [r for r, offer in offers.items() if offer.expires_ns < now]:
+                del offers[request_id]
+        if len(offers) >= MAX_LENT_PER_CONNECTION or fields[0] in offers:
+            self._reply_error(conn, frame, Status.BULK_ERROR, "cma: write declined: too many offers")
+            return
+        offers[fields[0]] = WriteOffer(frame[4], *fields[1:])
+
+    def _offered_part(self, conn: Connection, offer: WriteOffer, size: int, own: int) -> int:
+        """The bytes of a ``size``-byte answer we write ourselves on ``offer`` (its share of them, on a
+        _SPLIT_ALIGN boundary); 0 when we decline (``_split_write_declined``, or no such part: the answer is
+        under SPLIT_MIN_BYTES, or the part over the offered buffer), the offer then answered so."""
+        part = (size * offer.share >> 16) & -_SPLIT_ALIGN if size >= SPLIT_MIN_BYTES else 0
+        if not 0 < part <= offer.size:
+            why: str | None = f"no part of {size} bytes to write at a share of {offer.share / _SHARE_ONE:.2f}"
+        else:
+            why = self._split_write_declined(conn, part, offer.expires_ns, own)
+        if why is None:
+            return part
+        conn.send(
+            encode_frame(
+                K_RESPONSE, offer.request_id, pack_body(f"cma: write declined: {why}"), status=Status.BULK_ERROR
+            )
+        )
+        return 0
+
+    def _write_offered(self, conn: Connection, offer: WriteOffer, view: memoryview) -> None:
+        """Write the part ``_offered_part`` gave, once the answer that names it has left (the reader copies
+        the rest meanwhile), and answer the offer."""
+        conn.flush()
+        self._split_write(conn, offer.request_id, offer.dest, view, offer.mark)
+
+    def _withdraw_offer(self, conn: Connection, request_id: int) -> None:
+        """The peer cancelled its request ``request_id``: decline its offer, if any (its caller waits for that)."""
+        offer = conn.protocol.offers.pop(request_id, None)
+        if offer is not None:
+            body = pack_body("cma: write declined: the request was cancelled")
+            conn.send(encode_frame(K_RESPONSE, offer.request_id, body, status=Status.BULK_ERROR))
 
     def _serve_cma_push(
         self, conn: Connection, frame: Frame, view: memoryview | None, error: str | None, source: int
@@ -838,6 +990,8 @@ SPLIT_MIN_BYTES = 1024 * 1024
 #: socket), then adapted per connection by SPLIT_SHARE_STEP a read, up when the writer had ended when the
 #: reader did, down when not (``next_share``): the two end together, whatever each copy's speed.
 SPLIT_WRITER_SHARE = 0.45
+#: ... and of a read by offer (``_offer_write``: the writer starts first, as its answer leaves)
+SPLIT_OFFER_SHARE = 0.55
 SPLIT_SHARE_STEP = 0.01
 SPLIT_SHARE_MIN, SPLIT_SHARE_MAX = 0.2, 0.8
 #: The most one split-read write may copy, in bytes: it runs on the writer's event loop (about 1 ms at most).
@@ -847,6 +1001,7 @@ SPLIT_MAX_PART_BYTES = 8 * 1024 * 1024
 SPLIT_WRITE_SHARE_OF_TIME = 0.75
 SPLIT_WRITE_BURST_SECONDS = 0.005
 _SPLIT_ALIGN = 64 * 1024  # the parts meet on a page boundary (a multiple of every page size in use)
+_SHARE_ONE = 1 << 16  # an offer's share travels in 1/65536ths
 #: The peer's mark shows its part is in place only where the CPU keeps the order of stores (x86-64's TSO:
 #: the kernel copies the mark after the data); elsewhere the reader waits for the peer's answer.
 _MARK_ORDERED = platform.machine().lower() in ("x86_64", "amd64")
@@ -945,6 +1100,84 @@ async def _written(answer: asyncio.Future[tuple[int, Any, int]], until_ns: int) 
         answer.cancel()
         return False
     return not answer.cancelled() and answer.exception() is None and answer.result()[0] == Status.OK
+
+
+class _SplitWrite:
+    """The reader's side of one write the peer makes into our buffer (a split read's first part): the
+    request id its answer comes under, the mark it writes once its part is in place, when the request
+    expires, and the share of the read it was asked for (``offered``: by ``_offer_write``, else by a split
+    read's request, ``_cma_read``). Every one is ended by ``written``, ``drop`` or ``settle``."""
+
+    __slots__ = ("answer", "conn", "dest", "expires_ns", "mark", "offered", "request_id", "share")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: Connection,
+        share: float,
+        *,
+        dest: memoryview | None = None,
+        offered: bool = True,
+    ) -> None:
+        self.conn = conn
+        self.dest = dest  # an offer's: the buffer it offers to have written
+        self.share = share
+        self.offered = offered
+        self.request_id = conn.next_request_id()
+        self.answer: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
+        conn.pending[self.request_id] = self.answer
+        self.mark = bytearray(8)  # the peer writes our request id here once its part is all in place (svcframe.cma)
+        self.expires_ns = time.monotonic_ns() + _SPLIT_EXPIRY_NS
+
+    def offer_frame(self, request_id: int) -> bytes:
+        """The offer to write our share of the answer to our request ``request_id`` into ``dest``, sent just
+        before that request (BULK_PULL flagged CMA and INTO, its body ``[request id, destination, size,
+        expires_ns, mark address, share in 1/65536ths]``: ``BulkTransfers._on_write_offer``)."""
+        dest = self.dest
+        assert dest is not None
+        fields = [request_id, cma.buffer_address(dest), len(dest), self.expires_ns, self.mark_address(),
+                  int(self.share * _SHARE_ONE)]  # fmt: skip
+        return encode_frame(Kind.BULK_PULL, self.request_id, pack_body(fields), flags=F_CMA | F_INTO)
+
+    def mark_address(self) -> int:
+        """Where the peer writes its mark; 0 (no mark: wait for its answer) where stores may be reordered."""
+        return cma.buffer_address(memoryview(self.mark)) if _MARK_ORDERED else 0
+
+    async def written(self) -> bool:
+        """Once our own part is copied: True when the peer wrote its part (its mark is there, or it answered
+        so), False when it did not and will not (it declined, or the request is ``_SPLIT_GRACE_NS`` past its
+        expiry). Waits through a cancellation of our caller (re-raised after: see ``_written``). Moves the
+        connection's share a step (``next_share``) toward where the two copies end together."""
+        conn, request_id = self.conn, self.request_id
+        first = _MARK_ORDERED and int.from_bytes(self.mark, "little") == request_id
+        try:
+            written = (
+                first
+                or (_MARK_ORDERED and _marked(self.mark, request_id))
+                or await _written(self.answer, self.expires_ns + _SPLIT_GRACE_NS)
+            )
+        finally:
+            conn.pending.pop(request_id, None)  # (an answer after the mark is dropped when it comes)
+        if written and _MARK_ORDERED:
+            if self.offered:
+                conn.offer_share = next_share(self.share, first)
+            else:
+                conn.split_share = next_share(self.share, first)
+        return written
+
+    def drop(self) -> None:
+        """The peer will not write (its request was answered without a lend, or it declined): forget it."""
+        self.conn.pending.pop(self.request_id, None)
+
+    async def settle(self) -> None:
+        """The offer's request was not answered (cancelled, timed out, connection lost) or answered wrongly: wait
+        until the peer cannot be writing (its mark or answer, or the grace after the expiry; through a
+        cancellation of our caller, re-raised after)."""
+        try:
+            if not (_MARK_ORDERED and int.from_bytes(self.mark, "little") == self.request_id):
+                await _written(self.answer, self.expires_ns + _SPLIT_GRACE_NS)
+        finally:
+            self.conn.pending.pop(self.request_id, None)
 
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:

@@ -52,6 +52,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
+    from .bulk import _SplitWrite
     from .progress import Progress
     from .transport import Connection
 
@@ -84,8 +85,18 @@ class Calls:
 
         async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
         async def _take_lent(
-            self, conn: Connection, address: str, request_id: int, fields: Any, into: memoryview, deadline: float
+            self,
+            conn: Connection,
+            address: str,
+            request_id: int,
+            fields: Any,
+            into: memoryview,
+            deadline: float,
+            offer: _SplitWrite | None = None,
         ) -> int: ...
+        def _offer_write(
+            self, conn: Connection, request_id: int, dest: memoryview, request: bytes
+        ) -> _SplitWrite | None: ...
 
     def call(
         self,
@@ -226,15 +237,19 @@ class Calls:
         future: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
         pending = conn.pending
         pending[request_id] = future
-        if into is not None:
-            conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
-        conn.send_request(
-            request_frame(
-                flags, provider_id, rid, request_id, deadline_usec, parent_provider, parent_rpc, callpath,
-                trace_id, span_id, lamport, body,
-            ),
-            len(pending) > 1,
+        request = request_frame(
+            flags, provider_id, rid, request_id, deadline_usec, parent_provider, parent_rpc, callpath,
+            trace_id, span_id, lamport, body,
         )  # fmt: skip
+        offer = None
+        if into is None:
+            conn.send_request(request, len(pending) > 1)
+        else:
+            conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
+            if flags & F_CMA:  # the server may write part of a lent result itself (svcframe.bulk)
+                offer = self._offer_write(conn, request_id, into, request)
+            else:
+                conn.send_request(request, len(pending) > 1)
         t1 = perf_ns() if t0 else 0
         progress = self.progress
         progress.inflight += 1
@@ -255,6 +270,8 @@ class Calls:
             pending.pop(request_id, None)
             if into is not None:
                 conn.protocol.pulls.pop(request_id, None)
+            if offer is not None and status < 0:  # no answer: the server may still lend, and write its part
+                await offer.settle()
             progress.inflight -= 1
             if not progress.blocking:
                 progress.activity()
@@ -271,7 +288,9 @@ class Calls:
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
                               parent_span, lamport, address, S_OK if status == _S_LENT else status, provider_id)  # fmt: skip
         if status == _S_LENT and flags & F_CMA:
-            return await self._take_lent(conn, address, request_id, payload, into, start + timeout)
+            return await self._take_lent(conn, address, request_id, payload, into, start + timeout, offer)
+        if offer is not None:  # answered without a lend: the server will not write
+            offer.drop()
         if status == S_OK:
             if into is not None and into_pull.overflowed:
                 raise too_large(name, provider_id, address, payload, len(into))

@@ -554,6 +554,8 @@ class Engine(Calls, Handlers, BulkTransfers, EngineState):
                     task.cancel()
                 elif conn.protocol.lent:  # the caller has read a result lent by address: take it back
                     self._release_lent(conn, frame.request_id)
+                if conn.protocol.offers:  # a cancelled into= call: its write offer is declined
+                    self._withdraw_offer(conn, frame.request_id)
             elif kind == K_GOODBYE:
                 conn.goodbye_received(frame)
                 return

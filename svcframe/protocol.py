@@ -43,7 +43,7 @@ import enum
 import hmac
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .decoder import FrameDecoder
 from .errors import (
@@ -131,6 +131,8 @@ class Peer:
         authenticated: the shared secret was proved (by the peer on the server side, both ways on the client).
         cma_write: with ``cma``, it also writes a range of its own into our memory when we ask (the other half
             of a split read: ``svcframe.bulk``); peers before this field do not.
+        cma_offer: with ``cma_write``, it also takes an offer made before a request (a BULK_PULL flagged CMA
+            and INTO): it writes its part of the result it lends when it lends it (``svcframe.bulk``).
     """
 
     engine_id: str
@@ -139,6 +141,7 @@ class Peer:
     cma: bool
     authenticated: bool
     cma_write: bool = False
+    cma_offer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,20 @@ class IncomingPull:
         self.cursor = 0
         self.overflow_ok = overflow_ok
         self.overflowed = False
+
+
+class WriteOffer(NamedTuple):
+    """The peer's offer for one of its requests, an ``into=`` call over ``unix://`` (a BULK_PULL flagged CMA and
+    INTO, sent before the request): should we lend that request's result by address, we write its first part
+    into the peer's memory ourselves (``svcframe.bulk``: a split read whose write starts when the answer
+    leaves, not a round trip later). Kept in ``Protocol.offers`` under the request's id."""
+
+    request_id: int  # the offer's own id: answered once, when its part is written or declined
+    dest: int  # the address of the peer's buffer, in its memory
+    size: int  # bytes there
+    expires_ns: int  # time.monotonic_ns() after which it is declined (the peer may have given the buffer back)
+    mark: int  # where our request id goes once the part is in place (0: nowhere)
+    share: int  # our part of the result, in 1/65536ths
 
 
 class IncomingPush:
@@ -222,6 +239,7 @@ class Protocol:
         "into",
         "lent",
         "max_pushes",
+        "offers",
         "peer",
         "pending",
         "phase",
@@ -253,6 +271,9 @@ class Protocol:
         #: request id -> bulk id of a result lent by address (a read into the caller's buffer by cross-memory
         #: attach), exposed until the caller says it has read it (CANCEL) or the connection ends
         self.lent: dict[int, bytes] = {}
+        #: request id -> the peer's offer to have our part of its result written (svcframe.bulk), until that
+        #: result is answered or the offer expires
+        self.offers: dict[int, WriteOffer] = {}
         self._refused_pushes: dict[int, int] = {}  # request id -> bytes of refused push data still to discard
         self.decoder = FrameDecoder(max_body_bytes, self._bulk_sink)
         self.decoder.legal_kinds = _HANDSHAKE_MASK
@@ -293,6 +314,7 @@ class Protocol:
                 "max_body_bytes": self.decoder.max_body_bytes,
                 "cma": self.identity.cma,
                 "cma_write": self.identity.cma,
+                "cma_offer": self.identity.cma,
             }
             self._out.append(encode_frame(Kind.HELLO, 0, pack_body(hello)))
 
@@ -421,7 +443,8 @@ class Protocol:
             max_body_bytes=limit,
             cma=(cma := hello.get("cma") is True and self._peer_on_node),
             authenticated=authenticated,
-            cma_write=cma and hello.get("cma_write") is True,
+            cma_write=(cma_write := cma and hello.get("cma_write") is True),
+            cma_offer=cma_write and hello.get("cma_offer") is True,
         )
 
     def _server_hello(self, hello: dict[str, Any]) -> Closed | None:
@@ -459,6 +482,7 @@ class Protocol:
             "max_body_bytes": self.decoder.max_body_bytes,
             "cma": self.identity.cma,
             "cma_write": self.identity.cma,
+            "cma_offer": self.identity.cma,
         }
         secret = self.identity.secret
         if secret is None:

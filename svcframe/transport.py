@@ -162,8 +162,11 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         self.peer_max_body_bytes = DEFAULT_MAX_BODY_BYTES
         self.peer_cma = False
         self.peer_cma_write = False
-        #: the share of a split read the peer writes (svcframe.bulk._cma_read adapts it; 0: not yet)
+        self.peer_cma_offer = False
+        #: the share of a split read the peer writes, asked after its answer (svcframe.bulk._cma_read) and
+        #: offered before it (svcframe.bulk._offer_write), each adapted per read (0: not yet)
         self.split_share = 0.0
+        self.offer_share = 0.0
         #: split-read writes this peer may still ask of us now, in bytes (svcframe.bulk._serve_cma_write), and
         #: when that was reckoned (time.monotonic())
         self.cma_write_allowance = 0.0
@@ -311,12 +314,8 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         if isinstance(event, Opened):
             peer = event.peer
             self.peer_engine_id, self.peer_address = peer.engine_id, peer.address
-            self.peer_max_body_bytes, self.peer_cma, self.peer_cma_write, self.authenticated = (
-                peer.max_body_bytes,
-                peer.cma,
-                peer.cma_write,
-                peer.authenticated,
-            )
+            self.peer_max_body_bytes, self.authenticated = peer.max_body_bytes, peer.authenticated
+            self.peer_cma, self.peer_cma_write, self.peer_cma_offer = peer.cma, peer.cma_write, peer.cma_offer
             # Statistics are kept per peer label: a server's address, or for client-only peers (no address) one
             # label per client host, so churn of short connections from ephemeral ports adds no record (issue 13).
             self.peer_label = peer.address or f"clients@{self.peer_host or 'local'}"
@@ -437,6 +436,12 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         cork, self._cork = self._cork, None
         if cork and not self.closed:
             self._write(cork)
+
+    def flush(self) -> None:
+        """Write what was sent so far now, even inside a received batch (before a long synchronous step that
+        the peer should not wait for, as ``svcframe.bulk._lend``'s write of an offered part)."""
+        if self._batch:
+            self._flush_batch()
 
     def _flush_batch(self) -> None:
         """Write what a large batch has produced so far (bounds its memory; checks the output cap)."""

@@ -116,7 +116,8 @@ class Kind(enum.IntEnum):
     CANCEL = 4
     BULK_PULL = 5  # request: body [bulk_id, offset, length]; answered by BULK_DATA_REPLY frames + RESPONSE
     # (flagged CMA: answered by the range's address; with [.., destination, expires_ns, mark address] added,
-    # by writing the range there: svcframe.bulk, split reads)
+    # by writing the range there: svcframe.bulk, split reads; flagged CMA and INTO, no pull but an offer for
+    # the sender's next request: [request id, destination, size, expires_ns, mark address, share])
     BULK_PUSH = 6  # request: body [bulk_id, offset, length]; followed by BULK_DATA_PUSH frames
     # (flagged CMA: [.., source address], which the owner reads)
     BULK_DATA_REPLY = 7  # raw data for the receiver's own request `request_id` (a pull)

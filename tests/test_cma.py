@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import check_until
+from conftest import check_until, wait_until
 from reliability_kit import RELTEST_ID, Procs, service_config
 from reliability_provider import pattern
 
@@ -285,11 +285,12 @@ async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
     procs: Procs, tmp_path: Path, sockdir: Path
 ) -> None:
     """``call(..., into=buffer)`` over unix: the server lends its bytes result by address and, idle, writes its
-    first part into our buffer (process_vm_writev) while we copy the rest (process_vm_readv), then we release
-    it; nothing stays exposed on the server, the socket carried no data. A buffer below CMA_MIN_BYTES, and a
+    first part into our buffer (process_vm_writev: offered with the request, or asked for after the answer
+    when the offer expired) while we copy the rest (process_vm_readv), then we release it; nothing stays
+    exposed on the server, the socket carried no data. A buffer below CMA_MIN_BYTES, and a
     result larger than the buffer, take the socket path and its errors."""
     from svcframe import ResultTooLarge
-    from svcframe.bulk import SPLIT_SHARE_STEP, SPLIT_WRITER_SHARE
+    from svcframe.bulk import SPLIT_OFFER_SHARE, SPLIT_SHARE_MAX, SPLIT_SHARE_MIN, SPLIT_SHARE_STEP, SPLIT_WRITER_SHARE
 
     server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/i.sock"))
     async with Engine(None) as engine:
@@ -307,12 +308,15 @@ async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
             await engine.call(server.address, "read", {"size": 5 * MIB, "seed": 5}, provider_id=RELTEST_ID, into=buf)
         state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
         assert state["exposed"] == 0  # every lent result released
-        assert (
-            3 * 3 * MIB * (SPLIT_WRITER_SHARE - 0.05) <= state["cma_bytes"] <= 3 * 3 * MIB * (SPLIT_WRITER_SHARE + 0.05)
-        )
-        # the share moved a step a read: up when the server's part was in place as ours was, down when not
-        moves = (engine._conns[server.address].split_share - SPLIT_WRITER_SHARE) / SPLIT_SHARE_STEP
-        assert round(moves) in (-3, -1, 1, 3) and abs(moves - round(moves)) < 1e-9, moves
+        assert 9 * MIB * (SPLIT_SHARE_MIN - 0.05) <= state["cma_bytes"] <= 9 * MIB * (SPLIT_SHARE_MAX + 0.05)
+        # each read moved a share a step (up when the server's part was in place as ours was, down when not): the
+        # share offered with the request, or, when the offer had expired (a slow first result), the share asked
+        # for after the answer
+        conn = engine._conns[server.address]
+        moves = [(share - start) / SPLIT_SHARE_STEP for share, start in
+                 ((conn.offer_share, SPLIT_OFFER_SHARE), (conn.split_share, SPLIT_WRITER_SHARE)) if share]  # fmt: skip
+        assert all(abs(m - round(m)) < 1e-9 for m in moves) and sum(abs(round(m)) for m in moves) in (1, 3), moves
+        assert not conn.pending and not conn.protocol.offers  # every offer's answer taken or dropped
     assert "Traceback" not in server.log()
 
 
@@ -329,7 +333,8 @@ async def test_a_busy_server_leaves_the_whole_split_read_to_the_reader(
     async with Engine(None) as engine:
         buf = bytearray(size)
         sleeper = asyncio.ensure_future(engine.call(server.address, "sleep", 30, provider_id=RELTEST_ID))
-        try:
+        try:  # (sent before the reads: an offer made with a read is taken up as the server answers it)
+            await wait_until(lambda: len(getattr(engine._conns.get(server.address), "pending", ())) == 1)
             for seed in range(2):
                 n = await engine.call(server.address, "read", {"size": size, "seed": seed}, provider_id=RELTEST_ID,
                                       into=buf)  # fmt: skip
@@ -566,3 +571,151 @@ async def test_a_caller_that_never_reads_what_it_was_lent_holds_little(
             return not state["exposed"]
 
         await check_until(nothing_lent, what="no buffer lent to the ended connection")
+
+
+@uvloop_test
+async def test_an_offer_has_the_owner_write_its_part_as_it_answers(sockdir: Path) -> None:
+    """With a read into the caller's buffer, and with a pull into one, the reader offers its buffer before
+    the request: the owner writes its part as its answer leaves (no request after the answer), the reader
+    copies the rest; the bytes are the owner's, each read moves the offered share a step, and no offer or
+    answer is left behind on either side."""
+    from svcframe.bulk import SPLIT_OFFER_SHARE, SPLIT_SHARE_STEP
+
+    size = 3 * MIB
+    results = [pattern(size, seed) for seed in range(3)]
+    async with Engine(f"unix://{sockdir}/o.sock") as server, Engine(None) as client:
+        server.register(1, "read", lambda req, seed: results[seed])
+        handle = server.expose(results[2], "r")
+        buf = bytearray(4 * MIB)
+        for seed in range(2):
+            n = await client.call(server.address, "read", seed, provider_id=1, into=buf)
+            assert n == size and buf[:n] == results[seed]
+        target = bytearray(size)
+        await client.pull(handle, target)
+        assert target == results[2]
+        assert _bulk_counts(client).get("cma_written") == 3 and _bulk_counts(server).get("served_cma_write") == 3
+        conn = client._conns[server.address]
+        moves = (conn.offer_share - SPLIT_OFFER_SHARE) / SPLIT_SHARE_STEP
+        assert round(moves) in (-3, -1, 1, 3) and abs(moves - round(moves)) < 1e-9, moves
+        assert conn.split_share == 0.0  # no split read was asked for after an answer
+        assert not conn.pending and not server._peers[client.engine_id].protocol.offers
+
+
+@uvloop_test
+async def test_a_cancelled_read_is_never_written_by_its_offer(sockdir: Path) -> None:
+    """A read into the caller's buffer cancelled while its handler runs: the cancellation withdraws the offer
+    (its answer ends the caller's wait for it), so even a handler that ignores the cancellation and returns
+    its result leaves the caller's buffer untouched; the caller's next read works."""
+    import asyncio
+    import contextlib
+
+    size = 2 * MIB
+    data = pattern(size, 5)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(req: Any, arg: Any) -> bytes:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):  # (answers all the same)
+            await release.wait()
+        return data
+
+    async with Engine(f"unix://{sockdir}/c.sock") as server, Engine(None) as client:
+        server.register(1, "stubborn", stubborn)
+        server.register(1, "read", lambda req, arg: data)
+        buf = bytearray(size)
+        call = asyncio.ensure_future(client.call(server.address, "stubborn", None, provider_id=1, into=buf))
+        await asyncio.wait_for(entered.wait(), 10)
+        accepted = server._peers[client.engine_id]
+        assert len(accepted.protocol.offers) == 1
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await wait_until(lambda: not accepted.serving, what="the stubborn handler's end")
+        assert not accepted.protocol.offers and buf == bytes(size), "the cancelled read's buffer was written"
+        n = await client.call(server.address, "read", None, provider_id=1, into=buf)
+        assert n == size and buf == data
+        assert not client._conns[server.address].pending
+
+
+@uvloop_test
+async def test_write_offers_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdir: Path) -> None:
+    """At the protocol level, a read into the caller's buffer offered to the server: the answer (LENT) names
+    the part the server writes, then the offer is answered (OK once written, with its id as the mark); an
+    offer into an address not mapped in the caller is answered with a "cma:" error (EFAULT) and the connection
+    kept; an expired one is declined (part 0); a CANCEL of the request declines its offer; past
+    MAX_LENT_PER_CONNECTION offers kept at once the next is declined; a malformed offer is a bad frame."""
+    import time
+
+    import msgpack
+    from reliability_kit import open_raw, raw_handshake, read_frame, request, secret, wait_closed_by_peer
+
+    from svcframe.bulk import MAX_LENT_PER_CONNECTION
+    from svcframe.wire import Flag, Kind, Status, encode_frame, pack_body, unpack_body
+
+    server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/r.sock"))
+    size = 2 * MIB
+    dest = ctypes.create_string_buffer(size)
+    mark = ctypes.create_string_buffer(8)
+    later = time.monotonic_ns() + 60 * 10**9
+    half = 1 << 15  # a share of 0.5, in 1/65536ths
+    reader, writer = await open_raw(server.address)
+    try:
+        await raw_handshake(reader, writer, secret())
+
+        def offer(oid: int, rid: int, *, to: int = 0, expires: int = later, mark_at: int = 0) -> bytes:
+            fields = [rid, to or ctypes.addressof(dest), size, expires, mark_at, half]
+            return encode_frame(Kind.BULK_PULL, oid, pack_body(fields), flags=Flag.CMA | Flag.INTO)
+
+        def read(rid: int, seed: int) -> bytes:
+            body = msgpack.packb({"size": size, "seed": seed})
+            return request(rid, RELTEST_ID, "read", body, flags=Flag.INTO | Flag.CMA)
+
+        async def answers(n: int) -> dict[int, tuple[int, Any]]:
+            out = {}
+            for _ in range(n):
+                fields, body = await read_frame(reader)
+                assert fields[2] == Kind.RESPONSE, fields
+                out[fields[7]] = (fields[9], unpack_body(body) if body else None)
+            return out
+
+        writer.write(offer(2, 1, mark_at=ctypes.addressof(mark)) + read(1, 4))
+        got = await answers(2)
+        status, lent = got[1]
+        assert status == Status.LENT and lent[0] == size and lent[3] == size // 2, lent
+        assert got[2] == (Status.OK, None)
+        assert dest.raw[: size // 2] == pattern(size, 4)[: size // 2] and dest.raw[size // 2 :] == bytes(size // 2)
+        assert int.from_bytes(mark.raw, "little") == 2  # the offer's id, once its part was in place
+        writer.write(encode_frame(Kind.CANCEL, 1))  # read: the server may let the result go
+
+        writer.write(offer(4, 3, to=4096) + read(3, 5))  # not mapped here
+        got = await answers(2)
+        assert got[3][0] == Status.LENT and got[3][1][3] == size // 2
+        assert got[4][0] == Status.BULK_ERROR and "Bad address" in str(got[4][1]), got[4]
+        writer.write(encode_frame(Kind.CANCEL, 3))
+
+        ctypes.memset(dest, 0, size)
+        writer.write(offer(6, 5, expires=time.monotonic_ns() - 1) + read(5, 6))
+        got = await answers(2)
+        assert got[5][0] == Status.LENT and got[5][1][3] == 0 and dest.raw[:16] == bytes(16)
+        assert got[6][0] == Status.BULK_ERROR and "expired" in str(got[6][1]), got[6]
+        writer.write(encode_frame(Kind.CANCEL, 5))
+
+        writer.write(offer(8, 7) + encode_frame(Kind.CANCEL, 7))  # an offer for a request then cancelled
+        got = await answers(1)
+        assert got[8][0] == Status.BULK_ERROR and "cancelled" in str(got[8][1]), got[8]
+
+        # offers for requests never sent: kept to their expiry, at most MAX_LENT_PER_CONNECTION at once
+        writer.write(b"".join(offer(100 + i, 1000 + i) for i in range(MAX_LENT_PER_CONNECTION + 1)))
+        got = await answers(1)
+        assert got == {100 + MAX_LENT_PER_CONNECTION: (Status.BULK_ERROR, "cma: write declined: too many offers")}
+
+        bad = encode_frame(Kind.BULK_PULL, 9, pack_body([1, 2, 3]), flags=Flag.CMA | Flag.INTO)
+        writer.write(bad)
+        fields, _ = await read_frame(reader)
+        assert fields[2] == Kind.RESPONSE and fields[7] == 9 and fields[9] == Status.BAD_REQUEST
+        fields, _ = await read_frame(reader)
+        assert fields[2] == Kind.GOODBYE
+        await wait_closed_by_peer(reader, 5.0)
+    finally:
+        writer.close()  # (a failure above must not leave the transport to the loop)
+    assert "Traceback" not in server.log()

@@ -390,10 +390,13 @@ class BulkTransfers:
         is ``_SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
 
         Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
-        and server on their own cores, medians of six runs): 7.2-8.4 GiB/s, 1.02-1.17x ``cma copy`` of the
-        same run (one process_vm_readv per read and no message: 6.7-7.4), where the reader copying all of it
-        gave 5.9-6.5. A C loop of process_vm_readv copies 6.3-8.9 GiB/s on one core of this machine, and
-        13.8-17.1 on two.
+        and server on their own cores, medians of eleven runs over two days): 7.2-8.4 GiB/s, 1.02-1.17x ``cma
+        copy`` of the same run (one process_vm_readv per read and no message: 6.5-7.6), where the reader
+        copying all of it gave 5.9-6.5. A C loop of process_vm_readv copies 6.3-8.9 GiB/s on one core of this
+        machine, and 13.8-17.1 on two. An offer gains 4.5-6% on reads into the caller's buffer and 4.7% on
+        pulls (paired: offers on and off in alternate batches of 300 reads, one pair of processes): the
+        owner's write starts 1-2 µs after its answer leaves, where a request after the answer reached it
+        90-110 µs after (the reader's wake-up, its request, the owner's).
 
         Raises:
             OSError (svcframe.cma.read), DeadlineExceeded: as ``_cma_copy``.

@@ -13,7 +13,10 @@ own:
   rest itself meanwhile, so that two cores copy. The asker names a destination in its own memory, a time
   (``time.monotonic_ns``, one clock on one node) after which the writer declines, and where the writer
   puts a mark once done; it does not give the destination back to its caller before the mark is there,
-  or the writer answered, or that time is long past.
+  or the writer answered, or that time is long past. The asker may make that request before the read's
+  own request (an *offer*: the writer then writes as it answers the read); until the read is answered
+  it may not know whether the writer will take it up, so a read cancelled or timed out meanwhile also
+  waits for one of those three (its cancellation withdraws the offer, which the writer answers).
 * the peer's pid comes from the kernel (``SO_PEERCRED`` of the unix socket), never from a message, and
   it is checked before every copy that the pid is still that process's (``PeerProcess``: its start time,
   then a pidfd; a pid reused by another process is not touched); the

@@ -386,7 +386,7 @@ class BulkTransfers:
         request expires and where to put its mark) and copy the rest meanwhile, so that its core and ours copy
         at once; if it declines (busy, or any error) we copy its part too. With ``offer`` the peer was asked
         before it answered (``_offer_write``) and is writing the first ``part`` bytes already (none: it
-        declined). ``dest`` is not given back before the peer's mark is there, or it answered, or the request
+        declined, and we ask as without an offer). ``dest`` is not given back before the peer's mark is there, or it answered, or the request
         is ``_SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
 
         Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client

@@ -887,10 +887,12 @@ class BulkTransfers:
     def _offered_part(self, conn: Connection, offer: WriteOffer, size: int, own: int) -> int:
         """The bytes of a ``size``-byte answer we write ourselves on ``offer`` (its share of them, on a
         _SPLIT_ALIGN boundary); 0 when we decline (``_split_write_declined``, or no such part: the answer is
-        under SPLIT_MIN_BYTES, or the part over the offered buffer), the offer then answered so."""
+        under SPLIT_MIN_BYTES, or larger than the offered buffer), the offer then answered so."""
         part = (size * offer.share >> 16) & -_SPLIT_ALIGN if size >= SPLIT_MIN_BYTES else 0
-        if not 0 < part <= offer.size:
-            why: str | None = f"no part of {size} bytes to write at a share of {offer.share / _SHARE_ONE:.2f}"
+        if size > offer.size:  # (its call fails: the caller's buffer is left alone)
+            why: str | None = f"the answer's {size} bytes do not fit the offered {offer.size}"
+        elif not part:
+            why = f"no part of {size} bytes to write at a share of {offer.share / _SHARE_ONE:.2f}"
         else:
             why = self._split_write_declined(conn, part, offer.expires_ns, own)
         if why is None:

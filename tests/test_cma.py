@@ -306,6 +306,7 @@ async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
         assert n == 1000 and small[:n] == pattern(1000, 4) and engine.cma_bytes == 9 * MIB  # by the socket
         with pytest.raises(ResultTooLarge):
             await engine.call(server.address, "read", {"size": 5 * MIB, "seed": 5}, provider_id=RELTEST_ID, into=buf)
+        assert buf[: 3 * MIB] == pattern(3 * MIB, 2)  # no part of a result too large was written (by its offer)
         state = await engine.call(server.address, "bulk_state", None, provider_id=RELTEST_ID)
         assert state["exposed"] == 0  # every lent result released
         assert 9 * MIB * (SPLIT_SHARE_MIN - 0.05) <= state["cma_bytes"] <= 9 * MIB * (SPLIT_SHARE_MAX + 0.05)

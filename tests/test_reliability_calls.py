@@ -295,12 +295,12 @@ async def test_idempotent_call_is_retried_across_a_restart_and_others_never_run_
             call(engine, first, "record", {"id": "once", "hold_seconds": 30}, timeout_seconds=10)
         )
         await wait_until(lambda: journal_counts(tmp_path) == {"idem": 1, "once": 1}, what="both calls to run")
+        first.kill()  # (returns once the process is gone; it blocks our loop, as go() does: neither is timed)
         killed_at = time.monotonic()
-        first.kill()
-        standby.go()
         with pytest.raises(ConnectionLost):
             await once
         once_failed = time.monotonic() - killed_at
+        standby.go()
         assert await idem == "idem"
         idem_done = time.monotonic() - killed_at
         assert await call(engine, standby, "noop", "new server") == "new server"

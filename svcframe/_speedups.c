@@ -2164,7 +2164,25 @@ configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(buffer_address_doc,
+"buffer_address(view, /)\n--\n\n"
+"The virtual address of the first byte of a C-contiguous buffer, 0 when it is empty: the twin of\n"
+"svcframe.cma.buffer_address, whose ctypes calls cost 2.5-3 us (a split read takes three addresses).\n"
+"Raises BufferError for a buffer that is not C-contiguous.");
+
+static PyObject *
+buffer_address(PyObject *module, PyObject *obj)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *address = view.len ? PyLong_FromVoidPtr(view.buf) : PyLong_FromLong(0);
+    PyBuffer_Release(&view);
+    return address;
+}
+
 static PyMethodDef speedups_methods[] = {
+    {"buffer_address", (PyCFunction)buffer_address, METH_O, buffer_address_doc},
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
     {"configure_decoder", (PyCFunction)configure_decoder, METH_O, configure_decoder_doc},

@@ -140,19 +140,22 @@ async def test_a_kernel_refusal_falls_back_to_the_socket(procs: Procs, tmp_path:
     assert "cross-memory pull from pid" in server.log()
 
 
-def test_buffer_address_of_read_only_and_writable_views() -> None:
+@pytest.mark.parametrize("twin", ["buffer_address", "_buffer_address_py"], ids=["in use", "pure"])
+def test_buffer_address_of_read_only_and_writable_views(twin: str) -> None:
     """The address cma sends for a view is where its first byte is: the kernel copies from a read-only
-    slice of bytes at that address; a writable slice's address is ctypes'; a strided view is refused."""
+    slice of bytes at that address; a writable slice's address is ctypes'; a strided view is refused. The
+    same from the definition and from the twin in use (compiled, where it was built)."""
+    address = getattr(cma, twin)
     source = bytes(range(256)) * 16
     dest = bytearray(len(source) - 100)
-    cma.read(os.getpid(), cma.buffer_address(memoryview(source)[100:]), memoryview(dest))
+    cma.read(os.getpid(), address(memoryview(source)[100:]), memoryview(dest))
     assert dest == source[100:]
     writable = bytearray(64)
     expected = ctypes.addressof((ctypes.c_char * 56).from_buffer(writable, 8))
-    assert cma.buffer_address(memoryview(writable)[8:]) == expected
-    assert cma.buffer_address(memoryview(b"")) == 0
+    assert address(memoryview(writable)[8:]) == expected
+    assert address(memoryview(b"")) == 0
     with pytest.raises(BufferError):
-        cma.buffer_address(memoryview(source)[::2])
+        address(memoryview(source)[::2])
 
 
 def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> None:

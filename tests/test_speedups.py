@@ -643,3 +643,11 @@ def test_the_compiled_unpack_body_is_its_twin(body: bytes | bytearray | memoryvi
     from svcframe import _speedups
 
     assert _outcome(_speedups.unpack_body, body) == _outcome(wire._unpack_body_py, body)
+
+
+@compiled
+def test_cross_memory_attach_takes_addresses_from_the_twin() -> None:
+    """svcframe.cma.buffer_address is the compiled twin where it was built (tests/test_cma.py checks both)."""
+    from svcframe import _speedups, cma
+
+    assert cma.buffer_address is _speedups.buffer_address

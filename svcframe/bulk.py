@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import platform
 import secrets
 import time
 from dataclasses import dataclass
@@ -43,6 +42,17 @@ from .errors import (
 )
 from .monitoring import Monitor
 from .protocol import IncomingPull, WriteOffer
+from .split_read import (
+    SHARE_ONE,
+    SPLIT_ALIGN,
+    SPLIT_MAX_PART_BYTES,
+    SPLIT_MIN_BYTES,
+    SPLIT_OFFER_SHARE,
+    SPLIT_WRITE_BURST_SECONDS,
+    SPLIT_WRITE_SHARE_OF_TIME,
+    SPLIT_WRITER_SHARE,
+    SplitWrite,
+)
 from .wire import (
     F_CMA,
     F_INTO,
@@ -324,7 +334,7 @@ class BulkTransfers:
             return False
         offer = None  # the owner may write part of the range into a buffer of the caller's as it answers
         if conn.peer_cma_offer and isinstance(target, memoryview) and len(target) >= SPLIT_MIN_BYTES:
-            offer = _SplitWrite(loop, conn, conn.offer_share or SPLIT_OFFER_SHARE, dest=target)
+            offer = SplitWrite(loop, conn, conn.offer_share or SPLIT_OFFER_SHARE, dest=target)
         try:
             status, answer, _ = await self._bulk_op(
                 handle,
@@ -376,7 +386,7 @@ class BulkTransfers:
         source: int,
         dest: memoryview,
         deadline: float | None,
-        offer: _SplitWrite | None = None,
+        offer: SplitWrite | None = None,
         part: int = 0,
     ) -> None:
         """Copy the peer's exposed range ``bulk_id[offset:offset + len(dest)]``, at address ``source`` in its
@@ -387,7 +397,7 @@ class BulkTransfers:
         at once; if it declines (busy, or any error) we copy its part too. With ``offer`` the peer was asked
         before it answered (``_offer_write``) and is writing the first ``part`` bytes already (none: it
         declined, and we ask as without an offer). ``dest`` is not given back before the peer's mark is there, or it answered, or the request
-        is ``_SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
+        is ``SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
 
         Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
         and server on their own cores, medians of eleven runs over two days): 7.2-8.4 GiB/s, 1.02-1.17x ``cma
@@ -411,10 +421,9 @@ class BulkTransfers:
             if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * share <= SPLIT_MAX_PART_BYTES):
                 await _cma_copy(loop, conn, source, dest, deadline)
                 return
-            part = int(size * share) & -_SPLIT_ALIGN  # the peer's: the first bytes
-            offer = _SplitWrite(loop, conn, share, offered=False)  # (its request: BULK_PULL flagged CMA, 6 fields)
-            fields = [bulk_id, offset, part, cma.buffer_address(dest), offer.expires_ns, offer.mark_address()]
-            conn.send(encode_frame(Kind.BULK_PULL, offer.request_id, pack_body(fields), flags=F_CMA))
+            part = int(size * share) & -SPLIT_ALIGN  # the peer's: the first bytes
+            offer = SplitWrite(loop, conn, share, offered=False)
+            conn.send(offer.request_frame(bulk_id, offset, part, dest))
         try:
             await _cma_copy(loop, conn, source + part, dest[part:], deadline)  # ours, while the peer writes
         finally:
@@ -424,7 +433,7 @@ class BulkTransfers:
         else:
             self.monitor.record_bulk("cma_written", conn.peer_label, part, 0)
 
-    def _offer_write(self, conn: Connection, request_id: int, dest: memoryview, request: bytes) -> _SplitWrite | None:
+    def _offer_write(self, conn: Connection, request_id: int, dest: memoryview, request: bytes) -> SplitWrite | None:
         """Send an ``into=`` request ``request_id`` over ``unix://`` (the encoded frame ``request``), and, when
         the peer takes offers (``Connection.peer_cma_offer``) and ``dest`` is SPLIT_MIN_BYTES or more, before it
         in the same write an offer to write the first part of the result it will lend into ``dest`` (a
@@ -438,7 +447,7 @@ class BulkTransfers:
             conn.send(request)
             return None
         share = conn.offer_share or SPLIT_OFFER_SHARE
-        offer = _SplitWrite(self._loop or asyncio.get_running_loop(), conn, share, dest=dest)
+        offer = SplitWrite(self._loop or asyncio.get_running_loop(), conn, share, dest=dest)
         conn.send_many((offer.offer_frame(request_id), request))
         return offer
 
@@ -543,7 +552,7 @@ class BulkTransfers:
         fields: Any,
         into: memoryview,
         deadline: float,
-        offer: _SplitWrite | None = None,
+        offer: SplitWrite | None = None,
     ) -> int:
         """Copy a result lent by address (see ``_lend``) into ``into`` and release it; over the socket when the
         kernel refuses the copy. Returns the result's size. With ``offer`` (``_offer_write``) the answer says
@@ -602,11 +611,11 @@ class BulkTransfers:
         timeout_seconds: float | None,
         *,
         by_cma: bool = False,
-        offer: _SplitWrite | None = None,
+        offer: SplitWrite | None = None,
     ) -> tuple[int, Any, int]:
         """Send a BULK_PULL or BULK_PUSH and wait for its completion. A push sends its data frames, or with
         ``by_cma`` the address of ``src`` for the owner to read; a pull with ``by_cma`` asks for the
-        range's address instead of its data, after ``offer`` when given (``_SplitWrite.offer_frame``)."""
+        range's address instead of its data, after ``offer`` when given (``SplitWrite.offer_frame``)."""
         loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         start = loop.time()
@@ -866,7 +875,7 @@ class BulkTransfers:
                 and len(fields) == 6
                 and all(type(v) is int and v >= 0 for v in fields)
                 and fields[0] > 0
-                and 0 < fields[5] <= _SHARE_ONE
+                and 0 < fields[5] <= SHARE_ONE
             ):
                 raise ValueError
         except (ProtocolError, ValueError, TypeError) as exc:
@@ -886,13 +895,13 @@ class BulkTransfers:
 
     def _offered_part(self, conn: Connection, offer: WriteOffer, size: int, own: int) -> int:
         """The bytes of a ``size``-byte answer we write ourselves on ``offer`` (its share of them, on a
-        _SPLIT_ALIGN boundary); 0 when we decline (``_split_write_declined``, or no such part: the answer is
+        SPLIT_ALIGN boundary); 0 when we decline (``_split_write_declined``, or no such part: the answer is
         under SPLIT_MIN_BYTES, or larger than the offered buffer), the offer then answered so."""
-        part = (size * offer.share >> 16) & -_SPLIT_ALIGN if size >= SPLIT_MIN_BYTES else 0
+        part = (size * offer.share >> 16) & -SPLIT_ALIGN if size >= SPLIT_MIN_BYTES else 0
         if size > offer.size:  # (its call fails: the caller's buffer is left alone)
             why: str | None = f"the answer's {size} bytes do not fit the offered {offer.size}"
         elif not part:
-            why = f"no part of {size} bytes to write at a share of {offer.share / _SHARE_ONE:.2f}"
+            why = f"no part of {size} bytes to write at a share of {offer.share / SHARE_ONE:.2f}"
         else:
             why = self._split_write_declined(conn, part, offer.expires_ns, own)
         if why is None:
@@ -988,37 +997,6 @@ _CMA_REFUSED = frozenset({1, 3, 38})
 #: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
 _CMA_INLINE_BYTES = 8 * 1024 * 1024
 _CMA_PIECE_BYTES = 8 * 1024 * 1024
-#: A cross-memory read of at least this many bytes is split between the two processes (``_cma_read``); a
-#: smaller one is copied whole by the reader (one copy of 512 KiB takes about what the extra message costs).
-SPLIT_MIN_BYTES = 1024 * 1024
-#: The writer's part of a split read: at first (it starts later than the reader: its request crosses the
-#: socket), then adapted per connection by SPLIT_SHARE_STEP a read, up when the writer had ended when the
-#: reader did, down when not (``next_share``): the two end together, whatever each copy's speed.
-SPLIT_WRITER_SHARE = 0.45
-#: ... and of a read by offer (``_offer_write``: the writer starts first, as its answer leaves)
-SPLIT_OFFER_SHARE = 0.55
-SPLIT_SHARE_STEP = 0.01
-SPLIT_SHARE_MIN, SPLIT_SHARE_MAX = 0.2, 0.8
-#: The most one split-read write may copy, in bytes: it runs on the writer's event loop (about 1 ms at most).
-SPLIT_MAX_PART_BYTES = 8 * 1024 * 1024
-#: The share of our time one peer's split-read writes may take, and the most they may take in one burst,
-#: in seconds: a reader at full speed takes about half (the writer copies while the reader does).
-SPLIT_WRITE_SHARE_OF_TIME = 0.75
-SPLIT_WRITE_BURST_SECONDS = 0.005
-_SPLIT_ALIGN = 64 * 1024  # the parts meet on a page boundary (a multiple of every page size in use)
-_SHARE_ONE = 1 << 16  # an offer's share travels in 1/65536ths
-#: The peer's mark shows its part is in place only where the CPU keeps the order of stores (x86-64's TSO:
-#: the kernel copies the mark after the data); elsewhere the reader waits for the peer's answer.
-_MARK_ORDERED = platform.machine().lower() in ("x86_64", "amd64")
-#: A split read's write request expires this long after it was sent (a writer that reads it later declines:
-#: it is busy; it reads one at once otherwise, within 10-30 µs measured)...
-_SPLIT_EXPIRY_NS = 20_000_000
-#: ... and without the writer's answer the reader keeps its caller's buffer until this long after that (a
-#: writer that checked the expiry just before it is still writing).
-_SPLIT_GRACE_NS = 200_000_000
-#: Before that wait, the reader polls the writer's mark for this long (the writer usually ends within tens
-#: of µs of the reader).
-_SPLIT_SPIN_SECONDS = 100e-6
 #: Results lent by address (reads into the caller's buffer by cross-memory attach) that callers have not yet
 #: read, in bytes, over all connections; past it results are sent as data (a caller that never reads holds
 #: at most this much of the server's memory).
@@ -1058,131 +1036,6 @@ async def _cma_copy(
         if deadline is not None and loop.time() > deadline:
             raise DeadlineExceeded(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
         await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
-
-
-def next_share(share: float, writer_first: bool) -> float:
-    """The writer's share of the next split read on a connection: a step more when the writer had ended by
-    the time the reader did (``writer_first``), a step less when the reader had to wait for it, within
-    [SPLIT_SHARE_MIN, SPLIT_SHARE_MAX]."""
-    return min(max(share + (SPLIT_SHARE_STEP if writer_first else -SPLIT_SHARE_STEP), SPLIT_SHARE_MIN), SPLIT_SHARE_MAX)
-
-
-def _marked(mark: bytearray, request_id: int) -> bool:
-    """True once the peer has written ``request_id`` into ``mark``: its part of a split read is in place.
-    Polls for up to _SPLIT_SPIN_SECONDS: a part that ends a little after ours is then taken without a trip
-    through the event loop (its answer woke a blocking loop 40-65 µs later, measured)."""
-    if int.from_bytes(mark, "little") == request_id:
-        return True
-    clock = time.perf_counter
-    end = clock() + _SPLIT_SPIN_SECONDS
-    while clock() < end:
-        if int.from_bytes(mark, "little") == request_id:
-            return True
-    return False
-
-
-async def _written(answer: asyncio.Future[tuple[int, Any, int]], until_ns: int) -> bool:
-    """Wait for the peer's answer to a split read's write request: True when it wrote its part. Until the
-    answer or ``until_ns`` (``time.monotonic_ns``) the peer may be writing into our caller's buffer
-    (svcframe.cma), so the wait goes on through a cancellation of the caller (re-raised after) and through
-    the connection's end (the future fails: a peer that has not read the request yet still may), to
-    ``until_ns`` at most."""
-    cancelled = False
-    while not (answer.done() and not answer.cancelled() and answer.exception() is None):
-        left = (until_ns - time.monotonic_ns()) / 1e9
-        if left <= 0:
-            break
-        try:
-            if answer.done():  # ended without an answer
-                await asyncio.sleep(left)
-            else:
-                await asyncio.wait((answer,), timeout=left)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    if not answer.done():
-        answer.cancel()
-        return False
-    return not answer.cancelled() and answer.exception() is None and answer.result()[0] == Status.OK
-
-
-class _SplitWrite:
-    """The reader's side of one write the peer makes into our buffer (a split read's first part): the
-    request id its answer comes under, the mark it writes once its part is in place, when the request
-    expires, and the share of the read it was asked for (``offered``: by ``_offer_write``, else by a split
-    read's request, ``_cma_read``). Every one is ended by ``written``, ``drop`` or ``settle``."""
-
-    __slots__ = ("answer", "conn", "dest", "expires_ns", "mark", "offered", "request_id", "share")
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        conn: Connection,
-        share: float,
-        *,
-        dest: memoryview | None = None,
-        offered: bool = True,
-    ) -> None:
-        self.conn = conn
-        self.dest = dest  # an offer's: the buffer it offers to have written
-        self.share = share
-        self.offered = offered
-        self.request_id = conn.next_request_id()
-        self.answer: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
-        conn.pending[self.request_id] = self.answer
-        self.mark = bytearray(8)  # the peer writes our request id here once its part is all in place (svcframe.cma)
-        self.expires_ns = time.monotonic_ns() + _SPLIT_EXPIRY_NS
-
-    def offer_frame(self, request_id: int) -> bytes:
-        """The offer to write our share of the answer to our request ``request_id`` into ``dest``, sent just
-        before that request (BULK_PULL flagged CMA and INTO, its body ``[request id, destination, size,
-        expires_ns, mark address, share in 1/65536ths]``: ``BulkTransfers._on_write_offer``)."""
-        dest = self.dest
-        assert dest is not None
-        fields = [request_id, cma.buffer_address(dest), len(dest), self.expires_ns, self.mark_address(),
-                  int(self.share * _SHARE_ONE)]  # fmt: skip
-        return encode_frame(Kind.BULK_PULL, self.request_id, pack_body(fields), flags=F_CMA | F_INTO)
-
-    def mark_address(self) -> int:
-        """Where the peer writes its mark; 0 (no mark: wait for its answer) where stores may be reordered."""
-        return cma.buffer_address(memoryview(self.mark)) if _MARK_ORDERED else 0
-
-    async def written(self) -> bool:
-        """Once our own part is copied: True when the peer wrote its part (its mark is there, or it answered
-        so), False when it did not and will not (it declined, or the request is ``_SPLIT_GRACE_NS`` past its
-        expiry). Waits through a cancellation of our caller (re-raised after: see ``_written``). Moves the
-        connection's share a step (``next_share``) toward where the two copies end together."""
-        conn, request_id = self.conn, self.request_id
-        first = _MARK_ORDERED and int.from_bytes(self.mark, "little") == request_id
-        try:
-            written = (
-                first
-                or (_MARK_ORDERED and _marked(self.mark, request_id))
-                or await _written(self.answer, self.expires_ns + _SPLIT_GRACE_NS)
-            )
-        finally:
-            conn.pending.pop(request_id, None)  # (an answer after the mark is dropped when it comes)
-        if written and _MARK_ORDERED:
-            if self.offered:
-                conn.offer_share = next_share(self.share, first)
-            else:
-                conn.split_share = next_share(self.share, first)
-        return written
-
-    def drop(self) -> None:
-        """The peer will not write (its request was answered without a lend, or it declined): forget it."""
-        self.conn.pending.pop(self.request_id, None)
-
-    async def settle(self) -> None:
-        """The offer's request was not answered (cancelled, timed out, connection lost) or answered wrongly: wait
-        until the peer cannot be writing (its mark or answer, or the grace after the expiry; through a
-        cancellation of our caller, re-raised after)."""
-        try:
-            if not (_MARK_ORDERED and int.from_bytes(self.mark, "little") == self.request_id):
-                await _written(self.answer, self.expires_ns + _SPLIT_GRACE_NS)
-        finally:
-            self.conn.pending.pop(self.request_id, None)
 
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:

@@ -52,8 +52,8 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .bulk import _SplitWrite
     from .progress import Progress
+    from .split_read import SplitWrite
     from .transport import Connection
 
 if TYPE_CHECKING or not PURE:  # (without the compiled module, _call is _call_once)
@@ -92,11 +92,11 @@ class Calls:
             fields: Any,
             into: memoryview,
             deadline: float,
-            offer: _SplitWrite | None = None,
+            offer: SplitWrite | None = None,
         ) -> int: ...
         def _offer_write(
             self, conn: Connection, request_id: int, dest: memoryview, request: bytes
-        ) -> _SplitWrite | None: ...
+        ) -> SplitWrite | None: ...
 
     def call(
         self,

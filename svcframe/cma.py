@@ -9,7 +9,7 @@ own:
 * a process reads a peer's memory only into its own buffers (``process_vm_readv``). A pull reads the
   owner's exposed buffer; a push asks the owner to read the pusher's source.
 * it writes into a peer's memory (``process_vm_writev``) only where that peer asked, for a read the peer
-  is making and waiting on: the first part of a *split read* (``svcframe.bulk``), whose asker copies the
+  is making and waiting on: the first part of a *split read* (``svcframe.split_read``), whose asker copies the
   rest itself meanwhile, so that two cores copy. The asker names a destination in its own memory, a time
   (``time.monotonic_ns``, one clock on one node) after which the writer declines, and where the writer
   puts a mark once done; it does not give the destination back to its caller before the mark is there,

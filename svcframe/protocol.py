@@ -130,7 +130,7 @@ class Peer:
         cma: it serves bulk transfers by cross-memory attach and the kernel told us its pid.
         authenticated: the shared secret was proved (by the peer on the server side, both ways on the client).
         cma_write: with ``cma``, it also writes a range of its own into our memory when we ask (the other half
-            of a split read: ``svcframe.bulk``); peers before this field do not.
+            of a split read: ``svcframe.split_read``); peers before this field do not.
         cma_offer: with ``cma_write``, it also takes an offer made before a request (a BULK_PULL flagged CMA
             and INTO): it writes its part of the result it lends when it lends it (``svcframe.bulk``).
     """
@@ -177,10 +177,11 @@ class IncomingPull:
 
 
 class WriteOffer(NamedTuple):
-    """The peer's offer for one of its requests, an ``into=`` call over ``unix://`` (a BULK_PULL flagged CMA and
-    INTO, sent before the request): should we lend that request's result by address, we write its first part
-    into the peer's memory ourselves (``svcframe.bulk``: a split read whose write starts when the answer
-    leaves, not a round trip later). Kept in ``Protocol.offers`` under the request's id."""
+    """The peer's offer for one of its requests over ``unix://``, an ``into=`` call or a pull by address (a
+    BULK_PULL flagged CMA and INTO, sent before the request): should we answer that request by address, we
+    write its first part into the peer's memory ourselves (``svcframe.split_read``: a split read whose write
+    starts when the answer leaves, not a round trip later). Kept in ``Protocol.offers`` under the request's
+    id."""
 
     request_id: int  # the offer's own id: answered once, when its part is written or declined
     dest: int  # the address of the peer's buffer, in its memory

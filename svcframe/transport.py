@@ -167,7 +167,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         #: offered before it (svcframe.bulk._offer_write), each adapted per read (0: not yet)
         self.split_share = 0.0
         self.offer_share = 0.0
-        #: split-read writes this peer may still ask of us now, in bytes (svcframe.bulk._serve_cma_write), and
+        #: split-read writes this peer may still ask of us now, in seconds of writing (svcframe.bulk), and
         #: when that was reckoned (time.monotonic())
         self.cma_write_allowance = 0.0
         self.cma_write_reckoned = 0.0

@@ -293,7 +293,13 @@ async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
     exposed on the server, the socket carried no data. A buffer below CMA_MIN_BYTES, and a
     result larger than the buffer, take the socket path and its errors."""
     from svcframe import ResultTooLarge
-    from svcframe.bulk import SPLIT_OFFER_SHARE, SPLIT_SHARE_MAX, SPLIT_SHARE_MIN, SPLIT_SHARE_STEP, SPLIT_WRITER_SHARE
+    from svcframe.split_read import (
+        SPLIT_OFFER_SHARE,
+        SPLIT_SHARE_MAX,
+        SPLIT_SHARE_MIN,
+        SPLIT_SHARE_STEP,
+        SPLIT_WRITER_SHARE,
+    )
 
     server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/i.sock"))
     async with Engine(None) as engine:
@@ -439,7 +445,7 @@ async def test_split_read_write_requests_from_a_raw_peer(procs: Procs, tmp_path:
 def test_a_split_reads_share_moves_a_step_toward_the_slower_side_within_bounds() -> None:
     """``bulk.next_share``: more for a writer that ended first, less for one the reader waited for, never
     past SPLIT_SHARE_MIN / SPLIT_SHARE_MAX however long one side stays the faster."""
-    from svcframe.bulk import SPLIT_SHARE_MAX, SPLIT_SHARE_MIN, SPLIT_SHARE_STEP, SPLIT_WRITER_SHARE, next_share
+    from svcframe.split_read import SPLIT_SHARE_MAX, SPLIT_SHARE_MIN, SPLIT_SHARE_STEP, SPLIT_WRITER_SHARE, next_share
 
     assert next_share(SPLIT_WRITER_SHARE, True) == pytest.approx(SPLIT_WRITER_SHARE + SPLIT_SHARE_STEP)
     assert next_share(SPLIT_WRITER_SHARE, False) == pytest.approx(SPLIT_WRITER_SHARE - SPLIT_SHARE_STEP)
@@ -452,19 +458,19 @@ def test_a_split_reads_share_moves_a_step_toward_the_slower_side_within_bounds()
 
 @pytest.mark.asyncio
 async def test_a_split_read_keeps_the_buffer_until_the_writer_answers_even_when_cancelled() -> None:
-    """``bulk._written``, the wait for the writer's answer: a cancellation of the reader does not end it
+    """``split_read.wait_written``, the wait for the writer's answer: a cancellation of the reader does not end it
     before the answer comes (the writer may be writing into the reader's buffer until then); it is raised
     after. Without an answer, or when the connection ends first (the writer may not have read the request
     yet), the wait lasts to its time limit; a refusal ends it at once."""
     import asyncio
     import time
 
-    from svcframe.bulk import _written
     from svcframe.errors import ConnectionLost, Status
+    from svcframe.split_read import wait_written
 
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[tuple[int, object, int]] = loop.create_future()
-    waiter = asyncio.ensure_future(_written(answer, time.monotonic_ns() + 60 * 10**9))
+    waiter = asyncio.ensure_future(wait_written(answer, time.monotonic_ns() + 60 * 10**9))
     await asyncio.sleep(0)
     waiter.cancel()
     await asyncio.sleep(0)
@@ -479,11 +485,11 @@ async def test_a_split_read_keeps_the_buffer_until_the_writer_answers_even_when_
         if ending == "lost":
             loop.call_soon(future.set_exception, ConnectionLost("gone"))
         limit = time.monotonic_ns() + 30_000_000
-        assert await _written(future, limit) is False
+        assert await wait_written(future, limit) is False
         assert time.monotonic_ns() >= limit, f"{ending}: the buffer was given back before the time limit"
     declined: asyncio.Future[tuple[int, object, int]] = loop.create_future()
     loop.call_soon(declined.set_result, (Status.BULK_ERROR, "cma: write declined: busy", 0))
-    assert await _written(declined, time.monotonic_ns() + 60 * 10**9) is False
+    assert await wait_written(declined, time.monotonic_ns() + 60 * 10**9) is False
 
 
 _REFUSED_READER = """
@@ -583,7 +589,7 @@ async def test_an_offer_has_the_owner_write_its_part_as_it_answers(sockdir: Path
     the request: the owner writes its part as its answer leaves (no request after the answer), the reader
     copies the rest; the bytes are the owner's, each read moves the offered share a step, and no offer or
     answer is left behind on either side."""
-    from svcframe.bulk import SPLIT_OFFER_SHARE, SPLIT_SHARE_STEP
+    from svcframe.split_read import SPLIT_OFFER_SHARE, SPLIT_SHARE_STEP
 
     size = 3 * MIB
     results = [pattern(size, seed) for seed in range(3)]

@@ -182,6 +182,9 @@ class BulkTransfers:
     cma_bytes: int
     allow_third_party_bulk: bool
     _exposed: dict[bytes, tuple[memoryview, str, str | None]]
+    #: the sources of our pushes by cross-memory attach, exposed for the owner's split read while the push
+    #: lasts: bulk id -> our operations in flight that wait on it (the push, and the handler making it)
+    _push_sources: dict[bytes, int]
     _lent_bytes: int
     _conns: dict[str, Connection]
     _peers: dict[str, Connection]
@@ -632,12 +635,16 @@ class BulkTransfers:
             self.progress.activity()
         self._deadlines.add(start + timeout, conn.pending, request_id)
         deadline_usec = wire_deadline(timeout - (loop.time() - start))
+        source_id = None
         if by_cma:  # a pull asks for the range's address; a push gives its source's (kept until answered)
-            fields = (
-                [handle.bulk_id, offset, size]
-                if src is None
-                else [handle.bulk_id, offset, size, cma.buffer_address(src)]
-            )
+            fields: list[Any] = [handle.bulk_id, offset, size]
+            if src is not None:
+                fields.append(cma.buffer_address(src))
+                if conn.peer_cma_split_push and size >= SPLIT_MIN_BYTES:  # and exposes it for a split read
+                    source_id = secrets.token_bytes(BULK_ID_BYTES)
+                    self._exposed[source_id] = (src, READ, None)
+                    self._push_sources[source_id] = 1 if self._request_here() is None else 2
+                    fields.append(source_id)
             body = pack_body(fields)
             header = encode_frame(kind, request_id, body, deadline_usec=deadline_usec, flags=F_CMA)
         else:
@@ -663,6 +670,9 @@ class BulkTransfers:
         finally:
             conn.pending.pop(request_id, None)
             conn.protocol.pulls.pop(request_id, None)
+            if source_id is not None:  # (the view is the caller's: not released)
+                self._exposed.pop(source_id, None)
+                self._push_sources.pop(source_id, None)
             self.progress.inflight -= 1
             if not self.progress.blocking:
                 self.progress.activity()
@@ -708,55 +718,60 @@ class BulkTransfers:
     # -- serving the transfers peers make on our buffers ------------------------------------------------
     def _bulk_request(
         self, conn: Connection, frame: Frame, need: str
-    ) -> tuple[memoryview | None, str | None, int, list[int] | None]:
-        """Parse a BULK_PULL / BULK_PUSH body ``[bulk id, offset, size]`` and find the exposed range: (view or
-        None, error or None, size, the CMA fields or None). Flagged CMA, a push adds the address of the
-        pusher's source ``[source]``; a pull may add ``[destination, expires_ns, mark address]``, asking us to
-        write the range into the puller's memory (the first part of a split read, ``_serve_cma_write``)."""
+    ) -> tuple[bytes, memoryview | None, str | None, int, list[Any] | None]:
+        """Parse a BULK_PULL / BULK_PUSH body ``[bulk id, offset, size]`` and find the exposed range: (bulk id,
+        view or None, error or None, size, the CMA fields or None). Flagged CMA, a push adds the address of
+        the pusher's source ``[source]``, and may add the source's bulk id ``[source, source bulk id]`` (for a
+        split read of it: ``_serve_cma_push``); a pull may add ``[destination, expires_ns, mark address]``,
+        asking us to write the range into the puller's memory (the first part of a split read,
+        ``_serve_cma_write``)."""
         by_cma = bool(frame[1] & F_CMA)
-        extra = (1,) if by_cma and frame[0] == K_BULK_PUSH else (0, 3) if by_cma else (0,)
+        push = frame[0] == K_BULK_PUSH
+        extra = (1, 2) if by_cma and push else (0, 3) if by_cma else (0,)
         try:
             fields = unpack_body(frame.body or b"")
             if (
                 not isinstance(fields, list)
                 or len(fields) - 3 not in extra
                 or not isinstance(fields[0], bytes)
-                or not all(isinstance(v, int) for v in fields[1:])
-                or min(fields[1:]) < 0
+                or not all(isinstance(v, int) for v in fields[1:4 if push else None])
+                or min(fields[1:4 if push else None]) < 0
+                or (len(fields) == 5 and push and not (type(fields[4]) is bytes and len(fields[4]) == BULK_ID_BYTES))
             ):
                 raise ValueError
         except (ProtocolError, ValueError, TypeError) as exc:
             why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id (bytes), offset >= 0, size >= 0]"
             raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
         bulk_id, offset, size = fields[:3]
-        more: list[int] | None = fields[3:] or None
+        more: list[Any] | None = fields[3:] or None
         entry = self._exposed.get(bulk_id)
         if entry is None:
-            return None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, more
+            return bulk_id, None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, more
         view, mode, bound = entry
         if bound is not None and self._conns.get(bound) is not conn:
-            return None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, more
+            return bulk_id, None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, more
         if need not in mode:
             return (
+                bulk_id,
                 None,
                 f"bulk handle {_short(bulk_id)} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
                 size,
                 more,
             )
         if offset + size > len(view):
-            return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size, more
-        return view[offset : offset + size], None, size, more
+            return bulk_id, None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size, more
+        return bulk_id, view[offset : offset + size], None, size, more
 
     def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
         if frame[1] & F_INTO:  # (flagged CMA too) not a pull: an offer for a request of the peer's
             self._on_write_offer(conn, frame)
             return
-        view, error, size, more = self._bulk_request(conn, frame, READ)
+        bulk_id, view, error, size, more = self._bulk_request(conn, frame, READ)
         if view is None:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
             return
         if more is not None:
-            self._serve_cma_write(conn, frame, view, *more)
+            self._serve_cma_write(conn, frame, view, *more, own=self._push_sources.get(bulk_id, 0))
             return
         if frame[1] & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
             offer = conn.protocol.offers.pop(frame[4], None) if conn.protocol.offers else None
@@ -791,9 +806,9 @@ class BulkTransfers:
         self._reply(conn, frame, Status.OK, b"")
 
     def _on_push_request(self, conn: Connection, frame: Frame) -> None:
-        view, error, size, more = self._bulk_request(conn, frame, WRITE)
+        _, view, error, size, more = self._bulk_request(conn, frame, WRITE)
         if more is not None:
-            self._serve_cma_push(conn, frame, view, error, more[0])
+            self._serve_cma_push(conn, frame, view, error, *more)
             return
         incoming = conn.protocol.expect_push(frame, view, size, error)
         if incoming is None:  # nothing to wait for: empty, or refused (its data, if any, is discarded)
@@ -802,12 +817,21 @@ class BulkTransfers:
         self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
 
     def _serve_cma_write(
-        self, conn: Connection, frame: Frame, view: memoryview, dest: int, expires_ns: int, mark_address: int
+        self,
+        conn: Connection,
+        frame: Frame,
+        view: memoryview,
+        dest: int,
+        expires_ns: int,
+        mark_address: int,
+        *,
+        own: int = 0,
     ) -> None:
         """The first part of a split read (``_cma_read``): write the exposed range into the puller's
         destination, at once, then the request id at ``mark_address``, and answer; or decline
-        (``_split_write_declined``: the puller then copies the range itself)."""
-        why = self._split_write_declined(conn, len(view), expires_ns, 0)
+        (``_split_write_declined``, with ``own`` operations of ours in flight that wait on this read: the
+        puller then copies the range itself)."""
+        why = self._split_write_declined(conn, len(view), expires_ns, own)
         if why is None:
             self._split_write(conn, frame[4], dest, view, mark_address)
         else:
@@ -927,11 +951,21 @@ class BulkTransfers:
             conn.send(encode_frame(K_RESPONSE, offer.request_id, body, status=Status.BULK_ERROR))
 
     def _serve_cma_push(
-        self, conn: Connection, frame: Frame, view: memoryview | None, error: str | None, source: int
+        self,
+        conn: Connection,
+        frame: Frame,
+        view: memoryview | None,
+        error: str | None,
+        source: int,
+        source_id: bytes | None = None,
     ) -> None:
         """A push by cross-memory attach: read the pusher's source (its pid from the kernel, the address
         from its request) into the exposed range, then answer. Errors starting with "cma:" tell the pusher
-        to send the data over the socket instead."""
+        to send the data over the socket instead.
+
+        When the pusher exposed its source for the push (``source_id``, a pusher that saw ``cma_split_push``
+        in our HELLO), the read is a split read of it (``_cma_read``): the pusher, whose handler only waits
+        for our answer, writes the first part into our buffer while we copy the rest."""
         if view is None:
             self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
             return
@@ -945,7 +979,10 @@ class BulkTransfers:
 
         async def serve() -> None:
             try:
-                await _cma_copy(loop, conn, source, view, deadline)
+                if source_id is None:
+                    await _cma_copy(loop, conn, source, view, deadline)
+                else:
+                    await self._cma_read(conn, source_id, 0, source, view, deadline)
             except DeadlineExceeded as exc:  # first: a deadline is never a kernel refusal (issue 12)
                 self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, str(exc))
                 return

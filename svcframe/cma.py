@@ -7,10 +7,12 @@ does the same over ``unix://`` connections, with rules that keep a peer from tou
 own:
 
 * a process reads a peer's memory only into its own buffers (``process_vm_readv``). A pull reads the
-  owner's exposed buffer; a push asks the owner to read the pusher's source.
+  owner's exposed buffer; a push asks the owner to read the pusher's source (exposed, while the push
+  lasts, under a bulk id of its own: the owner's read of it may then be split, as a pull's).
 * it writes into a peer's memory (``process_vm_writev``) only where that peer asked, for a read the peer
   is making and waiting on: the first part of a *split read* (``svcframe.split_read``), whose asker copies the
-  rest itself meanwhile, so that two cores copy. The asker names a destination in its own memory, a time
+  rest itself meanwhile, so that two cores copy (the asker is the owner of a pushed buffer, too: the
+  pusher writes part of its source into it while the owner copies the rest). The asker names a destination in its own memory, a time
   (``time.monotonic_ns``, one clock on one node) after which the writer declines, and where the writer
   puts a mark once done; it does not give the destination back to its caller before the mark is there,
   or the writer answered, or that time is long past. The asker may make that request before the read's

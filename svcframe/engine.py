@@ -184,6 +184,7 @@ class Engine(Calls, Handlers, BulkTransfers, EngineState):
         self._tasks: set[asyncio.Task[Any]] = set()
         # bulk id (16 random bytes) -> (buffer, mode, address of the only peer allowed, or None)
         self._exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
+        self._push_sources: dict[bytes, int] = {}  # our pushes' sources exposed meanwhile (svcframe.bulk)
         self._lent_bytes = 0  # results lent by address to callers that have not read them yet (bulk.MAX_LENT_BYTES)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._root_callpaths: dict[tuple[int, int], int] = {}

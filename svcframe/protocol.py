@@ -133,6 +133,9 @@ class Peer:
             of a split read: ``svcframe.split_read``); peers before this field do not.
         cma_offer: with ``cma_write``, it also takes an offer made before a request (a BULK_PULL flagged CMA
             and INTO): it writes its part of the result it lends when it lends it (``svcframe.bulk``).
+        cma_split_push: with ``cma_write``, a push into its buffer by cross-memory attach may name the
+            pusher's source as a bulk id: it then asks the pusher to write the first part of it (a split
+            read of the source) while it copies the rest (``svcframe.bulk``).
     """
 
     engine_id: str
@@ -142,6 +145,7 @@ class Peer:
     authenticated: bool
     cma_write: bool = False
     cma_offer: bool = False
+    cma_split_push: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +320,7 @@ class Protocol:
                 "cma": self.identity.cma,
                 "cma_write": self.identity.cma,
                 "cma_offer": self.identity.cma,
+            "cma_split_push": self.identity.cma,
             }
             self._out.append(encode_frame(Kind.HELLO, 0, pack_body(hello)))
 
@@ -446,6 +451,7 @@ class Protocol:
             authenticated=authenticated,
             cma_write=(cma_write := cma and hello.get("cma_write") is True),
             cma_offer=cma_write and hello.get("cma_offer") is True,
+            cma_split_push=cma_write and hello.get("cma_split_push") is True,
         )
 
     def _server_hello(self, hello: dict[str, Any]) -> Closed | None:
@@ -484,6 +490,7 @@ class Protocol:
             "cma": self.identity.cma,
             "cma_write": self.identity.cma,
             "cma_offer": self.identity.cma,
+            "cma_split_push": self.identity.cma,
         }
         secret = self.identity.secret
         if secret is None:

@@ -303,12 +303,18 @@ CLIENT_NONCE = b"raw-peer-nonce16"  # a raw peer's fixed nonce (16 bytes)
 
 
 def hello_reply(
-    server_hello: dict, key: bytes | None, engine_id: str = "raw-peer", via: str = "", address: str | None = None
+    server_hello: dict,
+    key: bytes | None,
+    engine_id: str = "raw-peer",
+    via: str = "",
+    address: str | None = None,
+    announce: dict[str, Any] | None = None,
 ) -> bytes:
     """The dialling side's HELLO for ``server_hello``; with ``key``, the client's proof over the transcript
     (``via``: the server's end of the connection as the raw socket sees it, "host:port" or the unix path).
-    A server that accepts it answers with its own proof, a second HELLO, before anything else."""
-    reply: dict[str, Any] = {"engine_id": engine_id, "address": address}
+    A server that accepts it answers with its own proof, a second HELLO, before anything else. ``announce``:
+    more keys (e.g. ``{"cma": True, "cma_write": True}``)."""
+    reply: dict[str, Any] = {"engine_id": engine_id, "address": address, **(announce or {})}
     if key is not None:
         reply.update(nonce=CLIENT_NONCE, via=via, mac=auth_mac(
             key, "client", server_hello["nonce"], CLIENT_NONCE, server_hello["engine_id"], engine_id, via
@@ -327,12 +333,15 @@ async def raw_handshake(
     key: bytes | None,
     engine_id: str = "raw-peer",
     address: str | None = None,
+    announce: dict[str, Any] | None = None,
 ) -> dict:
     fields, body = await read_frame(reader)
     assert fields[2] == Kind.HELLO, fields
     hello = unpack_body(body)
     assert isinstance(hello, dict)
-    writer.write(hello_reply(hello, key, engine_id, endpoint_of(writer.get_extra_info("peername")), address))
+    writer.write(
+        hello_reply(hello, key, engine_id, endpoint_of(writer.get_extra_info("peername")), address, announce)
+    )
     if key is not None and hello.get("auth"):
         fields, body = await read_frame(reader)  # the server's proof
         assert fields[2] == Kind.HELLO and "mac" in unpack_body(body), fields

@@ -729,3 +729,112 @@ async def test_write_offers_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdi
     finally:
         writer.close()  # (a failure above must not leave the transport to the loop)
     assert "Traceback" not in server.log()
+
+
+@uvloop_test
+async def test_a_push_is_a_split_read_of_the_pushers_source(sockdir: Path) -> None:
+    """A push by cross-memory attach names its source as a bulk id, exposed while the push lasts: the owner
+    of the buffer asks the pusher to write the first part of it (a split read of the source) and copies the
+    rest. Both ways: a handler pushing into the caller's buffer (the pusher waits in its handler) and a
+    client pushing into a server's; the bytes are the pusher's, nothing stays exposed after, and a pusher
+    whose peer did not announce ``cma_split_push`` sends the address alone (the owner copies it all)."""
+    size = 3 * MIB
+    source = pattern(size, 21)
+
+    async def push_into(req: Any, wire: Any) -> None:
+        await server.push(_handle(wire), source)
+
+    async with Engine(f"unix://{sockdir}/p.sock") as server, Engine(None) as client:
+        server.register(1, "push_into", push_into)
+        mine = bytearray(size)
+        handle = client.expose(mine, "w", peer=server.address)
+        await client.call(server.address, "push_into", handle.to_wire(), provider_id=1)
+        assert mine == source
+        assert _bulk_counts(client).get("cma_written") == 1 and _bulk_counts(server).get("served_cma_write") == 1
+        theirs = bytearray(size)
+        sink = server.expose(theirs, "w")
+        await client.push(sink, pattern(size, 22))
+        assert theirs == pattern(size, 22)
+        assert _bulk_counts(server).get("cma_written") == 1 and _bulk_counts(client).get("served_cma_write") == 1
+        assert not server._push_sources and not client._push_sources
+        assert set(server._exposed) == {sink.bulk_id} and set(client._exposed) == {handle.bulk_id}
+        # a peer that does not take a source's bulk id: one copy, by the owner
+        server._peers[client.engine_id].peer_cma_split_push = False
+        mine[:] = bytes(size)
+        await client.call(server.address, "push_into", handle.to_wire(), provider_id=1)
+        assert mine == source
+        assert _bulk_counts(client).get("served_cma_push") == 2 and _bulk_counts(client).get("cma_written") == 1
+
+
+@uvloop_test
+async def test_split_pushes_from_a_raw_peer(sockdir: Path) -> None:
+    """At the protocol level, a raw pusher that exposes its source as a bulk id: the owner asks it to write
+    the first part of it (a BULK_PULL flagged CMA naming the source's bulk id, a destination, an expiry and
+    a mark); a part written and marked is not copied again; a declined one, or one never answered (the owner
+    waits to the request's expiry and its grace), is copied by the owner; every push ends with the
+    pusher's bytes and an OK. A source id that is not 16 bytes is a bad frame."""
+    import time
+
+    from reliability_kit import open_raw, raw_handshake, read_frame, secret, wait_closed_by_peer
+
+    from svcframe.split_read import SPLIT_EXPIRY_NS
+    from svcframe.wire import Flag, Kind, Status, encode_frame, pack_body, unpack_body
+
+    size = 2 * MIB
+    source = ctypes.create_string_buffer(pattern(size, 31), size)
+    source_id = os.urandom(16)
+    sink = bytearray(size)
+    announce = {"cma": True, "cma_write": True}
+    async with Engine(f"unix://{sockdir}/q.sock") as server:
+        handle = server.expose(sink, "w")
+        reader, writer = await open_raw(server.address)
+        try:
+            await raw_handshake(reader, writer, secret(), announce=announce)
+
+            def push(rid: int, *extra: object) -> bytes:
+                fields = [handle.bulk_id, 0, size, ctypes.addressof(source), *extra]
+                return encode_frame(Kind.BULK_PUSH, rid, pack_body(fields), flags=Flag.CMA)
+
+            async def write_request() -> tuple[int, list[Any]]:
+                fields, body = await read_frame(reader)
+                assert fields[2] == Kind.BULK_PULL and fields[3] & Flag.CMA, fields
+                ask = unpack_body(body)
+                assert ask[0] == source_id and ask[1] == 0 and 0 < ask[2] < size and ask[4] > time.monotonic_ns()
+                return fields[7], ask
+
+            async def answer(rid: int) -> int:
+                fields, _ = await read_frame(reader)
+                assert fields[2] == Kind.RESPONSE and fields[7] == rid, fields
+                return int(fields[9])
+
+            writer.write(push(1, source_id))  # written by us (the server's memory is ours: one process)
+            wid, ask = await write_request()
+            part, dest, mark = ask[2], ask[3], ask[5]
+            ctypes.memmove(dest, ctypes.addressof(source), part)
+            ctypes.memmove(mark, wid.to_bytes(8, "little"), 8)
+            writer.write(encode_frame(Kind.RESPONSE, wid, b"", status=Status.OK))
+            assert await answer(1) == Status.OK and sink == source.raw
+            assert _bulk_counts(server).get("cma_written") == 1
+
+            sink[:] = bytes(size)
+            writer.write(push(2, source_id))  # declined: the owner copies it all
+            wid, ask = await write_request()
+            writer.write(encode_frame(Kind.RESPONSE, wid, pack_body("cma: write declined: busy"), status=Status.BULK_ERROR))
+            assert await answer(2) == Status.OK and sink == source.raw
+
+            sink[:] = bytes(size)
+            start = time.monotonic_ns()
+            writer.write(push(3, source_id))  # never answered: copied once the request is past its expiry
+            wid, ask = await write_request()
+            assert await answer(3) == Status.OK and sink == source.raw
+            assert time.monotonic_ns() - start > SPLIT_EXPIRY_NS
+            assert _bulk_counts(server).get("cma_written") == 1 and _bulk_counts(server).get("served_cma_push") == 3
+
+            writer.write(push(4, source_id[:8]))
+            fields, _ = await read_frame(reader)
+            assert fields[2] == Kind.RESPONSE and fields[7] == 4 and fields[9] == Status.BAD_REQUEST
+            fields, _ = await read_frame(reader)
+            assert fields[2] == Kind.GOODBYE
+            await wait_closed_by_peer(reader, 5.0)
+        finally:
+            writer.close()  # (a failure above must not leave the transport to the loop)

@@ -734,8 +734,8 @@ class BulkTransfers:
                 not isinstance(fields, list)
                 or len(fields) - 3 not in extra
                 or not isinstance(fields[0], bytes)
-                or not all(isinstance(v, int) for v in fields[1:4 if push else None])
-                or min(fields[1:4 if push else None]) < 0
+                or not all(isinstance(v, int) for v in fields[1 : 4 if push else None])
+                or min(fields[1 : 4 if push else None]) < 0
                 or (len(fields) == 5 and push and not (type(fields[4]) is bytes and len(fields[4]) == BULK_ID_BYTES))
             ):
                 raise ValueError
@@ -746,7 +746,13 @@ class BulkTransfers:
         more: list[Any] | None = fields[3:] or None
         entry = self._exposed.get(bulk_id)
         if entry is None:
-            return bulk_id, None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)", size, more
+            return (
+                bulk_id,
+                None,
+                f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)",
+                size,
+                more,
+            )
         view, mode, bound = entry
         if bound is not None and self._conns.get(bound) is not conn:
             return bulk_id, None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, more

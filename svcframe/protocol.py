@@ -320,7 +320,7 @@ class Protocol:
                 "cma": self.identity.cma,
                 "cma_write": self.identity.cma,
                 "cma_offer": self.identity.cma,
-            "cma_split_push": self.identity.cma,
+                "cma_split_push": self.identity.cma,
             }
             self._out.append(encode_frame(Kind.HELLO, 0, pack_body(hello)))
 

@@ -339,9 +339,7 @@ async def raw_handshake(
     assert fields[2] == Kind.HELLO, fields
     hello = unpack_body(body)
     assert isinstance(hello, dict)
-    writer.write(
-        hello_reply(hello, key, engine_id, endpoint_of(writer.get_extra_info("peername")), address, announce)
-    )
+    writer.write(hello_reply(hello, key, engine_id, endpoint_of(writer.get_extra_info("peername")), address, announce))
     if key is not None and hello.get("auth"):
         fields, body = await read_frame(reader)  # the server's proof
         assert fields[2] == Kind.HELLO and "mac" in unpack_body(body), fields

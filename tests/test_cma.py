@@ -819,7 +819,9 @@ async def test_split_pushes_from_a_raw_peer(sockdir: Path) -> None:
             sink[:] = bytes(size)
             writer.write(push(2, source_id))  # declined: the owner copies it all
             wid, ask = await write_request()
-            writer.write(encode_frame(Kind.RESPONSE, wid, pack_body("cma: write declined: busy"), status=Status.BULK_ERROR))
+            writer.write(
+                encode_frame(Kind.RESPONSE, wid, pack_body("cma: write declined: busy"), status=Status.BULK_ERROR)
+            )
             assert await answer(2) == Status.OK and sink == source.raw
 
             sink[:] = bytes(size)

@@ -280,9 +280,10 @@ def test_malformed_hellos_are_protocol_errors() -> None:
 
 @pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "authenticated"])
 def test_cross_memory_attach_and_split_reads_are_announced_in_the_hellos(secret: bytes | None) -> None:
-    """Both sides announce cross-memory attach, split-read writes and write offers (svcframe.bulk); each takes
-    them up only for a peer of its node (a unix socket), and an older peer, whose HELLO has no "cma_write" (or
-    no "cma_offer"), is never asked to write (or sent an offer, which it would take for a malformed pull)."""
+    """Both sides announce cross-memory attach, split-read writes, write offers and split pushes
+    (svcframe.bulk); each takes them up only for a peer of its node (a unix socket), and an older peer, whose
+    HELLO has no "cma_write" (or no "cma_offer", no "cma_split_push"), is never asked to write (or sent an
+    offer, which it would take for a malformed pull, or a push naming its source's bulk id, a bad frame to it)."""
     for on_node in (True, False):
         server = Protocol(Role.SERVER, Identity("server-engine", None, secret, cma=True), nonce=SERVER_NONCE)
         client = Protocol(Role.CLIENT, Identity("client-engine", None, secret, cma=True), nonce=CLIENT_NONCE)
@@ -293,21 +294,27 @@ def test_cross_memory_attach_and_split_reads_are_announced_in_the_hellos(secret:
         assert server.peer is not None and client.peer is not None
         assert server.peer.authenticated is client.peer.authenticated is (secret is not None)
         for peer in (server.peer, client.peer):
-            assert (peer.cma, peer.cma_write, peer.cma_offer) == (on_node, on_node, on_node)
+            assert (peer.cma, peer.cma_write, peer.cma_offer, peer.cma_split_push) == (on_node,) * 4
     older = {"engine_id": "s", "nonce": SERVER_NONCE, "auth": False, "max_body_bytes": 1 << 20, "cma": True}
     writes = {**older, "cma_write": True}
-    for hello, cma_write, cma_offer in (
-        (older, False, False),
-        (writes, True, False),
-        ({**writes, "cma_offer": True}, True, True),
-        ({**older, "cma_offer": True}, False, False),  # (offers are a part of writes)
-        ({**writes, "cma_offer": 1}, True, False),
-        ({**writes, "cma_offer": True, "cma": 1}, False, False),
+    for hello, cma_write, cma_offer, cma_split_push in (
+        (older, False, False, False),
+        (writes, True, False, False),
+        ({**writes, "cma_offer": True}, True, True, False),
+        ({**older, "cma_offer": True}, False, False, False),  # (offers are a part of writes)
+        ({**writes, "cma_offer": 1}, True, False, False),
+        ({**writes, "cma_offer": True, "cma": 1}, False, False, False),
+        ({**writes, "cma_split_push": True}, True, False, True),
+        ({**older, "cma_split_push": True}, False, False, False),  # (so are split pushes)
+        ({**writes, "cma_split_push": "yes"}, True, False, False),
     ):
         client = Protocol(Role.CLIENT, Identity("c", None, cma=True))
         client.connection_made(CLIENT_END, SERVER_END, peer_on_node=True)
         client.feed(encode_frame(Kind.HELLO, 0, pack_body(hello)))
-        assert client.peer is not None and (client.peer.cma_write, client.peer.cma_offer) == (cma_write, cma_offer)
+        assert client.peer is not None
+        assert (client.peer.cma_write, client.peer.cma_offer, client.peer.cma_split_push) == (
+            cma_write, cma_offer, cma_split_push,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("limit", [0, 1, 4095, -5, "4 MiB", 2.5e6, True])

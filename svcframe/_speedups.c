@@ -22,6 +22,8 @@
  * - begin_call and Call, of svcframe.calls.Calls._call_once's work before and after its await, in its common
  *   case (an open connection, outside any handler, untraced and untimed, into= only without cross-memory
  *   attach); likewise.
+ * - vm_read and vm_write, of svcframe.cma.read and write (process_vm_readv / writev without ctypes), and
+ *   buffer_address, of svcframe.cma.buffer_address.
  * - EngineState, ConnectionState, MonitorState, ProgressState and RecordState, of svcframe.slots' Python twins:
  *   the attributes those two read on every call, as struct fields (tests/test_compiled_paths.py).
  *
@@ -38,6 +40,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <errno.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#endif
 
 #define HEADER_SIZE 80
 #define FRAME_FIELDS 14
@@ -2181,7 +2188,180 @@ buffer_address(PyObject *module, PyObject *obj)
     return address;
 }
 
+#ifdef __linux__
+/* ---- vm_read / vm_write: svcframe.cma.read / write without ctypes ------------------------------------------- */
+
+/* OSError(err, "<name> with pid <pid>: <strerror>"), as svcframe.cma raises it. */
+static PyObject *
+vm_error(int err, const char *name, long pid)
+{
+    PyObject *msg = PyUnicode_FromFormat("%s with pid %ld: %s", name, pid, strerror(err));
+    if (msg != NULL) {
+        PyObject *e = PyObject_CallFunction(PyExc_OSError, "iO", err, msg);
+        if (e != NULL) {
+            PyErr_SetObject(PyExc_OSError, e);
+            Py_DECREF(e);
+        }
+        Py_DECREF(msg);
+    }
+    return NULL;
+}
+
+/* The peer's address as an unsigned 64-bit int with room for ``size`` bytes after it, or -1 (OSError set:
+   EFAULT, "out of range", as svcframe.cma._transfer: a peer's address is data from the wire). */
+static int
+vm_address(PyObject *obj, Py_ssize_t size, const char *name, long pid, unsigned long long *out)
+{
+    unsigned long long a = PyLong_Check(obj) ? PyLong_AsUnsignedLongLong(obj) : 0;
+    if (PyErr_Occurred())
+        PyErr_Clear(); /* negative or over 64 bits: out of range below */
+    else if (a > 0 && a <= ULLONG_MAX - (unsigned long long)size) {
+        *out = a;
+        return 0;
+    }
+    PyObject *msg = PyUnicode_FromFormat("%s with pid %ld: address out of range", name, pid);
+    if (msg != NULL) {
+        PyObject *e = PyObject_CallFunction(PyExc_OSError, "iO", EFAULT, msg);
+        if (e != NULL) {
+            PyErr_SetObject(PyExc_OSError, e);
+            Py_DECREF(e);
+        }
+        Py_DECREF(msg);
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(vm_read_doc,
+"vm_read(pid, address, dest, /)\n--\n\n"
+"The twin of svcframe.cma.read: copy len(dest) bytes at ``address`` in process ``pid`` into ``dest`` with\n"
+"process_vm_readv, the GIL released, without ctypes (whose structures and call cost several us a copy).\n"
+"Raises OSError (EPERM, ESRCH, EFAULT; an address out of range is EFAULT) and ValueError (read-only dest).");
+
+static PyObject *
+vm_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "vm_read takes 3 arguments");
+        return NULL;
+    }
+    long pid = PyLong_AsLong(args[0]);
+    if (pid == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view.readonly && view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the destination of a CMA read must be writable");
+        return NULL;
+    }
+    unsigned long long address;
+    if (!view.len) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    if (vm_address(args[1], view.len, "process_vm_readv", pid, &address) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    size_t done = 0, size = (size_t)view.len;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done < size) { /* the kernel may copy less than asked (at most 2 GiB - 4 KiB a call) */
+        struct iovec local = {(char *)view.buf + done, size - done};
+        struct iovec remote = {(void *)(uintptr_t)(address + done), size - done};
+        ssize_t got = process_vm_readv((pid_t)pid, &local, 1, &remote, 1, 0);
+        if (got <= 0) {
+            err = got < 0 ? errno : EFAULT; /* EFAULT: nothing copied */
+            break;
+        }
+        done += (size_t)got;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (err)
+        return vm_error(err, "process_vm_readv", pid);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(vm_write_doc,
+"vm_write(pid, address, src, mark_address=0, mark=b'', /)\n--\n\n"
+"The twin of svcframe.cma.write: copy ``src`` to ``address`` in process ``pid`` with process_vm_writev, then,\n"
+"with ``mark_address``, ``mark`` there in the same system call (a write cut short is EFAULT: the mark was not\n"
+"written), the GIL released, without ctypes. Raises OSError (EPERM, ESRCH, EFAULT).");
+
+static PyObject *
+vm_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "vm_write takes 3 to 5 arguments");
+        return NULL;
+    }
+    long pid = PyLong_AsLong(args[0]);
+    if (pid == -1 && PyErr_Occurred())
+        return NULL;
+    int marked = nargs >= 4 && PyObject_IsTrue(args[3]) == 1;
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer view, mark = {0};
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (marked && (nargs < 5 || PyObject_GetBuffer(args[4], &mark, PyBUF_SIMPLE) < 0)) {
+        if (nargs < 5)
+            PyErr_SetString(PyExc_TypeError, "vm_write: a mark address without a mark");
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    unsigned long long address = 0, mark_address = 0;
+    PyObject *result = NULL;
+    if (!marked && !view.len) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (vm_address(args[1], view.len, "process_vm_writev", pid, &address) < 0)
+        goto done;
+    if (marked && vm_address(args[3], mark.len, "process_vm_writev", pid, &mark_address) < 0)
+        goto done;
+    size_t done_bytes = 0, size = (size_t)view.len;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (marked) { /* one call: the data, then the mark (the kernel copies the ranges in order) */
+        struct iovec local[2] = {{view.buf, size}, {mark.buf, (size_t)mark.len}};
+        struct iovec remote[2] = {{(void *)(uintptr_t)address, size}, {(void *)(uintptr_t)mark_address, (size_t)mark.len}};
+        int first = size ? 0 : 1; /* (no data: the mark alone) */
+        ssize_t got = process_vm_writev((pid_t)pid, local + first, 2 - first, remote + first, 2 - first, 0);
+        if (got != (ssize_t)(size + (size_t)mark.len))
+            err = got < 0 ? errno : EFAULT; /* cut short: the mark was not written */
+    } else {
+        while (done_bytes < size) {
+            struct iovec local = {(char *)view.buf + done_bytes, size - done_bytes};
+            struct iovec remote = {(void *)(uintptr_t)(address + done_bytes), size - done_bytes};
+            ssize_t got = process_vm_writev((pid_t)pid, &local, 1, &remote, 1, 0);
+            if (got <= 0) {
+                err = got < 0 ? errno : EFAULT;
+                break;
+            }
+            done_bytes += (size_t)got;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err)
+        vm_error(err, "process_vm_writev", pid);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&view);
+    if (marked)
+        PyBuffer_Release(&mark);
+    return result;
+}
+#endif
+
 static PyMethodDef speedups_methods[] = {
+#ifdef __linux__
+    {"vm_read", (PyCFunction)(void (*)(void))vm_read, METH_FASTCALL, vm_read_doc},
+    {"vm_write", (PyCFunction)(void (*)(void))vm_write, METH_FASTCALL, vm_write_doc},
+#endif
     {"buffer_address", (PyCFunction)buffer_address, METH_O, buffer_address_doc},
     {"parse_inline", (PyCFunction)(void (*)(void))parse_inline, METH_FASTCALL, parse_inline_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},

@@ -879,7 +879,7 @@ class BulkTransfers:
         "cma: ..." when the kernel refused). Its time counts against the peer's allowance."""
         start = time.monotonic()
         try:
-            cma.write(conn.peer_pid, dest, view, mark_address, request_id.to_bytes(8, "little"))  # type: ignore[arg-type]
+            cma.write(conn.peer_pid, dest, view, mark_address, request_id.to_bytes(8, "little"))
         except OSError as exc:
             conn.send(encode_frame(K_RESPONSE, request_id, pack_body(f"cma: {exc}"), status=Status.BULK_ERROR))
             return

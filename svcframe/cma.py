@@ -192,7 +192,7 @@ if not PURE:
     buffer_address = getattr(_speedups, "buffer_address", _buffer_address_py)  # (a build of an older source)
 
 
-def read(pid: int, address: int, dest: memoryview) -> None:
+def _read_py(pid: int, address: int, dest: memoryview) -> None:
     """Copy ``len(dest)`` bytes at ``address`` in process ``pid`` into ``dest`` (one kernel copy).
 
     The call releases the GIL (ctypes), so large copies may run in a worker thread.
@@ -207,7 +207,7 @@ def read(pid: int, address: int, dest: memoryview) -> None:
     _transfer(_process_vm_readv, "process_vm_readv", pid, address, dest)
 
 
-def write(pid: int, address: int, src: memoryview, mark_address: int = 0, mark: bytes = b"") -> None:
+def _write_py(pid: int, address: int, src: memoryview, mark_address: int = 0, mark: bytes = b"") -> None:
     """Copy ``src`` to ``address`` in process ``pid`` (one kernel copy): only where that process asked for
     it (the module's rules). With ``mark_address``, ``mark`` is written there after the data, in the same
     system call: the peer sees the mark only once the data is all there (the kernel copies the ranges in
@@ -232,6 +232,16 @@ def write(pid: int, address: int, src: memoryview, mark_address: int = 0, mark: 
     if got != total:
         err = ctypes.get_errno() if got < 0 else 14  # cut short: the mark was not written
         raise OSError(err, f"process_vm_writev with pid {pid}: {os.strerror(err)}")
+
+
+#: ``_read_py`` and ``_write_py``, or their compiled twins (svcframe._speedups, unless svcframe.wire.PURE, on
+#: Linux): the same system calls without ctypes, whose structures and call cost several µs a copy, and a split
+#: read makes two (the reader's read, the owner's write).
+read: Callable[[int, int, memoryview], None] = _read_py
+write: Callable[..., None] = _write_py
+if not PURE and _process_vm_readv is not None:
+    read = getattr(_speedups, "vm_read", _read_py)  # (a build of an older source)
+    write = getattr(_speedups, "vm_write", _write_py)
 
 
 def _transfer(fn: object | None, name: str, pid: int, address: int, local_view: memoryview) -> None:

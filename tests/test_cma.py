@@ -158,6 +158,55 @@ def test_buffer_address_of_read_only_and_writable_views(twin: str) -> None:
         address(memoryview(source)[::2])
 
 
+@pytest.mark.parametrize("twins", [("read", "write"), ("_read_py", "_write_py")], ids=["in use", "pure"])
+def test_reads_and_writes_of_a_process_by_either_twin(twins: tuple[str, str]) -> None:
+    """cma.read and cma.write, from the definitions and from the twins in use (compiled, where they were
+    built), on this very process: the bytes land where asked, a write's mark after its data; an empty copy
+    does nothing; a read-only destination is a ValueError; an address out of range (0, negative, past 64
+    bits), or a range not mapped, is an OSError (EFAULT) that names the system call and the pid, and a write
+    whose mark cannot be written is one too; a pid that is no process is ESRCH."""
+    import errno
+
+    read, write = (getattr(cma, name) for name in twins)
+    pid = os.getpid()
+    source = pattern(3 * 4096 + 5, 41)
+    at = cma.buffer_address(memoryview(source))
+    dest = bytearray(len(source))
+    read(pid, at, memoryview(dest))
+    assert dest == source
+    target, mark = bytearray(len(source)), bytearray(8)
+    write(pid, cma.buffer_address(memoryview(target)), memoryview(source))
+    assert target == source
+    target[:] = bytes(len(target))
+    write(pid, cma.buffer_address(memoryview(target)) + 5, memoryview(source)[:100],
+          cma.buffer_address(memoryview(mark)), (77).to_bytes(8, "little"))  # fmt: skip
+    assert target[5:105] == source[:100] and target[:5] == bytes(5) and int.from_bytes(mark, "little") == 77
+    read(pid, 0, memoryview(bytearray()))  # empty: not even the address is looked at
+    write(pid, 0, memoryview(b""))
+    with pytest.raises(ValueError, match="writable"):
+        read(pid, at, memoryview(source))
+    for bad in (0, -4096, 1 << 64, (1 << 64) - 10):
+        with pytest.raises(OSError) as info:
+            read(pid, bad, memoryview(dest))
+        assert info.value.errno == errno.EFAULT and "process_vm_readv" in str(info.value)
+        with pytest.raises(OSError) as info:
+            write(pid, bad, memoryview(source))
+        assert info.value.errno == errno.EFAULT and "process_vm_writev" in str(info.value)
+    with pytest.raises(OSError) as info:
+        read(pid, 4096, memoryview(dest))  # the first page is never mapped
+    assert info.value.errno == errno.EFAULT and f"pid {pid}" in str(info.value) and "Bad address" in str(info.value)
+    mark[:] = bytes(8)
+    with pytest.raises(OSError) as info:
+        write(pid, cma.buffer_address(memoryview(target)), memoryview(source), 4096, (78).to_bytes(8, "little"))
+    assert info.value.errno == errno.EFAULT
+    with pytest.raises(OSError) as info:
+        write(pid, 4096, memoryview(source), cma.buffer_address(memoryview(mark)), (79).to_bytes(8, "little"))
+    assert info.value.errno == errno.EFAULT and mark == bytes(8)  # the data failed: the mark was not written
+    with pytest.raises(OSError) as info:
+        read(2**22 + 12345, at, memoryview(dest))  # above the kernel's pid_max: no such process
+    assert info.value.errno == errno.ESRCH
+
+
 def test_start_time_identifies_a_process_whatever_its_name(tmp_path: Path) -> None:
     """A pid is only read while it belongs to the process that connected: its start time is parsed from
     /proc/PID/stat after the command name, which may hold spaces and parentheses."""

@@ -646,8 +646,11 @@ def test_the_compiled_unpack_body_is_its_twin(body: bytes | bytearray | memoryvi
 
 
 @compiled
-def test_cross_memory_attach_takes_addresses_from_the_twin() -> None:
-    """svcframe.cma.buffer_address is the compiled twin where it was built (tests/test_cma.py checks both)."""
+def test_cross_memory_attach_takes_addresses_and_copies_from_the_twins() -> None:
+    """svcframe.cma.buffer_address, read and write are the compiled twins where they were built (on Linux;
+    tests/test_cma.py checks both)."""
     from svcframe import _speedups, cma
 
     assert cma.buffer_address is _speedups.buffer_address
+    if cma.supported():
+        assert cma.read is _speedups.vm_read and cma.write is _speedups.vm_write

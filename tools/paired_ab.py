@@ -1,0 +1,152 @@
+"""Paired A/B of one same-node bulk-read mechanism: a change of a few per cent, through this VM's noise.
+
+Run-to-run noise on a shared VM is 20-30%; a 5% change is seen only when the two variants run in the same pair
+of processes, in alternate batches, and are compared batch by batch. A server process (first usable core) and
+a client process (last usable core) move ``--size`` bytes over ``unix://`` per read, ``--batch`` reads a
+batch, each round one batch with the mechanism on and one with it off (in alternating order), for
+``--rounds`` rounds. Prints the median GiB/s of each side and the median (and range) of the per-round
+ratios on / off.
+
+    python tools/paired_ab.py [--method into|pull|push] [--toggle vm|address|offers|split-push]
+                              [--size BYTES] [--batch N] [--rounds N]
+
+Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
+region the server exposed once), ``push`` (a handler pushes into the caller's exposed buffer). Toggles,
+each set in both processes: ``vm`` svcframe.cma.read/write by their compiled twins or by ctypes;
+``address`` svcframe.cma.buffer_address likewise; ``offers`` the reader's write offers
+(Connection.peer_cma_offer); ``split-push`` a pusher naming its source for a split read
+(Connection.peer_cma_split_push).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+METHODS = ("into", "pull", "push")
+TOGGLES = ("vm", "address", "offers", "split-push")
+
+
+def set_toggle(engine: Any, toggle: str, on: bool) -> None:
+    """Switch ``toggle`` in this process (its engine's connections, or svcframe.cma's twins)."""
+    from svcframe import _speedups, cma
+
+    if toggle == "vm":
+        cma.read = _speedups.vm_read if on else cma._read_py
+        cma.write = _speedups.vm_write if on else cma._write_py
+    elif toggle == "address":
+        cma.buffer_address = _speedups.buffer_address if on else cma._buffer_address_py
+    for conn in engine._all_conns:
+        if toggle == "offers":
+            conn.peer_cma_offer = on
+        elif toggle == "split-push":
+            conn.peer_cma_split_push = on
+
+
+async def serve(path: str, size: int, toggle: str) -> None:
+    from svcframe.bulk import BulkHandle
+    from svcframe.engine import Engine
+
+    engine = await Engine(f"unix://{path}").start()
+    data = os.urandom(size)
+    exposed = engine.expose(data, "r").to_wire()
+
+    async def push(req: Any, wire: Any) -> None:
+        await engine.push(BulkHandle.from_wire(wire), data)
+
+    engine.register(1, "push", push)
+    engine.register(1, "read", lambda req, arg: data)
+    engine.register(1, "handle", lambda req, arg: exposed)
+    engine.register(1, "toggle", lambda req, on: set_toggle(engine, toggle, bool(on)))
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+async def measure(path: str, args: argparse.Namespace) -> None:
+    from svcframe.bulk import BulkHandle
+    from svcframe.engine import Engine
+
+    address = f"unix://{path}"
+    engine = await Engine(None).start()
+    await engine.connection(address)
+    buf = bytearray(args.size)
+    sink = engine.expose(buf, "w", peer=address).to_wire()
+    source = BulkHandle.from_wire(await engine.call(address, "handle", None, provider_id=1))
+    call = engine.call
+    if args.method == "push":
+        op = lambda: call(address, "push", sink, provider_id=1)  # noqa: E731
+    elif args.method == "into":
+        op = lambda: call(address, "read", None, provider_id=1, into=buf)  # noqa: E731
+    else:
+        op = lambda: engine.pull(source, buf)  # noqa: E731
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(args.rounds):
+        for on in (bool(r % 2), not r % 2):
+            await call(address, "toggle", on, provider_id=1)
+            set_toggle(engine, args.toggle, on)
+            for _ in range(max(args.batch // 10, 5)):  # warm up this variant
+                await op()
+            start = time.perf_counter()
+            for _ in range(args.batch):
+                await op()
+            rates[on].append(args.batch * args.size / (time.perf_counter() - start) / 2**30)
+    ratios = [a / b for a, b in zip(rates[True], rates[False], strict=True)]
+    print(f"{args.method}, {args.size} bytes, {args.toggle} on/off, {args.rounds} rounds of {args.batch}:")
+    print(f"  on   {statistics.median(rates[True]):6.2f} GiB/s (median)")
+    print(f"  off  {statistics.median(rates[False]):6.2f} GiB/s")
+    print(f"  on/off {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})")
+    await engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--method", choices=METHODS, default="into")
+    parser.add_argument("--toggle", choices=TOGGLES, default="vm")
+    parser.add_argument("--size", type=int, default=4 << 20)
+    parser.add_argument("--batch", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.size < 1 or args.batch < 1 or args.rounds < 1:
+        parser.error("--size, --batch and --rounds must be positive")
+    from svcframe import cma
+    from svcframe.loops import run
+
+    if not cma.supported():
+        sys.exit("paired_ab: cross-memory attach is not supported here (Linux process_vm_readv)")
+    cores = sorted(os.sched_getaffinity(0))
+    if args.role == "server":
+        os.sched_setaffinity(0, {cores[0]})
+        run(serve(args.path, args.size, args.toggle))
+    elif args.role == "client":
+        os.sched_setaffinity(0, {cores[-1]})
+        run(measure(args.path, args))
+    else:
+        with tempfile.TemporaryDirectory(prefix="sfab", dir="/tmp") as tmp:
+            path = f"{tmp}/s.sock"
+            common = ["--size", str(args.size), "--toggle", args.toggle, "--path", path]
+            server = subprocess.Popen(
+                [sys.executable, __file__, "--role", "server", *common], stdout=subprocess.PIPE, text=True
+            )
+            try:
+                if server.stdout is None or server.stdout.readline().strip() != "ready":
+                    sys.exit("paired_ab: the server process did not start")
+                rest = ["--method", args.method, "--batch", str(args.batch), "--rounds", str(args.rounds)]
+                sys.exit(subprocess.run([sys.executable, __file__, "--role", "client", *common, *rest]).returncode)
+            finally:
+                server.kill()
+                server.wait()
+
+
+if __name__ == "__main__":
+    main()

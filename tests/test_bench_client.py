@@ -197,6 +197,25 @@ def test_profile_client_counts_the_bytecodes_per_call() -> None:
     assert 50 < ours < 5000 and 50 < bytecodes("raw")[0] < 5000
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cross-memory attach is Linux's")
+@pytest.mark.parametrize("method,toggle", [("push", "split-push"), ("into", "vm")])
+def test_paired_ab_prints_both_variants_and_their_ratio(method: str, toggle: str) -> None:
+    """tools/paired_ab.py runs its server and client processes and prints each variant's median and the
+    per-round ratios (a few small batches here: the shape, not the speed); a bad toggle is one line."""
+    out = subprocess.run(
+        [sys.executable, "tools/paired_ab.py", "--method", method, "--toggle", toggle, "--size", str(2 << 20),
+         "--batch", "4", "--rounds", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert out.startswith(f"{method}, {2 << 20} bytes, {toggle} on/off, 2 rounds of 4:\n"), out
+    assert re.search(
+        r"\n  on +[\d.]+ GiB/s \(median\)\n  off +[\d.]+ GiB/s\n  on/off [\d.]+ \(rounds [\d.]+-[\d.]+\)\n$", out
+    )
+    bad = subprocess.run([sys.executable, "tools/paired_ab.py", "--toggle", "no"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "invalid choice: 'no'" in bad.stderr and "Traceback" not in bad.stderr
+
+
 @pytest.mark.slow
 def test_client_instruction_count_is_printed() -> None:
     out = subprocess.run(

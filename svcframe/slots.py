@@ -37,8 +37,8 @@ class _PyEngineState:
 
 class _PyConnectionState:
     __slots__ = (
-        "_batch", "_batch_bytes", "closed", "max_output_bytes", "next_request_id", "peer_max_body_bytes", "pending",
-        "records", "transport", "writes",
+        "_batch", "_batch_bytes", "_cork", "closed", "max_output_bytes", "next_request_id", "peer_max_body_bytes",
+        "pending", "records", "transport", "writes",
     )  # fmt: skip
 
 

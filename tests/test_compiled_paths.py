@@ -217,6 +217,32 @@ async def test_begin_call_makes_the_common_call_and_declines_the_others_untouche
 
 
 @pytest.mark.asyncio
+async def test_calls_begun_while_others_are_in_flight_leave_in_one_write(
+    make_engine: Callable[..., Awaitable[Engine]],
+) -> None:
+    """Calls that begin_call makes while another of ours is in flight on the connection are corked: held
+    (``Connection._cork``) and written together on the loop's next turn (``_uncork``), as
+    ``Connection.send_request(frame, True)`` does; each gets its own answer, in the order sent."""
+    from svcframe._speedups import begin_call
+
+    server = await make_engine("tcp://127.0.0.1:0")
+    server.register(1, "small", lambda req, arg: arg)
+    client = await make_engine(None)
+    address = server.address or ""
+    for _ in range(REPEAT):
+        assert await client.call(address, "small", b"warm", provider_id=1) == b"warm"
+    conn = client._conns[address]
+    client.monitor.enabled = False  # (every call untimed: all made by begin_call)
+    writes = conn.writes
+    calls = [begin_call(client, address, "small", i.to_bytes(2, "big"), 1, None, 0, None) for i in range(20)]
+    assert all(call is not None for call in calls)
+    assert conn.writes == writes + 1 and conn._cork is not None and len(conn._cork) == 19  # the first went out
+    answers = [call.answered(await call.future) for call in calls if call is not None]
+    assert answers == [i.to_bytes(2, "big") for i in range(20)]
+    assert conn._cork is None and conn.writes == writes + 2 and not conn.pending
+
+
+@pytest.mark.asyncio
 async def test_begin_call_leaves_a_read_that_may_use_cross_memory_attach_to_its_definition(
     make_engine: Callable[..., Awaitable[Engine]],
 ) -> None:

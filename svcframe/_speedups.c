@@ -173,7 +173,8 @@ typedef struct {
     long into_flag;
     long lent_status;
     Py_ssize_t cma_min; /* bulk.CMA_MIN_BYTES: an into= buffer this large may be filled by cross-memory attach */
-    PyObject *cn[16]; /* (CALL_NAMES_N) */
+    PyObject *cn[17]; /* (CALL_NAMES_N) */
+    PyObject *wire, *packer_pack; /* svcframe.wire, and its _packer's pack (pack_body's own call) */
     long long batch_flush_bytes; /* svcframe.transport.BATCH_FLUSH_BYTES (configure_serve()) */
     /* the state types (EngineState, ConnectionState, MonitorState, ProgressState, RecordState) */
     PyObject *engine_state, *connection_state, *monitor_state, *progress_state, *record_state;
@@ -1297,16 +1298,16 @@ static const char *const SERVE_NAMES[SERVE_NAMES_N] = {
 enum { N_IS_COROUTINE, N_HANDLER, N_REQUEST, N_SEND, N_HANDLED, N_FINISH_ERROR, N_TRACK_TASK, N_SEND_MANY };
 
 /* The method names begin_call and conn_send use, interned once (module_state.cn, in this order). */
-#define CALL_NAMES_N 16
+#define CALL_NAMES_N 17
 _Static_assert(sizeof(((module_state *)0)->cn) / sizeof(PyObject *) == CALL_NAMES_N, "module_state.cn: CALL_NAMES_N");
 static const char *const CALL_NAMES[CALL_NAMES_N] = {
     "time", "create_future", "send_request", "activity", "request", "write", "get_write_buffer_size",
     "_flush_batch", "_slow_reader", "peer_cma", "protocol", "pulls", "overflowed", "writable", "call_soon",
-    "_uncork",
+    "_uncork", "DEBUG_WIRE",
 };
 enum { C_TIME, C_CREATE_FUTURE, C_SEND_REQUEST, C_ACTIVITY, C_REQUEST, C_WRITE, C_GET_WRITE_BUFFER_SIZE,
        C_FLUSH_BATCH, C_SLOW_READER, C_PEER_CMA, C_PROTOCOL, C_PULLS, C_OVERFLOWED, C_WRITABLE, C_CALL_SOON,
-       C_UNCORK };
+       C_UNCORK, C_DEBUG_WIRE };
 
 
 /* ``o`` is an instance of the state type ``type`` (a subclass's) with its field ``i`` set: that field, borrowed;
@@ -1921,6 +1922,22 @@ static PyType_Spec call_spec = {
     call_slots,
 };
 
+/* wire.pack_body(arg) without its Python frame (12 bytecodes a call, measured): the packer's own pack, unless
+ * wire.DEBUG_WIRE asks for pack_body's checks. An error is left to begin_call's caller, which declines: _call_once
+ * then calls pack_body, which resets the packer and raises its LocalProtocolError. */
+static PyObject *
+pack_arg(module_state *st, PyObject *arg)
+{
+    if (st->wire == NULL || st->packer_pack == NULL)
+        return PyObject_CallOneArg(st->pack_body, arg);
+    PyObject *debug = PyObject_GetAttr(st->wire, st->cn[C_DEBUG_WIRE]);
+    if (debug == NULL)
+        return NULL;
+    int plain = debug == Py_False;
+    Py_DECREF(debug);
+    return PyObject_CallOneArg(plain ? st->packer_pack : st->pack_body, arg);
+}
+
 PyDoc_STRVAR(begin_call_doc,
 "begin_call(engine, address, name, arg, provider_id, timeout_seconds, flags, into) -> Call | None\n\n"
 "What svcframe.calls.Calls._call_once (its Python twin) does before its ``await``, without a Python frame, in\n"
@@ -2007,7 +2024,7 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (now == NULL || !PyFloat_CheckExact(now))
         goto decline;
     double start = PyFloat_AS_DOUBLE(now);
-    body = arg == Py_None ? Py_NewRef(st->nil_body) : PyObject_CallOneArg(st->pack_body, arg);
+    body = arg == Py_None ? Py_NewRef(st->nil_body) : pack_arg(st, arg);
     if (body == NULL || !PyBytes_CheckExact(body) || (unsigned long long)PyBytes_GET_SIZE(body) > limit)
         goto decline; /* (an argument that cannot be sent: _call_once raises its error) */
     if (into != Py_None) { /* into = as_byte_view(into, writable=True); flags |= F_INTO */
@@ -2146,22 +2163,29 @@ done:
 PyDoc_STRVAR(configure_calls_doc,
 "configure_calls(task_request, pack_body, nil_body, error_from_status, cancel_remote, no_response,\n"
 "                deadline_expired, cancelled_error, no_parent_provider, lent_status, as_byte_view,\n"
-"                incoming_pull, too_large, into_flag, cma_min_bytes) -> None\n\n"
+"                incoming_pull, too_large, into_flag, cma_min_bytes, wire) -> None\n\n"
 "What begin_call and Call use (svcframe.calls): the async handlers' request contextvar, wire.pack_body, the\n"
 "body of None, errors.error_from_status, calls' cancel_remote and no_response, DeadlineExpired,\n"
 "asyncio.CancelledError, wire.NO_PARENT_PROVIDER, Status.LENT; for into= calls bulk.as_byte_view,\n"
 "protocol.IncomingPull, calls' too_large, wire.F_INTO and bulk.CMA_MIN_BYTES (an into= buffer this large may\n"
-"take its result by cross-memory attach: _call_once decides). configure_serve() comes first (the sync\n"
-"handlers' thread-local).");
+"take its result by cross-memory attach: _call_once decides); svcframe.wire itself (its _packer's pack is\n"
+"called directly while DEBUG_WIRE is False). configure_serve() comes first (the sync handlers' thread-local).");
 
 static PyObject *
 configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     module_state *st = (module_state *)PyModule_GetState(module);
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "configure_calls takes 15 arguments");
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "configure_calls takes 16 arguments");
         return NULL;
     }
+    PyObject *packer = PyObject_GetAttrString(args[15], "_packer");
+    PyObject *pack = packer == NULL ? NULL : PyObject_GetAttrString(packer, "pack");
+    Py_XDECREF(packer);
+    if (pack == NULL)
+        return NULL;
+    Py_XSETREF(st->packer_pack, pack);
+    Py_XSETREF(st->wire, Py_NewRef(args[15]));
     if (!PyContextVar_CheckExact(args[0]) || !PyBytes_CheckExact(args[2]) || !PyLong_CheckExact(args[8])) {
         PyErr_SetString(PyExc_TypeError, "configure_calls: a ContextVar, bytes and an int expected");
         return NULL;
@@ -2469,7 +2493,8 @@ speedups_exec(PyObject *module)
     X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(call_type) X(task_request) \
     X(pack_body) X(nil_body) X(error_from_status) X(cancel_remote) X(no_response) X(deadline_expired) \
     X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
-    X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state)
+    X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state) \
+    X(wire) X(packer_pack)
 
 static int
 speedups_traverse(PyObject *module, visitproc visit, void *arg)

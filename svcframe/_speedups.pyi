@@ -102,6 +102,7 @@ def configure_calls(
     too_large: Any,
     into_flag: int,
     cma_min_bytes: int,
+    wire: Any,
     /,
 ) -> None: ...
 def begin_call(

@@ -18,6 +18,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from . import wire
 from .bulk import CMA_MIN_BYTES, as_byte_view
 from .deadlines import DeadlineExpired, Deadlines
 from .errors import (
@@ -353,5 +354,5 @@ if not PURE:
     configure_calls(
         _task_request, pack_body, _NIL, error_from_status, cancel_remote, no_response, DeadlineExpired,
         asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT), as_byte_view, IncomingPull, too_large, F_INTO,
-        CMA_MIN_BYTES,
+        CMA_MIN_BYTES, wire,
     )  # fmt: skip

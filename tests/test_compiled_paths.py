@@ -243,6 +243,38 @@ async def test_calls_begun_while_others_are_in_flight_leave_in_one_write(
 
 
 @pytest.mark.asyncio
+async def test_begin_call_packs_the_argument_itself_unless_in_debug_mode(
+    make_engine: Callable[..., Awaitable[Engine]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """begin_call packs an argument with the packer itself, as pack_body does; in debug mode
+    (``svcframe.wire.DEBUG_WIRE``) through pack_body, whose check refuses what every receiver would (an int
+    map key: LocalProtocolError, nothing sent); an argument msgpack cannot encode is declined and then
+    refused by the definition, and the packer is left clean for the next call."""
+    from svcframe import wire
+    from svcframe._speedups import begin_call
+    from svcframe.errors import LocalProtocolError
+
+    server = await make_engine("tcp://127.0.0.1:0")
+    server.register(1, "small", lambda req, arg: arg)
+    client = await make_engine(None)
+    address = server.address or ""
+    await client.call(address, "small", 1, provider_id=1)
+    client.monitor.enabled = False  # (every call untimed: begin_call's case)
+    conn = client._conns[address]
+    call = begin_call(client, address, "small", {"k": [1, b"2"]}, 1, None, 0, None)
+    assert call is not None and call.answered(await call.future) == {"k": [1, b"2"]}
+    writes = conn.writes
+    monkeypatch.setattr(wire, "DEBUG_WIRE", True)
+    with pytest.raises(LocalProtocolError, match="map key"):
+        await client.call(address, "small", {1: "x"}, provider_id=1)
+    assert conn.writes == writes and not conn.pending
+    monkeypatch.setattr(wire, "DEBUG_WIRE", False)
+    with pytest.raises(LocalProtocolError, match="cannot encode"):
+        await client.call(address, "small", [1, object()], provider_id=1)
+    assert await client.call(address, "small", [3, "x"], provider_id=1) == [3, "x"]
+
+
+@pytest.mark.asyncio
 async def test_begin_call_leaves_a_read_that_may_use_cross_memory_attach_to_its_definition(
     make_engine: Callable[..., Awaitable[Engine]],
 ) -> None:

@@ -56,6 +56,7 @@ from .split_read import (
 from .wire import (
     F_CMA,
     F_INTO,
+    F_NO_REPLY,
     K_BULK_PUSH,
     K_CANCEL,
     K_RESPONSE,
@@ -287,8 +288,18 @@ class BulkTransfers:
         *,
         offset: int = 0,
         timeout_seconds: float | None = None,
+        ahead: bool = True,
     ) -> None:
         """Write all of ``src`` into the remote buffer at ``offset``.
+
+        A handler's push into its own caller's buffer over the socket goes *ahead of the answer* (``ahead``,
+        when the caller's engine takes it: HELLO ``push_ahead``): its data frames leave on the caller's
+        connection before the handler's answer, and the push returns once they are written (``src`` may then
+        be reused), without waiting for the caller's acknowledgement. The caller places the bytes before it
+        reads the answer, so its call returns with them in place, one round trip for the read as with a
+        Margo handler's ``HG_BULK_PUSH``; a push the caller refuses (the handle revoked, out of range) fails
+        the caller's call with BulkError, not the push. ``ahead=False`` waits for the owner's answer, as every
+        other push does.
 
         Raises:
             BulkUsageError (bad range or mode, checked locally), BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
@@ -307,9 +318,55 @@ class BulkTransfers:
             timeout_seconds = deadline - loop.time()  # the socket path gets what is left, not the full time
             if timeout_seconds <= 0:
                 raise DeadlineExceeded(f"push of {size} bytes to {handle.address}: the deadline passed")
+        if ahead and await self._push_ahead(handle, offset, view, timeout_seconds):
+            return
         status, info, _ = await self._bulk_op(handle, Kind.BULK_PUSH, offset, size, None, view, timeout_seconds)
         if status != Status.OK:
             raise error_from_status(status, info, "bulk push", 0, _owner(handle))
+
+    async def _push_ahead(
+        self, handle: BulkHandle, offset: int, src: memoryview, timeout_seconds: float | None
+    ) -> bool:
+        """A handler's push into its caller's buffer, ahead of its answer (see ``push``): a BULK_PUSH flagged
+        NO_REPLY, body ``[bulk id, offset, size, the call's request id]``, and its data frames, on the caller's
+        connection. False (push as usual) outside a handler, for a handle of another engine's, for a request
+        that takes no answer, or for a caller that does not take pushes ahead.
+
+        Raises:
+            DeadlineExceeded: the data could not be written in time (a reader that does not read);
+            ConnectionLost.
+        """
+        req = self._request_here()
+        if req is None:
+            return False
+        conn: Connection = req[1]  # Request.conn
+        frame: Frame = req[3]  # Request.frame
+        if conn.peer_engine_id != handle.engine_id or not conn.peer_push_ahead or frame[1] & F_NO_REPLY:
+            return False
+        if conn.closed:
+            raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
+        loop = self._loop or asyncio.get_running_loop()
+        start = loop.time()
+        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        size = len(src)
+        request_id = conn.next_request_id()
+        body = pack_body([handle.bulk_id, offset, size, frame[4]])
+        header = encode_frame(Kind.BULK_PUSH, request_id, body, flags=F_NO_REPLY)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)
+        except TimeoutError:
+            if not conn.closed:  # (the owner forgets the push it will not get the rest of)
+                conn.send(encode_frame(Kind.CANCEL, request_id))
+            raise DeadlineExceeded(f"push of {size} bytes: not written within {timeout:g} s") from None
+        except asyncio.CancelledError:
+            if not conn.closed:
+                conn.send(encode_frame(Kind.CANCEL, request_id))
+            raise
+        if conn.closed:
+            raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
+        self.monitor.record_bulk("push_ahead", conn.peer_label, size, int((loop.time() - start) * 1e9))
+        return True
 
     def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
         entry = self._exposed.get(handle.bulk_id)
@@ -727,7 +784,8 @@ class BulkTransfers:
         ``_serve_cma_write``)."""
         by_cma = bool(frame[1] & F_CMA)
         push = frame[0] == K_BULK_PUSH
-        extra = (1, 2) if by_cma and push else (0, 3) if by_cma else (0,)
+        ahead = push and not by_cma and frame[1] & F_NO_REPLY
+        extra = (1, 2) if by_cma and push else (0, 3) if by_cma else (1,) if ahead else (0,)
         try:
             fields = unpack_body(frame.body or b"")
             if (
@@ -813,10 +871,18 @@ class BulkTransfers:
 
     def _on_push_request(self, conn: Connection, frame: Frame) -> None:
         _, view, error, size, more = self._bulk_request(conn, frame, WRITE)
-        if more is not None:
+        if more is not None and frame[1] & F_CMA:
             self._serve_cma_push(conn, frame, view, error, *more)
             return
         incoming = conn.protocol.expect_push(frame, view, size, error)
+        if more is not None:  # a push ahead of the answer to our call more[0] (``push``): never answered
+            if error is not None:  # refused: that call fails (its data, if any, is discarded)
+                waiter = conn.pending.get(more[0])
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(BulkError(f"the server's push into our buffer was refused here: {error}"))
+            else:
+                self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
+            return
         if incoming is None:  # nothing to wait for: empty, or refused (its data, if any, is discarded)
             self._reply_push(conn, frame, error)
             return
@@ -1015,7 +1081,7 @@ class BulkTransfers:
 
     def _on_push_data(self, conn: Connection, frame: Frame) -> None:
         incoming = conn.protocol.push_complete(frame[4])
-        if incoming is not None:
+        if incoming is not None and not incoming.frame[1] & F_NO_REPLY:  # (a push ahead is not answered)
             self._reply_push(conn, incoming.frame, incoming.error)
 
     def _reply_push(self, conn: Connection, frame: Frame, error: str | None) -> None:

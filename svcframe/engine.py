@@ -557,6 +557,8 @@ class Engine(Calls, Handlers, BulkTransfers, EngineState):
                     self._release_lent(conn, frame.request_id)
                 if conn.protocol.offers:  # a cancelled into= call: its write offer is declined
                     self._withdraw_offer(conn, frame.request_id)
+                if conn.protocol.pushes:  # a push given up on before all its data came: forget it
+                    conn.protocol.pushes.pop(frame.request_id, None)
             elif kind == K_GOODBYE:
                 conn.goodbye_received(frame)
                 return

@@ -136,6 +136,8 @@ class Peer:
         cma_split_push: with ``cma_write``, a push into its buffer by cross-memory attach may name the
             pusher's source as a bulk id: it then asks the pusher to write the first part of it (a split
             read of the source) while it copies the rest (``svcframe.bulk``).
+        push_ahead: a handler's push into its buffer may come ahead of the handler's answer, unanswered (a
+            BULK_PUSH flagged NO_REPLY naming the call: ``svcframe.bulk``); peers before this field do not.
     """
 
     engine_id: str
@@ -146,6 +148,7 @@ class Peer:
     cma_write: bool = False
     cma_offer: bool = False
     cma_split_push: bool = False
+    push_ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +324,7 @@ class Protocol:
                 "cma_write": self.identity.cma,
                 "cma_offer": self.identity.cma,
                 "cma_split_push": self.identity.cma,
+                "push_ahead": True,
             }
             self._out.append(encode_frame(Kind.HELLO, 0, pack_body(hello)))
 
@@ -452,6 +456,7 @@ class Protocol:
             cma_write=(cma_write := cma and hello.get("cma_write") is True),
             cma_offer=cma_write and hello.get("cma_offer") is True,
             cma_split_push=cma_write and hello.get("cma_split_push") is True,
+            push_ahead=hello.get("push_ahead") is True,
         )
 
     def _server_hello(self, hello: dict[str, Any]) -> Closed | None:
@@ -491,6 +496,7 @@ class Protocol:
             "cma_write": self.identity.cma,
             "cma_offer": self.identity.cma,
             "cma_split_push": self.identity.cma,
+            "push_ahead": True,
         }
         secret = self.identity.secret
         if secret is None:

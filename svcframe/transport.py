@@ -164,6 +164,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         self.peer_cma_write = False
         self.peer_cma_offer = False
         self.peer_cma_split_push = False
+        self.peer_push_ahead = False  # a handler of ours may push into its caller's buffer ahead of its answer
         #: the share of a split read the peer writes, asked after its answer (svcframe.bulk._cma_read) and
         #: offered before it (svcframe.bulk._offer_write), each adapted per read (0: not yet)
         self.split_share = 0.0
@@ -317,7 +318,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
             self.peer_engine_id, self.peer_address = peer.engine_id, peer.address
             self.peer_max_body_bytes, self.authenticated = peer.max_body_bytes, peer.authenticated
             self.peer_cma, self.peer_cma_write, self.peer_cma_offer = peer.cma, peer.cma_write, peer.cma_offer
-            self.peer_cma_split_push = peer.cma_split_push
+            self.peer_cma_split_push, self.peer_push_ahead = peer.cma_split_push, peer.push_ahead
             # Statistics are kept per peer label: a server's address, or for client-only peers (no address) one
             # label per client host, so churn of short connections from ephemeral ports adds no record (issue 13).
             self.peer_label = peer.address or f"clients@{self.peer_host or 'local'}"

@@ -420,3 +420,56 @@ async def test_a_pull_allocates_nothing_before_the_owner_answers(address: str, m
     assert peak < 16 * 1024 * 1024, f"{peak / 2**20:.0f} MiB allocated for a transfer the owner refused"
     data = bytearray(pattern(300_000, 5))  # and a real pull(dest=None) still returns its bytearray
     assert await call1(client, server, "pull_digest", client.expose(data, "r").to_wire()) == sha(data)
+
+
+# --- a handler's push into its caller's buffer, ahead of its answer ------------------------------------------
+
+
+def _bulk_counts(engine: Engine) -> dict[str, int]:
+    """Transfers per direction recorded by the engine's monitor (summed over peers)."""
+    out: dict[str, int] = {}
+    for (direction, _), rec in engine.monitor.bulk.items():
+        out[direction] = out.get(direction, 0) + len(rec.buffer) // 2 + rec.summaries[rec.steps[0]].count
+    return out
+
+
+async def test_a_handlers_push_to_its_caller_goes_ahead_of_the_answer(server: Engine, client: Engine) -> None:
+    """Over the socket, a handler's push into its caller's buffer is sent ahead of its answer and not
+    answered: the call returns with the bytes in place and the caller wrote nothing but its requests (one
+    round trip for the read); ``ahead=False``, and a caller whose HELLO lacks ``push_ahead``, get the push that
+    waits for the owner's answer. A push the caller refuses fails the call with BulkError once the handler
+    went on (it saw no error), and the connection serves on."""
+    address = server.address or ""
+    server.bulk_cma = client.bulk_cma = False  # (over unix, 3 MiB would move by cross-memory attach: test_cma)
+    after: list[str] = []
+
+    async def push_into(req: Request, arg: list[Any]) -> int:
+        await req.engine.push(BulkHandle.from_wire(arg[0]), pattern(arg[1], arg[1]), ahead=arg[2])
+        after.append("pushed")
+        return arg[1]
+
+    server.register(1, "push_into", push_into)
+    await client.call(address, "push_into", [client.expose(bytearray(1), "w").to_wire(), 1, True], provider_id=1)
+    conn = client._conns[address]
+    buf = bytearray(5 * MiB)
+    handle = client.expose(buf, "w").to_wire()
+    writes = conn.writes
+    for size in (64 * KiB, 3 * MiB + 1, 0):
+        buf[:] = bytes(len(buf))
+        assert await client.call(address, "push_into", [handle, size, True], provider_id=1) == size
+        assert buf[:size] == pattern(size, size) and buf[size : size + 8] == bytes(min(8, len(buf) - size))
+    assert conn.writes == writes + 3  # our three requests, and no answer to a push
+    assert _bulk_counts(server).get("push_ahead") == 4 and "push" not in _bulk_counts(server)
+    await client.call(address, "push_into", [handle, 1000, False], provider_id=1)  # waits for our answer
+    server._peers[client.engine_id].peer_push_ahead = False  # a caller from before: the same
+    await client.call(address, "push_into", [handle, 2000, True], provider_id=1)
+    assert buf[:2000] == pattern(2000, 2000) and _bulk_counts(server).get("push") == 2
+    server._peers[client.engine_id].peer_push_ahead = True
+    gone = client.expose(bytearray(100), "w")
+    client.unexpose(gone)
+    after.clear()
+    with pytest.raises(BulkError, match=r"refused here: bulk handle .* is not exposed"):
+        await client.call(address, "push_into", [gone.to_wire(), 100, True], provider_id=1)
+    await wait_until(lambda: after == ["pushed"], what="the handler to go on past its push")
+    assert await client.call(address, "push_into", [handle, 10, True], provider_id=1) == 10
+    assert not conn.protocol.pushes and not conn.pending

@@ -212,3 +212,48 @@ async def test_forged_sizes_in_the_self_test_keep_nothing(procs: Procs, tmp_path
         "hostile: 8 forged self-test bulk sizes (64-71 MiB), server RSS growth", round(grown / MIB, 1), "MiB"
     )
     assert grown < 16 * MIB
+
+
+@uvloop_test
+async def test_pushes_ahead_of_an_answer_from_a_raw_peer() -> None:
+    """At the protocol level, pushes flagged NO_REPLY (a handler's push ahead of its answer, naming the
+    call): into an exposed "w" buffer its bytes land and nothing is answered; naming a call we never made,
+    or a handle not exposed, changes nothing else (the data is discarded, the connection serves on, no
+    answer); a CANCEL of a push whose data stopped coming forgets it; a body without the call's id is a bad
+    frame (BAD_REQUEST, GOODBYE)."""
+    from svcframe.wire import Flag
+
+    async with Engine("tcp://127.0.0.1:0") as server:
+        server.register(1, "noop", lambda req, arg: arg)
+        sink = bytearray(4096)
+        handle = server.expose(sink, "w")
+        reader, writer = await open_raw(server.address or "")
+        try:
+            await raw_handshake(reader, writer, secret(), announce={"push_ahead": True})
+
+            def push(rid: int, bulk_id: bytes, data: bytes, *call: int) -> bytes:
+                head = encode_frame(Kind.BULK_PUSH, rid, pack_body([bulk_id, 0, len(data), *call]), flags=Flag.NO_REPLY)
+                return head + encode_frame(Kind.BULK_DATA_PUSH, rid, data) if data else head
+
+            async def served(rid: int) -> None:  # the next frame is this noop's answer: nothing came before it
+                writer.write(
+                    encode_frame(Kind.REQUEST, rid, pack_body(rid), provider_id=1, rpc=server.table.rpc_id("noop"))
+                )
+                fields, body = await read_frame(reader)
+                assert fields[2] == Kind.RESPONSE and fields[7] == rid and unpack_body(body) == rid, fields
+
+            writer.write(push(1, handle.bulk_id, b"a" * 1000, 77))  # a call we never made: bytes land, no answer
+            await served(2)
+            assert sink[:1000] == b"a" * 1000 and sink[1000:1008] == bytes(8)
+            writer.write(push(3, pysecrets.token_bytes(16), b"b" * 1000, 2))  # not exposed: discarded
+            await served(4)
+            writer.write(encode_frame(Kind.BULK_PUSH, 5, pack_body([handle.bulk_id, 0, 100, 4]), flags=Flag.NO_REPLY))
+            writer.write(encode_frame(Kind.CANCEL, 5))  # its data never comes: forgotten
+            await served(6)
+            assert not server._peers["raw-peer"].protocol.pushes and sink[:1000] == b"a" * 1000
+            writer.write(encode_frame(Kind.BULK_PUSH, 7, pack_body([handle.bulk_id, 0, 10]), flags=Flag.NO_REPLY))
+            fields, body = await read_frame(reader)  # (NO_REPLY: no BAD_REQUEST answer, the GOODBYE says it)
+            assert fields[2] == Kind.GOODBYE and fields[9] == Status.BAD_REQUEST and "malformed" in unpack_body(body)
+            await wait_closed_by_peer(reader, 5.0)
+        finally:
+            writer.close()

@@ -295,6 +295,7 @@ def test_cross_memory_attach_and_split_reads_are_announced_in_the_hellos(secret:
         assert server.peer.authenticated is client.peer.authenticated is (secret is not None)
         for peer in (server.peer, client.peer):
             assert (peer.cma, peer.cma_write, peer.cma_offer, peer.cma_split_push) == (on_node,) * 4
+            assert peer.push_ahead  # (pushes ahead of an answer: any transport)
     older = {"engine_id": "s", "nonce": SERVER_NONCE, "auth": False, "max_body_bytes": 1 << 20, "cma": True}
     writes = {**older, "cma_write": True}
     for hello, cma_write, cma_offer, cma_split_push in (
@@ -311,7 +312,7 @@ def test_cross_memory_attach_and_split_reads_are_announced_in_the_hellos(secret:
         client = Protocol(Role.CLIENT, Identity("c", None, cma=True))
         client.connection_made(CLIENT_END, SERVER_END, peer_on_node=True)
         client.feed(encode_frame(Kind.HELLO, 0, pack_body(hello)))
-        assert client.peer is not None
+        assert client.peer is not None and client.peer.push_ahead is False  # (none of these says it)
         assert (client.peer.cma_write, client.peer.cma_offer, client.peer.cma_split_push) == (
             cma_write, cma_offer, cma_split_push,
         )  # fmt: skip

@@ -198,16 +198,18 @@ def test_profile_client_counts_the_bytecodes_per_call() -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cross-memory attach is Linux's")
-@pytest.mark.parametrize("method,toggle", [("push", "split-push"), ("into", "vm")])
-def test_paired_ab_prints_both_variants_and_their_ratio(method: str, toggle: str) -> None:
+@pytest.mark.parametrize(
+    "method,toggle,transport", [("push", "split-push", "unix"), ("into", "vm", "unix"), ("push", "push-ahead", "tcp")]
+)
+def test_paired_ab_prints_both_variants_and_their_ratio(method: str, toggle: str, transport: str) -> None:
     """tools/paired_ab.py runs its server and client processes and prints each variant's median and the
     per-round ratios (a few small batches here: the shape, not the speed); a bad toggle is one line."""
     out = subprocess.run(
-        [sys.executable, "tools/paired_ab.py", "--method", method, "--toggle", toggle, "--size", str(2 << 20),
-         "--batch", "4", "--rounds", "2"],
+        [sys.executable, "tools/paired_ab.py", "--method", method, "--toggle", toggle, "--transport", transport,
+         "--size", str(2 << 20), "--batch", "4", "--rounds", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
-    assert out.startswith(f"{method}, {2 << 20} bytes, {toggle} on/off, 2 rounds of 4:\n"), out
+    assert out.startswith(f"{method}, {2 << 20} bytes over {transport}, {toggle} on/off, 2 rounds of 4:\n"), out
     assert re.search(
         r"\n  on +[\d.]+ GiB/s \(median\)\n  off +[\d.]+ GiB/s\n  on/off [\d.]+ \(rounds [\d.]+-[\d.]+\)\n$", out
     )

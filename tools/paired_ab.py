@@ -1,13 +1,14 @@
-"""Paired A/B of one same-node bulk-read mechanism: a change of a few per cent, through this VM's noise.
+"""Paired A/B of one bulk-read mechanism: a change of a few per cent, through this VM's noise.
 
 Run-to-run noise on a shared VM is 20-30%; a 5% change is seen only when the two variants run in the same pair
 of processes, in alternate batches, and are compared batch by batch. A server process (first usable core) and
-a client process (last usable core) move ``--size`` bytes over ``unix://`` per read, ``--batch`` reads a
+a client process (last usable core) move ``--size`` bytes over ``--transport`` per read, ``--batch`` reads a
 batch, each round one batch with the mechanism on and one with it off (in alternating order), for
 ``--rounds`` rounds. Prints the median GiB/s of each side and the median (and range) of the per-round
 ratios on / off.
 
-    python tools/paired_ab.py [--method into|pull|push] [--toggle vm|address|offers|split-push]
+    python tools/paired_ab.py [--method into|pull|push] [--transport unix|tcp]
+                              [--toggle vm|address|offers|split-push|push-ahead]
                               [--size BYTES] [--batch N] [--rounds N]
 
 Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
@@ -15,7 +16,8 @@ region the server exposed once), ``push`` (a handler pushes into the caller's ex
 each set in both processes: ``vm`` svcframe.cma.read/write by their compiled twins or by ctypes;
 ``address`` svcframe.cma.buffer_address likewise; ``offers`` the reader's write offers
 (Connection.peer_cma_offer); ``split-push`` a pusher naming its source for a split read
-(Connection.peer_cma_split_push).
+(Connection.peer_cma_split_push); ``push-ahead`` a handler's push sent ahead of its answer
+(Connection.peer_push_ahead: over the socket, so over tcp, or over unix below 256 KiB).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 METHODS = ("into", "pull", "push")
-TOGGLES = ("vm", "address", "offers", "split-push")
+TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead")
 
 
 def set_toggle(engine: Any, toggle: str, on: bool) -> None:
@@ -50,13 +52,15 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
             conn.peer_cma_offer = on
         elif toggle == "split-push":
             conn.peer_cma_split_push = on
+        elif toggle == "push-ahead":
+            conn.peer_push_ahead = on
 
 
-async def serve(path: str, size: int, toggle: str) -> None:
+async def serve(address: str, size: int, toggle: str) -> None:
     from svcframe.bulk import BulkHandle
     from svcframe.engine import Engine
 
-    engine = await Engine(f"unix://{path}").start()
+    engine = await Engine(address).start()
     data = os.urandom(size)
     exposed = engine.expose(data, "r").to_wire()
 
@@ -67,15 +71,14 @@ async def serve(path: str, size: int, toggle: str) -> None:
     engine.register(1, "read", lambda req, arg: data)
     engine.register(1, "handle", lambda req, arg: exposed)
     engine.register(1, "toggle", lambda req, on: set_toggle(engine, toggle, bool(on)))
-    print("ready", flush=True)
+    print("ready", engine.address, flush=True)
     await asyncio.Event().wait()
 
 
-async def measure(path: str, args: argparse.Namespace) -> None:
+async def measure(address: str, args: argparse.Namespace) -> None:
     from svcframe.bulk import BulkHandle
     from svcframe.engine import Engine
 
-    address = f"unix://{path}"
     engine = await Engine(None).start()
     await engine.connection(address)
     buf = bytearray(args.size)
@@ -100,7 +103,8 @@ async def measure(path: str, args: argparse.Namespace) -> None:
                 await op()
             rates[on].append(args.batch * args.size / (time.perf_counter() - start) / 2**30)
     ratios = [a / b for a, b in zip(rates[True], rates[False], strict=True)]
-    print(f"{args.method}, {args.size} bytes, {args.toggle} on/off, {args.rounds} rounds of {args.batch}:")
+    print(f"{args.method}, {args.size} bytes over {args.transport}, {args.toggle} on/off, "
+          f"{args.rounds} rounds of {args.batch}:")  # fmt: skip
     print(f"  on   {statistics.median(rates[True]):6.2f} GiB/s (median)")
     print(f"  off  {statistics.median(rates[False]):6.2f} GiB/s")
     print(f"  on/off {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})")
@@ -110,12 +114,13 @@ async def measure(path: str, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--method", choices=METHODS, default="into")
+    parser.add_argument("--transport", choices=("unix", "tcp"), default="unix")
     parser.add_argument("--toggle", choices=TOGGLES, default="vm")
     parser.add_argument("--size", type=int, default=4 << 20)
     parser.add_argument("--batch", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
-    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.size < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--size, --batch and --rounds must be positive")
@@ -127,22 +132,26 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if args.role == "server":
         os.sched_setaffinity(0, {cores[0]})
-        run(serve(args.path, args.size, args.toggle))
+        run(serve(args.address, args.size, args.toggle))
     elif args.role == "client":
         os.sched_setaffinity(0, {cores[-1]})
-        run(measure(args.path, args))
+        run(measure(args.address, args))
     else:
         with tempfile.TemporaryDirectory(prefix="sfab", dir="/tmp") as tmp:
-            path = f"{tmp}/s.sock"
-            common = ["--size", str(args.size), "--toggle", args.toggle, "--path", path]
+            listen = f"unix://{tmp}/s.sock" if args.transport == "unix" else "tcp://127.0.0.1:0"
+            common = ["--size", str(args.size), "--toggle", args.toggle, "--transport", args.transport]
             server = subprocess.Popen(
-                [sys.executable, __file__, "--role", "server", *common], stdout=subprocess.PIPE, text=True
+                [sys.executable, __file__, "--role", "server", "--address", listen, *common],
+                stdout=subprocess.PIPE,
+                text=True,
             )
             try:
-                if server.stdout is None or server.stdout.readline().strip() != "ready":
+                ready = server.stdout.readline().split() if server.stdout is not None else []
+                if len(ready) != 2 or ready[0] != "ready":
                     sys.exit("paired_ab: the server process did not start")
                 rest = ["--method", args.method, "--batch", str(args.batch), "--rounds", str(args.rounds)]
-                sys.exit(subprocess.run([sys.executable, __file__, "--role", "client", *common, *rest]).returncode)
+                client = [sys.executable, __file__, "--role", "client", "--address", ready[1], *common, *rest]
+                sys.exit(subprocess.run(client).returncode)
             finally:
                 server.kill()
                 server.wait()

@@ -352,6 +352,10 @@ class BulkTransfers:
         request_id = conn.next_request_id()
         body = pack_body([handle.bulk_id, offset, size, frame[4]])
         header = encode_frame(Kind.BULK_PUSH, request_id, body, flags=F_NO_REPLY)
+        if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one write, nothing to wait for
+            conn.send_many((header, encode_header(Kind.BULK_DATA_PUSH, request_id, size), src) if size else (header,))
+            self.monitor.record_bulk("push_ahead", conn.peer_label, size, 0)
+            return True
         try:
             async with asyncio.timeout(timeout):
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)

@@ -2234,20 +2234,27 @@ buffer_address(PyObject *module, PyObject *obj)
 #ifdef __linux__
 /* ---- vm_read / vm_write: svcframe.cma.read / write without ctypes ------------------------------------------- */
 
-/* OSError(err, "<name> with pid <pid>: <strerror>"), as svcframe.cma raises it. */
+/* Raise OSError(err, msg) (its subclass for err, as OSError itself picks); steals msg, which may be NULL
+   (its error set). Returns NULL. */
 static PyObject *
-vm_error(int err, const char *name, long pid)
+raise_os_error(int err, PyObject *msg)
 {
-    PyObject *msg = PyUnicode_FromFormat("%s with pid %ld: %s", name, pid, strerror(err));
     if (msg != NULL) {
         PyObject *e = PyObject_CallFunction(PyExc_OSError, "iO", err, msg);
         if (e != NULL) {
-            PyErr_SetObject(PyExc_OSError, e);
+            PyErr_SetObject((PyObject *)Py_TYPE(e), e);
             Py_DECREF(e);
         }
         Py_DECREF(msg);
     }
     return NULL;
+}
+
+/* OSError(err, "<name> with pid <pid>: <strerror>"), as svcframe.cma raises it. */
+static PyObject *
+vm_error(int err, const char *name, long pid)
+{
+    return raise_os_error(err, PyUnicode_FromFormat("%s with pid %ld: %s", name, pid, strerror(err)));
 }
 
 /* The peer's address as an unsigned 64-bit int with room for ``size`` bytes after it, or -1 (OSError set:
@@ -2262,15 +2269,7 @@ vm_address(PyObject *obj, Py_ssize_t size, const char *name, long pid, unsigned 
         *out = a;
         return 0;
     }
-    PyObject *msg = PyUnicode_FromFormat("%s with pid %ld: address out of range", name, pid);
-    if (msg != NULL) {
-        PyObject *e = PyObject_CallFunction(PyExc_OSError, "iO", EFAULT, msg);
-        if (e != NULL) {
-            PyErr_SetObject(PyExc_OSError, e);
-            Py_DECREF(e);
-        }
-        Py_DECREF(msg);
-    }
+    raise_os_error(EFAULT, PyUnicode_FromFormat("%s with pid %ld: address out of range", name, pid));
     return -1;
 }
 

@@ -354,7 +354,7 @@ class BulkTransfers:
         header = encode_frame(Kind.BULK_PUSH, request_id, body, flags=F_NO_REPLY)
         if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one write, nothing to wait for
             conn.send_many((header, encode_header(Kind.BULK_DATA_PUSH, request_id, size), src) if size else (header,))
-            self.monitor.record_bulk("push_ahead", conn.peer_label, size, 0)
+            self.monitor.record_bulk("push", conn.peer_label, size, int((loop.time() - start) * 1e9))
             return True
         try:
             async with asyncio.timeout(timeout):
@@ -369,7 +369,7 @@ class BulkTransfers:
             raise
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
-        self.monitor.record_bulk("push_ahead", conn.peer_label, size, int((loop.time() - start) * 1e9))
+        self.monitor.record_bulk("push", conn.peer_label, size, int((loop.time() - start) * 1e9))
         return True
 
     def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:

@@ -2165,9 +2165,9 @@ PyDoc_STRVAR(configure_calls_doc,
 "                deadline_expired, cancelled_error, no_parent_provider, lent_status, as_byte_view,\n"
 "                incoming_pull, too_large, into_flag, cma_min_bytes, wire) -> None\n\n"
 "What begin_call and Call use (svcframe.calls): the async handlers' request contextvar, wire.pack_body, the\n"
-"body of None, errors.error_from_status, calls' cancel_remote and no_response, DeadlineExpired,\n"
-"asyncio.CancelledError, wire.NO_PARENT_PROVIDER, Status.LENT; for into= calls bulk.as_byte_view,\n"
-"protocol.IncomingPull, calls' too_large, wire.F_INTO and bulk.CMA_MIN_BYTES (an into= buffer this large may\n"
+"body of None, errors.error_from_status, transport.Connection.cancel (a CANCEL unless closed), calls'\n"
+"no_response, DeadlineExpired, asyncio.CancelledError, wire.NO_PARENT_PROVIDER, Status.LENT; for into= calls\n"
+"bulk.as_byte_view, protocol.IncomingPull, calls' too_large, wire.F_INTO and bulk.CMA_MIN_BYTES (an into= buffer this large may\n"
 "take its result by cross-memory attach: _call_once decides); svcframe.wire itself (its _packer's pack is\n"
 "called directly while DEBUG_WIRE is False). configure_serve() comes first (the sync handlers' thread-local).");
 

@@ -58,7 +58,6 @@ from .wire import (
     F_INTO,
     F_NO_REPLY,
     K_BULK_PUSH,
-    K_CANCEL,
     K_RESPONSE,
     Frame,
     Kind,
@@ -360,12 +359,10 @@ class BulkTransfers:
             async with asyncio.timeout(timeout):
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)
         except TimeoutError:
-            if not conn.closed:  # (the owner forgets the push it will not get the rest of)
-                conn.send(encode_frame(Kind.CANCEL, request_id))
+            conn.cancel(request_id)  # (the owner forgets the push it will not get the rest of)
             raise DeadlineExceeded(f"push of {size} bytes: not written within {timeout:g} s") from None
         except asyncio.CancelledError:
-            if not conn.closed:
-                conn.send(encode_frame(Kind.CANCEL, request_id))
+            conn.cancel(request_id)
             raise
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
@@ -661,8 +658,7 @@ class BulkTransfers:
         finally:
             if offer is not None:  # a bad answer: the peer may be writing all the same
                 await offer.settle()
-            if not conn.closed:
-                conn.send(encode_frame(K_CANCEL, request_id))  # read (or given up): the owner may let it go
+            conn.cancel(request_id)  # read (or given up): the owner may let it go
 
     async def _bulk_op(
         self,
@@ -721,12 +717,10 @@ class BulkTransfers:
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
             return await future
         except DeadlineExpired:
-            if not conn.closed:
-                conn.send(encode_frame(Kind.CANCEL, request_id))
+            conn.cancel(request_id)
             raise DeadlineExceeded(f"bulk {kind.name} of {size} bytes: no completion within {timeout:g} s") from None
         except asyncio.CancelledError:
-            if not conn.closed:
-                conn.send(encode_frame(Kind.CANCEL, request_id))
+            conn.cancel(request_id)
             raise
         finally:
             conn.pending.pop(request_id, None)

@@ -36,18 +36,17 @@ from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
 from .protocol import IncomingPull
 from .registration import RegistrationTable
 from .tracing import Tracer, new_span_id, new_trace_id
+from .transport import Connection
 from .wire import (
     F_CMA,
     F_IDEMPOTENT,
     F_INTO,
     F_TRACED,
-    K_CANCEL,
     NO_PARENT_PROVIDER,
     PURE,
     S_OK,
     ZERO_TRACE_ID,
     callpath_extend,
-    encode_frame,
     pack_body,
     request_frame,
 )
@@ -55,7 +54,6 @@ from .wire import (
 if TYPE_CHECKING:
     from .progress import Progress
     from .split_read import SplitWrite
-    from .transport import Connection
 
 if TYPE_CHECKING or not PURE:  # (without the compiled module, _call is _call_once)
     from ._speedups import begin_call, configure_calls
@@ -262,10 +260,10 @@ class Calls:
         try:
             status, payload, payload_bytes = await future
         except DeadlineExpired:
-            cancel_remote(conn, request_id)  # nobody waits any more: tell the server
+            conn.cancel(request_id)  # nobody waits any more: tell the server
             raise no_response(name, provider_id, address, timeout) from None
         except asyncio.CancelledError:
-            cancel_remote(conn, request_id)  # the caller gave up: tell the server
+            conn.cancel(request_id)  # the caller gave up: tell the server
             raise
         finally:
             pending.pop(request_id, None)
@@ -331,12 +329,6 @@ class Calls:
         return cp
 
 
-def cancel_remote(conn: Connection, request_id: int) -> None:
-    """Tell the server that nobody waits for ``request_id`` any more (a CANCEL), unless the connection closed."""
-    if not conn.closed:
-        conn.send(encode_frame(K_CANCEL, request_id))
-
-
 def no_response(name: str, provider_id: int, address: str, timeout: float) -> DeadlineExceeded:
     """The error of a call whose deadline passed without an answer."""
     return DeadlineExceeded(f"{name!r} (provider {provider_id}) at {address}: no response within {timeout:g} s")
@@ -352,7 +344,7 @@ def too_large(name: str, provider_id: int, address: str, size: int, room: int) -
 
 if not PURE:
     configure_calls(
-        _task_request, pack_body, _NIL, error_from_status, cancel_remote, no_response, DeadlineExpired,
+        _task_request, pack_body, _NIL, error_from_status, Connection.cancel, no_response, DeadlineExpired,
         asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT), as_byte_view, IncomingPull, too_large, F_INTO,
         CMA_MIN_BYTES, wire,
     )  # fmt: skip

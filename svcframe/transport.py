@@ -24,7 +24,7 @@ from .errors import ConfigError, ConnectionLost, ProtocolError, RemoteProtocolEr
 from .protocol import Closed, Identity, Opened, Role
 from .protocol import Protocol as ProtocolState
 from .slots import ConnectionState
-from .wire import DEFAULT_MAX_BODY_BYTES, Frame
+from .wire import DEFAULT_MAX_BODY_BYTES, Frame, Kind, encode_frame
 
 log = logging.getLogger("svcframe.transport")
 
@@ -454,6 +454,12 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         if batch is not None:
             batch.clear()
         self._batch_bytes = 0
+
+    def cancel(self, request_id: int) -> None:
+        """Tell the peer that nobody waits for our request ``request_id`` any more (a CANCEL: a call, a bulk
+        transfer, a read it lent us), unless the connection is closed."""
+        if not self.closed:
+            self.send(encode_frame(Kind.CANCEL, request_id))
 
     def send_many(self, parts: Sequence[bytes | memoryview]) -> None:
         batch = self._batch

@@ -59,7 +59,7 @@ if TYPE_CHECKING or not PURE:  # (without the compiled module, _call is _call_on
     from ._speedups import begin_call, configure_calls
 
 perf_ns = time.perf_counter_ns
-_S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk._lend): not an error
+_S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk_serving._lend): not an error
 _NIL = pack_body(None)  # the body of a call without an argument (a pack_body call per such call saved)
 
 

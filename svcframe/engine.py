@@ -9,7 +9,8 @@ drives the progress loop. It is built of parts, one concept per file, that this 
     svcframe/calls.py         outgoing calls: encoding, callpath, retries (Calls)
     svcframe/deadlines.py     the deadlines of outgoing calls and transfers, behind one loop timer
     svcframe/handlers.py      running handlers: Request, current_request, replies, cancellation (Handlers)
-    svcframe/bulk.py          bulk handles, expose / pull / push and serving them, the CMA policy (BulkTransfers)
+    svcframe/bulk.py          bulk handles, expose / pull / push, the CMA policy (BulkTransfers)
+    svcframe/bulk_serving.py  serving the transfers peers make on our buffers, lending results (BulkServing)
     svcframe/protocol.py      one connection's state, sans-IO: phase, handshake, tables
     svcframe/transport.py     the asyncio pump around it, tcp:// and unix://
     svcframe/wire.py          frames: the only place that packs or parses a header
@@ -44,6 +45,7 @@ from pydantic import ValidationError
 
 from . import cma
 from .bulk import BulkTransfers
+from .bulk_serving import BulkServing
 from .calls import Calls
 from .deadlines import Deadlines
 from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
@@ -89,7 +91,7 @@ FROM_ENVIRONMENT = object()
 _NIL = b"\xc0"  # msgpack's nil: the body of a None result
 
 
-class Engine(Calls, Handlers, BulkTransfers, EngineState):
+class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
     """One process's RPC engine: the facade over its parts (calls, handlers, bulk) and what they share.
 
     Args:

@@ -72,7 +72,7 @@ class Status(enum.IntEnum):
     MUTATIONS_DISABLED = 15
     RESULT_TOO_LARGE = 16  # the result is over the caller's frame limit (announced in its HELLO)
     #: not an error: the result of a read into the caller's buffer, lent by address for the caller to copy
-    #: (body [size, address, bulk id]; only to requests flagged INTO and CMA: svcframe.bulk._lend)
+    #: (body [size, address, bulk id]; only to requests flagged INTO and CMA: svcframe.bulk_serving._lend)
     LENT = 17
 
 

@@ -9,7 +9,7 @@ copies all of it. The rules for writing into a peer's memory are svcframe.cma's.
 
 This module holds the reader's side (``SplitWrite``), the share rule (``next_share``) and the figures both
 sides use; the writer's side, which is an engine's (its time budget, whether it is busy), is
-``svcframe.bulk.BulkTransfers``.
+``svcframe.bulk_serving.BulkServing``.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class SplitWrite:
     def offer_frame(self, request_id: int) -> bytes:
         """The offer to write our share of the answer to our request ``request_id`` into ``dest``, sent just
         before that request (BULK_PULL flagged CMA and INTO, its body ``[request id, destination, size,
-        expires_ns, mark address, share in 1/65536ths]``: ``svcframe.bulk.BulkTransfers._on_write_offer``)."""
+        expires_ns, mark address, share in 1/65536ths]``: ``svcframe.bulk_serving.BulkServing._on_write_offer``)."""
         dest = self.dest
         assert dest is not None
         fields = [request_id, cma.buffer_address(dest), len(dest), self.expires_ns, self.mark_address(),
@@ -145,7 +145,7 @@ class SplitWrite:
     def request_frame(self, bulk_id: bytes, offset: int, part: int, dest: memoryview) -> bytes:
         """The request to write the first ``part`` bytes of the peer's exposed range ``bulk_id[offset:]`` into
         ``dest``, sent after its answer gave the range's address (BULK_PULL flagged CMA, its body ``[bulk id,
-        offset, part, destination, expires_ns, mark address]``: ``svcframe.bulk.BulkTransfers._serve_cma_write``)."""
+        offset, part, destination, expires_ns, mark address]``: ``svcframe.bulk_serving.BulkServing._serve_cma_write``)."""
         fields = [bulk_id, offset, part, cma.buffer_address(dest), self.expires_ns, self.mark_address()]
         return encode_frame(Kind.BULK_PULL, self.request_id, pack_body(fields), flags=F_CMA)
 

@@ -442,7 +442,7 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
 
     def flush(self) -> None:
         """Write what was sent so far now, even inside a received batch (before a long synchronous step that
-        the peer should not wait for, as ``svcframe.bulk._lend``'s write of an offered part)."""
+        the peer should not wait for, as ``svcframe.bulk_serving._lend``'s write of an offered part)."""
         if self._batch:
             self._flush_batch()
 

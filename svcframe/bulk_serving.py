@@ -1,0 +1,463 @@
+"""Serving the bulk transfers peers make on our buffers: the owner's side of ``svcframe.bulk``.
+
+A peer's BULK_PULL is answered with data frames (or, over ``unix://``, with the range's address, or the
+range written into the puller's memory: the writer's side of a split read, ``svcframe.split_read``); its
+BULK_PUSH's data frames land in the exposed buffer (or, by cross-memory attach, we read the pusher's
+source, split with the pusher when it exposed it); a push ahead of an answer (NO_REPLY) is placed and never
+answered. A read into the caller's buffer over ``unix://`` is answered by lending the result's address
+(``_lend``), and a caller's write offer is taken up there. No user code runs on this side.
+
+``BulkServing`` is one part of the engine (``svcframe.engine.Engine`` inherits it), beside
+``svcframe.bulk.BulkTransfers``, which makes transfers: the state it uses is the engine's, declared in the
+class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import cma
+from .bulk import (
+    BULK_ID_BYTES,
+    CMA_MIN_BYTES,
+    MAX_LENT_BYTES,
+    MAX_LENT_PER_CONNECTION,
+    READ,
+    WRITE,
+    _cma_copy,
+    _short,
+)
+from .errors import BulkError, ConnectionLost, DeadlineExceeded, ProtocolError, RemoteProtocolError, Status
+from .monitoring import Monitor
+from .protocol import WriteOffer
+from .split_read import (
+    SHARE_ONE,
+    SPLIT_ALIGN,
+    SPLIT_MAX_PART_BYTES,
+    SPLIT_MIN_BYTES,
+    SPLIT_WRITE_BURST_SECONDS,
+    SPLIT_WRITE_SHARE_OF_TIME,
+)
+from .wire import (
+    F_CMA,
+    F_INTO,
+    F_NO_REPLY,
+    K_BULK_PUSH,
+    K_RESPONSE,
+    Frame,
+    Kind,
+    encode_frame,
+    encode_header,
+    pack_body,
+    unpack_body,
+)
+
+if TYPE_CHECKING:
+    from .progress import Progress
+    from .transport import Connection
+
+
+class BulkServing:
+    """The engine's part that serves the transfers peers make on our buffers (see the module docstring)."""
+
+    # the engine's state this part uses (svcframe.engine.Engine)
+    bulk_cma: bool
+    cma_bytes: int
+    _exposed: dict[bytes, tuple[memoryview, str, str | None]]
+    _push_sources: dict[bytes, int]  # (svcframe.bulk.BulkTransfers, which makes the pushes)
+    _lent_bytes: int
+    _conns: dict[str, Connection]
+    _tasks: set[asyncio.Task[Any]]
+    _loop: asyncio.AbstractEventLoop | None
+    monitor: Monitor
+    progress: Progress
+
+    if TYPE_CHECKING:
+
+        def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None: ...
+        def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None: ...
+        def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError: ...
+        async def _send_chunks(
+            self,
+            conn: Connection,
+            kind: Kind,
+            request_id: int,
+            src: memoryview,
+            first: bytes | None,
+            until: asyncio.Future[Any] | None,
+        ) -> None: ...
+        async def _cma_read(
+            self,
+            conn: Connection,
+            bulk_id: bytes,
+            offset: int,
+            source: int,
+            dest: memoryview,
+            deadline: float | None,
+        ) -> None: ...
+
+    # -- a read into the caller's buffer by cross-memory attach (Engine.call(..., into=) on unix://) ------------
+    def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool:
+        """Answer a read into the caller's buffer with the result's address instead of its bytes: the caller
+        copies it with one ``process_vm_readv`` and says so (CANCEL of the request id), so the read is one
+        round trip and one kernel copy, as a Margo handler's bulk push over ``na+sm`` is. The result (an
+        immutable ``bytes``) is exposed meanwhile under a fresh bulk id the answer carries, for the caller to
+        pull over the socket should the kernel refuse the copy. False (answer with the data) when this engine
+        or connection cannot take part, or results lent and not yet read are MAX_LENT_PER_CONNECTION on this
+        connection or hold MAX_LENT_BYTES in all.
+
+        When the caller offered it (``_offer_write``), we write the first part of the result into its buffer
+        ourselves once the answer has left, while it copies the rest: the answer then ends with that part's
+        size (0: declined, as ``_split_write_declined`` says, and the offer is answered so)."""
+        size = len(view)
+        offer = conn.protocol.offers.pop(request_id, None) if conn.protocol.offers else None
+        if (
+            size < CMA_MIN_BYTES
+            or not self.bulk_cma
+            or conn.peer_pid is None
+            or len(conn.protocol.lent) >= MAX_LENT_PER_CONNECTION
+            or self._lent_bytes + size > MAX_LENT_BYTES
+        ):
+            return False
+        bulk_id = secrets.token_bytes(BULK_ID_BYTES)
+        self._exposed[bulk_id] = (view, READ, None)
+        conn.protocol.lent[request_id] = bulk_id
+        self._lent_bytes += size
+        fields: list[Any] = [size, cma.buffer_address(view), bulk_id]
+        # (a handler running as a task is in flight until it answers: its own work is not another's)
+        part = self._offered_part(conn, offer, size, 1 if request_id in conn.serving else 0) if offer else 0
+        if offer is not None:
+            fields.append(part)
+        conn.send(encode_frame(K_RESPONSE, request_id, pack_body(fields), flags=F_INTO | F_CMA, status=Status.LENT))
+        if part:
+            self._write_offered(conn, offer, view[:part])  # type: ignore[arg-type]  # (part: an offer)
+        return True
+
+    def _release_lent(self, conn: Connection, request_id: int) -> None:
+        """The caller has read the result lent for ``request_id`` (or is gone): stop exposing it."""
+        bulk_id = conn.protocol.lent.pop(request_id, None)
+        entry = self._exposed.pop(bulk_id, None) if bulk_id is not None else None
+        if entry is not None:
+            self._lent_bytes -= len(entry[0])
+            entry[0].release()
+
+    # -- serving the transfers peers make on our buffers ------------------------------------------------
+    def _bulk_request(
+        self, conn: Connection, frame: Frame, need: str
+    ) -> tuple[bytes, memoryview | None, str | None, int, list[Any] | None]:
+        """Parse a BULK_PULL / BULK_PUSH body ``[bulk id, offset, size]`` and find the exposed range: (bulk id,
+        view or None, error or None, size, the CMA fields or None). Flagged CMA, a push adds the address of
+        the pusher's source ``[source]``, and may add the source's bulk id ``[source, source bulk id]`` (for a
+        split read of it: ``_serve_cma_push``); a pull may add ``[destination, expires_ns, mark address]``,
+        asking us to write the range into the puller's memory (the first part of a split read,
+        ``_serve_cma_write``)."""
+        by_cma = bool(frame[1] & F_CMA)
+        push = frame[0] == K_BULK_PUSH
+        ahead = push and not by_cma and frame[1] & F_NO_REPLY
+        extra = (1, 2) if by_cma and push else (0, 3) if by_cma else (1,) if ahead else (0,)
+        try:
+            fields = unpack_body(frame.body or b"")
+            if (
+                not isinstance(fields, list)
+                or len(fields) - 3 not in extra
+                or not isinstance(fields[0], bytes)
+                or not all(isinstance(v, int) for v in fields[1 : 4 if push else None])
+                or min(fields[1 : 4 if push else None]) < 0
+                or (len(fields) == 5 and push and not (type(fields[4]) is bytes and len(fields[4]) == BULK_ID_BYTES))
+            ):
+                raise ValueError
+        except (ProtocolError, ValueError, TypeError) as exc:
+            why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id (bytes), offset >= 0, size >= 0]"
+            raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
+        bulk_id, offset, size = fields[:3]
+        more: list[Any] | None = fields[3:] or None
+        entry = self._exposed.get(bulk_id)
+        if entry is None:
+            return (
+                bulk_id,
+                None,
+                f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)",
+                size,
+                more,
+            )
+        view, mode, bound = entry
+        if bound is not None and self._conns.get(bound) is not conn:
+            return bulk_id, None, f"bulk handle {_short(bulk_id)} is bound to another peer", size, more
+        if need not in mode:
+            return (
+                bulk_id,
+                None,
+                f"bulk handle {_short(bulk_id)} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}",
+                size,
+                more,
+            )
+        if offset + size > len(view):
+            return bulk_id, None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer", size, more
+        return bulk_id, view[offset : offset + size], None, size, more
+
+    def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
+        if frame[1] & F_INTO:  # (flagged CMA too) not a pull: an offer for a request of the peer's
+            self._on_write_offer(conn, frame)
+            return
+        bulk_id, view, error, size, more = self._bulk_request(conn, frame, READ)
+        if view is None:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        if more is not None:
+            self._serve_cma_write(conn, frame, view, *more, own=self._push_sources.get(bulk_id, 0))
+            return
+        if frame[1] & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
+            offer = conn.protocol.offers.pop(frame[4], None) if conn.protocol.offers else None
+            if conn.peer_pid is None or not self.bulk_cma:
+                self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+            elif offer is None:
+                self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
+                self._reply(conn, frame, Status.OK, pack_body(cma.buffer_address(view)))
+            else:  # and with the part of it we write ourselves (its offer: _offered_part)
+                self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
+                part = self._offered_part(conn, offer, size, 0)
+                self._reply(conn, frame, Status.OK, pack_body([cma.buffer_address(view), part]))
+                if part:
+                    self._write_offered(conn, offer, view[:part])
+            return
+        self.monitor.record_bulk("served_pull", conn.peer_label, size, 0)
+        if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one frame, room to write: inline
+            # (not chunked, no task: see _send_chunks for the measurement)
+            if size:
+                conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
+            self._reply(conn, frame, Status.OK, b"")
+            return
+        self._track_serving(conn, frame, asyncio.get_running_loop().create_task(self._serve_pull(conn, frame, view)))
+
+    async def _serve_pull(self, conn: Connection, frame: Frame, view: memoryview) -> None:
+        try:
+            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame.request_id, view, None, None)
+        except ConnectionLost:
+            return
+        finally:
+            conn.serving.pop(frame.request_id, None)
+        self._reply(conn, frame, Status.OK, b"")
+
+    def _on_push_request(self, conn: Connection, frame: Frame) -> None:
+        _, view, error, size, more = self._bulk_request(conn, frame, WRITE)
+        if more is not None and frame[1] & F_CMA:
+            self._serve_cma_push(conn, frame, view, error, *more)
+            return
+        incoming = conn.protocol.expect_push(frame, view, size, error)
+        if more is not None:  # a push ahead of the answer to our call more[0] (``push``): never answered
+            if error is not None:  # refused: that call fails (its data, if any, is discarded)
+                waiter = conn.pending.get(more[0])
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(BulkError(f"the server's push into our buffer was refused here: {error}"))
+            else:
+                self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
+            return
+        if incoming is None:  # nothing to wait for: empty, or refused (its data, if any, is discarded)
+            self._reply_push(conn, frame, error)
+            return
+        self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
+
+    def _serve_cma_write(
+        self,
+        conn: Connection,
+        frame: Frame,
+        view: memoryview,
+        dest: int,
+        expires_ns: int,
+        mark_address: int,
+        *,
+        own: int = 0,
+    ) -> None:
+        """The first part of a split read (``_cma_read``): write the exposed range into the puller's
+        destination, at once, then the request id at ``mark_address``, and answer; or decline
+        (``_split_write_declined``, with ``own`` operations of ours in flight that wait on this read: the
+        puller then copies the range itself)."""
+        why = self._split_write_declined(conn, len(view), expires_ns, own)
+        if why is None:
+            self._split_write(conn, frame[4], dest, view, mark_address)
+        else:
+            self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: write declined: {why}")
+
+    def _split_write_declined(self, conn: Connection, size: int, expires_ns: int, own: int) -> str | None:
+        """Why we do not write ``size`` bytes of a split read into the peer's memory now, or None: we do not do
+        cross-memory attach; we are busy (more than ``own`` handlers, calls or transfers of ours in flight: our
+        core is not idle, and the reader's own copy does not wait for us); the peer asks for more than
+        SPLIT_WRITE_SHARE_OF_TIME of our time (a token bucket, in seconds of writing, of at most
+        SPLIT_WRITE_BURST_SECONDS: a request costs a few bytes and its write up to a millisecond of our loop, so
+        a peer that keeps asking gets what a reader at full speed gets and no more); the part is over
+        SPLIT_MAX_PART_BYTES (it would hold the loop); the peer is gone; or it is past ``expires_ns``
+        (``time.monotonic_ns``: the reader may have given its buffer back by then: svcframe.cma)."""
+        pid, process = conn.peer_pid, conn.peer_process
+        now = time.monotonic()
+        conn.cma_write_allowance = min(
+            conn.cma_write_allowance + (now - conn.cma_write_reckoned) * SPLIT_WRITE_SHARE_OF_TIME,
+            SPLIT_WRITE_BURST_SECONDS,
+        )
+        conn.cma_write_reckoned = now
+        if pid is None or process is None or not self.bulk_cma or conn.closed:
+            return "not available on this connection"
+        if self.progress.inflight > own:
+            return "busy"
+        if conn.cma_write_allowance <= 0:
+            return f"this peer's writes took over {SPLIT_WRITE_SHARE_OF_TIME:.0%} of our time"
+        if size > SPLIT_MAX_PART_BYTES:
+            return f"{size} bytes is over {SPLIT_MAX_PART_BYTES} for one write"
+        if not process.alive():
+            return f"the peer's process {pid} is gone"
+        if time.monotonic_ns() > expires_ns:
+            return "the request expired"
+        return None
+
+    def _split_write(self, conn: Connection, request_id: int, dest: int, view: memoryview, mark_address: int) -> None:
+        """Write ``view`` at ``dest`` in the peer's memory, then ``request_id`` (8 bytes, little-endian) at
+        ``mark_address`` (unless 0), in one ``process_vm_writev``, and answer ``request_id`` (OK, or BULK_ERROR
+        "cma: ..." when the kernel refused). Its time counts against the peer's allowance."""
+        start = time.monotonic()
+        try:
+            cma.write(conn.peer_pid, dest, view, mark_address, request_id.to_bytes(8, "little"))
+        except OSError as exc:
+            conn.send(encode_frame(K_RESPONSE, request_id, pack_body(f"cma: {exc}"), status=Status.BULK_ERROR))
+            return
+        finally:
+            conn.cma_write_allowance -= time.monotonic() - start
+        self.cma_bytes += len(view)
+        self.monitor.record_bulk("served_cma_write", conn.peer_label, len(view), 0)
+        conn.send(encode_frame(K_RESPONSE, request_id, b"", status=Status.OK))
+
+    def _on_write_offer(self, conn: Connection, frame: Frame) -> None:
+        """A peer's offer (``_offer_write``: a BULK_PULL flagged CMA and INTO, body ``[request id,
+        destination, size, expires_ns, mark address, share]``, ints, the share in 1/65536ths): kept in
+        ``Protocol.offers`` for ``_lend`` to use on that request's result. Declined at once (BULK_ERROR) when
+        MAX_LENT_PER_CONNECTION offers not yet expired are kept, or one for that request is.
+
+        Raises:
+            RemoteProtocolError (after BAD_REQUEST and GOODBYE): a malformed body.
+        """
+        try:
+            fields = unpack_body(frame.body or b"")
+            if not (
+                isinstance(fields, list)
+                and len(fields) == 6
+                and all(type(v) is int and v >= 0 for v in fields)
+                and fields[0] > 0
+                and 0 < fields[5] <= SHARE_ONE
+            ):
+                raise ValueError
+        except (ProtocolError, ValueError, TypeError) as exc:
+            why = str(exc) if isinstance(exc, ProtocolError) else (
+                "expected [request id > 0, destination, size, expires_ns, mark address, share 1..65536], ints >= 0"
+            )  # fmt: skip
+            raise self._bad_body(conn, frame, f"malformed write offer: {why}") from None
+        offers = conn.protocol.offers
+        if len(offers) >= MAX_LENT_PER_CONNECTION:  # first, forget the expired ones (results answered otherwise)
+            now = time.monotonic_ns()
+            for request_id in [r for r, offer in offers.items() if offer.expires_ns < now]:
+                del offers[request_id]
+        if len(offers) >= MAX_LENT_PER_CONNECTION or fields[0] in offers:
+            self._reply_error(conn, frame, Status.BULK_ERROR, "cma: write declined: too many offers")
+            return
+        offers[fields[0]] = WriteOffer(frame[4], *fields[1:])
+
+    def _offered_part(self, conn: Connection, offer: WriteOffer, size: int, own: int) -> int:
+        """The bytes of a ``size``-byte answer we write ourselves on ``offer`` (its share of them, on a
+        SPLIT_ALIGN boundary); 0 when we decline (``_split_write_declined``, or no such part: the answer is
+        under SPLIT_MIN_BYTES, or larger than the offered buffer), the offer then answered so."""
+        part = (size * offer.share >> 16) & -SPLIT_ALIGN if size >= SPLIT_MIN_BYTES else 0
+        if size > offer.size:  # (its call fails: the caller's buffer is left alone)
+            why: str | None = f"the answer's {size} bytes do not fit the offered {offer.size}"
+        elif not part:
+            why = f"no part of {size} bytes to write at a share of {offer.share / SHARE_ONE:.2f}"
+        else:
+            why = self._split_write_declined(conn, part, offer.expires_ns, own)
+        if why is None:
+            return part
+        conn.send(
+            encode_frame(
+                K_RESPONSE, offer.request_id, pack_body(f"cma: write declined: {why}"), status=Status.BULK_ERROR
+            )
+        )
+        return 0
+
+    def _write_offered(self, conn: Connection, offer: WriteOffer, view: memoryview) -> None:
+        """Write the part ``_offered_part`` gave, once the answer that names it has left (the reader copies
+        the rest meanwhile), and answer the offer."""
+        conn.flush()
+        self._split_write(conn, offer.request_id, offer.dest, view, offer.mark)
+
+    def _withdraw_offer(self, conn: Connection, request_id: int) -> None:
+        """The peer cancelled its request ``request_id``: decline its offer, if any (its caller waits for that)."""
+        offer = conn.protocol.offers.pop(request_id, None)
+        if offer is not None:
+            body = pack_body("cma: write declined: the request was cancelled")
+            conn.send(encode_frame(K_RESPONSE, offer.request_id, body, status=Status.BULK_ERROR))
+
+    def _serve_cma_push(
+        self,
+        conn: Connection,
+        frame: Frame,
+        view: memoryview | None,
+        error: str | None,
+        source: int,
+        source_id: bytes | None = None,
+    ) -> None:
+        """A push by cross-memory attach: read the pusher's source (its pid from the kernel, the address
+        from its request) into the exposed range, then answer. Errors starting with "cma:" tell the pusher
+        to send the data over the socket instead.
+
+        When the pusher exposed its source for the push (``source_id``, a pusher that saw ``cma_split_push``
+        in our HELLO), the read is a split read of it (``_cma_read``): the pusher, whose handler only waits
+        for our answer, writes the first part into our buffer while we copy the rest."""
+        if view is None:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            return
+        pid = conn.peer_pid
+        if pid is None or not self.bulk_cma:
+            self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+            return
+        loop = self._loop or asyncio.get_running_loop()
+
+        deadline = loop.time() + frame[5] / 1e6 if frame[5] else None
+
+        async def serve() -> None:
+            try:
+                if source_id is None:
+                    await _cma_copy(loop, conn, source, view, deadline)
+                else:
+                    await self._cma_read(conn, source_id, 0, source, view, deadline)
+            except DeadlineExceeded as exc:  # first: a deadline is never a kernel refusal (issue 12)
+                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, str(exc))
+                return
+            except OSError as exc:
+                self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
+                return
+            finally:
+                conn.serving.pop(frame.request_id, None)
+            self.cma_bytes += len(view)
+            self.monitor.record_bulk("served_cma_push", conn.peer_label, len(view), 0)
+            self._reply(conn, frame, Status.OK, b"")
+
+        self._track_serving(conn, frame, loop.create_task(serve()))
+
+    def _track_serving(self, conn: Connection, frame: Frame, task: asyncio.Task[Any]) -> None:
+        """A transfer served by a task: in the connection's table of served requests (a CANCEL finds it)."""
+        try:
+            conn.protocol.serve(frame.request_id, task)
+        except RemoteProtocolError:  # a request id reused while in flight: the connection is dropped
+            task.cancel()
+            raise
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_push_data(self, conn: Connection, frame: Frame) -> None:
+        incoming = conn.protocol.push_complete(frame[4])
+        if incoming is not None and not incoming.frame[1] & F_NO_REPLY:  # (a push ahead is not answered)
+            self._reply_push(conn, incoming.frame, incoming.error)
+
+    def _reply_push(self, conn: Connection, frame: Frame, error: str | None) -> None:
+        if error:
+            self._reply_error(conn, frame, Status.BULK_ERROR, error)
+        else:
+            self._reply(conn, frame, Status.OK, b"")

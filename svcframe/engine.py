@@ -184,6 +184,8 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
         self._peers: dict[str, Connection] = {}  # any open connection, by peer engine id
         self._all_conns: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._dispatching: list[Frame] = []  # the batch of requests being dispatched (Handlers._start) and
+        self._dispatching_cancels: set[int] | None = None  # the request ids its CANCELs name, once needed
         # bulk id (16 random bytes) -> (buffer, mode, address of the only peer allowed, or None)
         self._exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
         self._push_sources: dict[bytes, int] = {}  # our pushes' sources exposed meanwhile (svcframe.bulk)
@@ -534,6 +536,7 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
             if kind == K_REQUEST:  # (first: the compiled decoder answers most responses itself)
                 if not arrival_ns:  # (a batch of responses reads no clock: two C calls per call saved on a client)
                     arrival_ns, arrival = perf_ns(), self._loop.time()  # type: ignore[union-attr]
+                    self._dispatching, self._dispatching_cancels = frames, None  # (see Handlers._start)
                 serve_request(self, conn, frame, arrival_ns, arrival)
             elif kind == K_RESPONSE:
                 waiter = conn.pending.get(frame[4])

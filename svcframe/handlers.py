@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
+from .eager import EAGER, start_eagerly
 from .errors import (
     AppError,
     BulkUsageError,
@@ -48,6 +49,7 @@ from .wire import (
     F_TRACE_STARTED_HERE,
     F_TRACED,
     HEADER_SIZE,
+    K_CANCEL,
     K_GOODBYE,
     K_RESPONSE,
     PURE,
@@ -232,6 +234,8 @@ class Handlers:
     _closing: bool
     _loop: asyncio.AbstractEventLoop | None
     _tasks: set[asyncio.Task[Any]]
+    _dispatching: list[Frame]  # the batch being dispatched (Engine.on_frames), and the request ids
+    _dispatching_cancels: set[int] | None  # its CANCELs name, once _start needs them
     _epoch_offset_us: float
     monitor: Monitor
     progress: Progress
@@ -290,19 +294,18 @@ class Handlers:
                 flags = frame[1] | F_TRACED | F_TRACE_STARTED_HERE  # (its server span has no remote parent)
                 frame = frame._replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
         req = _new_tuple(Request, (self, conn, reg, frame, arrival))
-        if reg.is_coroutine:  # its task copies this context: the request travels in the contextvar
+        if reg.is_coroutine:  # its context is a copy of this one: the request travels in the contextvar
             token = _task_request.set(req)
             try:
                 coro = reg.handler(req, arg)
-                task = self._loop.create_task(  # type: ignore[union-attr]
-                    self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, coro)
-                )
+                task = self._start(conn, frame, reg, req, arrival_ns, start_ns, rec, coro)
             except Exception as exc:
                 self._finish_error(conn, frame, reg, exc)
                 return
             finally:
                 _task_request.reset(token)
-            self._track_task(conn, frame, reg, req, task, coro)
+            if task is not None:
+                self._track_task(conn, frame, reg, req, task, coro)
             return
         sync = _sync
         sync.request = req
@@ -338,13 +341,40 @@ class Handlers:
         if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
             self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
             return None
-        token = _task_request.set(req)  # a sync handler returned an awaitable: it runs as a task
+        token = _task_request.set(req)  # a sync handler returned an awaitable: it runs as a handler task does
         try:
-            return self._loop.create_task(  # type: ignore[union-attr]
-                self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, result)
-            )
+            return self._start(conn, frame, reg, req, arrival_ns, start_ns, rec, result)
         finally:
             _task_request.reset(token)
+
+    def _start(
+        self,
+        conn: Connection,
+        frame: Frame,
+        reg: Registration,
+        req: Request,
+        arrival_ns: int,
+        start_ns: int,
+        rec: Any,
+        aw: Awaitable[Any],
+    ) -> asyncio.Task[Any] | None:
+        """Run a handler's awaitable, started eagerly (svcframe.eager, Python >= 3.12): its first step runs
+        now, and one that finishes there is answered now, in this batch's write, with no Task. Returns the
+        Task (for ``_track_task``) when it suspends; also, started as usual, when this batch also cancels it
+        (it then never runs), its request id is still being served (``_track_task`` refuses it), or its
+        deadline has passed (``_track_task`` drops it unrun)."""
+        loop = self._loop
+        assert loop is not None
+        runner = self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, aw)
+        if EAGER:
+            request_id, usec = frame[4], frame[5]  # (usec: the deadline after arrival, checked by the clock: the
+            cancels = self._dispatching_cancels  # loop's time stands still during a turn)
+            if cancels is None:  # the requests its batch cancels (a request read with its CANCEL never runs)
+                cancels = self._dispatching_cancels = {f[4] for f in self._dispatching if f[0] == K_CANCEL}
+            late = usec and perf_ns() - arrival_ns >= usec * 1000
+            if not (late or request_id in cancels or request_id in conn.serving):
+                return start_eagerly(loop, runner, contextvars.copy_context())
+        return loop.create_task(runner)
 
     def _track_task(
         self, conn: Connection, frame: Frame, reg: Registration, req: Request, task: asyncio.Task[Any], result: Any

@@ -192,17 +192,22 @@ async def test_a_deadline_that_passes_before_the_handler_runs_is_dropped(server:
 
     server.register(1, "slow_write", slow_write)
     server.register(1, "hog", hog)
+    server.register(1, "noop", lambda req, arg: None)
     with pytest.raises(DeadlineExceeded) as info:
         await call1(client, server, "slow_write", "a", timeout_seconds=0.05)
     assert not isinstance(info.value, Dropped) and ran == ["a"]
     conn = await client.connection(server.address)  # type: ignore[arg-type]
-    # both requests leave in one write, so the server reads them in one batch: "b" is dispatched after the hog
+    # The first call of a turn leaves at once and the calls behind it leave together at the end of the turn
+    # (corked), so the server reads the hog and "b" in one batch: "b" is dispatched after the hog, its
+    # deadline passed (had "b" come in a later read, its budget would count from that read, and a handler
+    # starts at once: its first step runs as it is dispatched)
     outcomes = await asyncio.gather(
+        call1(client, server, "noop", timeout_seconds=5.0),
         call1(client, server, "hog", timeout_seconds=5.0),
         call1(client, server, "slow_write", "b", timeout_seconds=0.01),
         return_exceptions=True,
     )
-    assert outcomes[0] is None and isinstance(outcomes[1], DeadlineExceeded), outcomes
+    assert outcomes[:2] == [None, None] and isinstance(outcomes[2], DeadlineExceeded), outcomes
     assert ran == ["a"], "the handler ran although its deadline had passed before it started"
     assert conn is await client.connection(server.address)  # type: ignore[arg-type]
     await assert_serves(client, server)

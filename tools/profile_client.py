@@ -48,8 +48,9 @@ assert set(NAMES.values()) == set(IMPLS)
 
 
 @contextlib.contextmanager
-def server(impl: str, transport: str, core: int) -> Iterator[str]:
-    """The address of ``impl``'s server, in its default progress mode, for the time of the block."""
+def server(impl: str, transport: str, core: int, mode: str | None) -> Iterator[tuple[str, int]]:
+    """The address and pid of ``impl``'s server, in progress mode ``mode`` (None: its default), for the time of
+    the block."""
     with tempfile.TemporaryDirectory(prefix="sfpc", dir="/tmp") as tmp:
         unix = f"{tmp}/s.sock" if transport == "unix" else None
         if impl == SVCFRAME:
@@ -59,12 +60,24 @@ def server(impl: str, transport: str, core: int) -> Iterator[str]:
             cfg = load_config(SELFTEST_CONFIG)
             if unix:
                 cfg.engine.address = f"unix://{unix}"
+            if mode is not None:
+                cfg.engine.progress_mode = mode
             with Launch(cfg, 1, cores=[core]) as job:
-                yield job.members[0].address
+                member = job.members[0]
+                assert member.pid is not None  # (a launched member reports its pid when it is ready)
+                yield member.address, member.pid
         else:
-            spin = spin_msec("spindown") if impl == RAW else 0.0
+            spin = spin_msec(mode or "spindown") if impl == RAW else 0.0
             with PeerServer("raw" if impl == RAW else "msgpack", core, unix, spin) as peer:
-                yield peer.address
+                assert peer.pid is not None  # (known once it accepts connections: PeerServer's __enter__)
+                yield peer.address, peer.pid
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time (user + system), in seconds, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def callgrind_mark() -> None:
@@ -89,7 +102,7 @@ async def counted(operation: Operation, calls: int, depth: int) -> None:
         await asyncio.gather(*(worker() for _ in range(depth)))
 
 
-async def client(impl: str, address: str, args: argparse.Namespace) -> None:
+async def client(impl: str, address: str, server_pid: int, args: argparse.Namespace) -> None:
     side = await SIDES[impl].open(address, args.mode)
     what = "noop" if not args.read else "read"
     operation = side.operation(what, args.read, args.method)
@@ -97,7 +110,7 @@ async def client(impl: str, address: str, args: argparse.Namespace) -> None:
     profiler = cProfile.Profile() if args.profile else None
     opcodes: collections.Counter[tuple[str, int, str]] = collections.Counter()
     callgrind_mark()
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0, server0 = time.process_time(), time.perf_counter(), cpu_seconds(server_pid)
     if profiler:
         profiler.enable()
     with counting_bytecodes(opcodes) if args.bytecodes else contextlib.nullcontext():
@@ -106,10 +119,12 @@ async def client(impl: str, address: str, args: argparse.Namespace) -> None:
         profiler.disable()
     callgrind_mark()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    server_cpu = cpu_seconds(server_pid) - server0
     await side.close()
     print(
         f"{impl} client, {args.calls} {'noop' if not args.read else f'{args.read}-byte {args.method} read'} calls, depth {args.depth}, {args.mode}: {args.calls / wall:,.0f} calls/s, "
-        f"client CPU {cpu / args.calls * 1e6:.2f} µs/call (utilisation {cpu / wall:.0%})"
+        f"client CPU {cpu / args.calls * 1e6:.2f} µs/call (utilisation {cpu / wall:.0%}), "
+        f"server CPU {server_cpu / args.calls * 1e6:.1f} µs/call"
     )
     if profiler:
         print_profile(pstats.Stats(profiler), args.calls, args.top)
@@ -180,6 +195,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--depth", type=int, default=1, help="calls in flight")
     parser.add_argument("--mode", choices=PROGRESS_MODES, default="block", help="the client's progress mode")
+    parser.add_argument(
+        "--server-mode", choices=PROGRESS_MODES, help="the server's progress mode (default: its own, spindown)"
+    )
     parser.add_argument("--transport", choices=["tcp", "unix"], default="tcp")
     parser.add_argument("--read", type=int, default=0, metavar="BYTES", help="read BYTES per call instead of a noop")
     parser.add_argument("--method", choices=READ_METHODS, default="inline", help="how --read reads")
@@ -192,9 +210,9 @@ def main() -> None:
     os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))  # authenticated, as `svcframe bench`
     cores = sorted(os.sched_getaffinity(0))
     impl = NAMES[args.impl]
-    with server(impl, args.transport, cores[0]) as address:
+    with server(impl, args.transport, cores[0], args.server_mode) as (address, server_pid):
         os.sched_setaffinity(0, cores[-1:])
-        run(client(impl, address, args))
+        run(client(impl, address, server_pid, args))
 
 
 if __name__ == "__main__":

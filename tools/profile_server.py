@@ -6,6 +6,8 @@ nothing. Prints the server's CPU µs per call (process CPU time / calls) and, wi
 top of a cProfile of the server.
 
     python tools/profile_server.py [--calls 200000] [--depth 64] [--profile] [--loop uvloop|asyncio]
+                                   [--mode block|spindown|busy] [--no-monitoring] [--selftest]
+                                   [--async-handler]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import socket
 import sys
 import time
 from multiprocessing import get_context
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,8 +43,12 @@ def blaster(address: str, calls: int, depth: int, core: int | None) -> None:
     sock.sendall(encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "blaster", "address": None})))
     body = pack_body([0, None, None, b""])
     rid = rpc_id("work")
-    frames = [encode_frame(Kind.REQUEST, i + 1, body, provider_id=1, rpc=rid) for i in range(depth)]
-    batch = b"".join(frames)
+    # a ring of request ids, sent in turn: an id comes back round only long after its answer (ids are unique
+    # among a peer's requests in flight; a server that runs handlers as tasks checks that)
+    ring = 16 * depth
+    frames = [encode_frame(Kind.REQUEST, i + 1, body, provider_id=1, rpc=rid) for i in range(ring)]
+    batch = b"".join(frames[:depth])
+    at = depth
     response_size = HEADER_SIZE + len(pack_body(b""))
     got = 0
     sent = 0
@@ -58,19 +65,33 @@ def blaster(address: str, calls: int, depth: int, core: int | None) -> None:
         got += n
         if sent < calls and n:
             k = min(n, calls - sent)
-            sock.sendall(b"".join(frames[:k]))
+            sock.sendall(b"".join(frames[(at + i) % ring] for i in range(k)))
+            at = (at + k) % ring
             sent += k
     sock.close()
 
 
 async def serve(
-    calls: int, depth: int, profile: bool, client_core: int | None, mode: str, monitoring: bool, selftest: bool
+    calls: int,
+    depth: int,
+    profile: bool,
+    client_core: int | None,
+    mode: str,
+    monitoring: bool,
+    selftest: bool,
+    async_handler: bool,
 ) -> None:
     engine = await Engine("tcp://127.0.0.1:0", progress_mode=mode, monitoring=monitoring, secret=None).start()
     if selftest:  # the self-test provider's ``work`` RPC, as `svcframe bench` serves it
         from selftest.provider import SelftestProvider
 
         SelftestProvider(engine, 1).register()
+    elif async_handler:  # a noop written as a coroutine function (as Mochi-style handlers that await are)
+
+        async def work(req: Any, arg: Any) -> bytes:
+            return b""
+
+        engine.register(1, "work", work)
     else:
         engine.register(1, "work", lambda req, arg: b"")
     ctx = get_context("spawn")
@@ -107,13 +128,23 @@ def main() -> None:
     parser.add_argument("--mode", default="spindown", choices=PROGRESS_MODES)
     parser.add_argument("--no-monitoring", action="store_true")
     parser.add_argument("--selftest", action="store_true", help="serve the self-test provider's work RPC")
+    parser.add_argument("--async-handler", action="store_true", help="a noop handler written as async def")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) > 1:
         os.sched_setaffinity(0, [cores[0]])
     client_core = cores[1] if len(cores) > 1 else None
     run(
-        serve(args.calls, args.depth, args.profile, client_core, args.mode, not args.no_monitoring, args.selftest),
+        serve(
+            args.calls,
+            args.depth,
+            args.profile,
+            client_core,
+            args.mode,
+            not args.no_monitoring,
+            args.selftest,
+            args.async_handler,
+        ),
         args.loop,
     )
 

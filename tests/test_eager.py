@@ -1,0 +1,124 @@
+"""Handlers started eagerly (svcframe.eager, Python >= 3.12): a coroutine handler's first step runs as its
+request is dispatched, and one that finishes there is answered in its batch's write, without a turn of the
+loop. What a handler can see must not change: it runs as its own task, in its own context; a request read
+together with its CANCEL never runs; a handler that suspends carries on as a task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any
+
+import pytest
+from conftest import WAIT_SECONDS
+from reliability_kit import open_raw, raw_handshake, secret
+
+from svcframe import Engine, Request
+from svcframe.eager import EAGER
+from svcframe.wire import HEADER, HEADER_SIZE, Kind, Status, encode_frame, pack_body, rpc_id, unpack_body
+
+pytestmark = pytest.mark.asyncio
+
+_seen: contextvars.ContextVar[str] = contextvars.ContextVar("_seen", default="")
+
+
+def server_connection(server: Engine) -> Any:
+    (conn,) = [c for c in server._all_conns if c.server_side]
+    return conn
+
+
+@pytest.mark.skipif(not EAGER, reason="eager start needs Python >= 3.12 (asyncio.Task eager_start)")
+async def test_a_handler_that_finishes_at_once_is_answered_in_its_batchs_write(server: Engine, client: Engine) -> None:
+    """64 calls of an ``async def`` handler that never suspends, sent in two writes (the first call at once,
+    the others corked behind it): the server answers them in a few writes, not one write per answer (as it
+    did when each handler ran as a task, answered a turn later, alone)."""
+
+    async def quick(req: Request, arg: Any) -> Any:
+        return arg
+
+    server.register(1, "quick", quick)
+    assert await client.call(server.address, "quick", -1, provider_id=1) == -1  # (connected)
+    conn = server_connection(server)
+    writes = conn.writes
+    results = await asyncio.gather(*(client.call(server.address, "quick", n, provider_id=1) for n in range(64)))
+    assert results == list(range(64))
+    assert conn.writes - writes <= 8, f"{conn.writes - writes} writes for 64 answers"
+
+
+async def test_a_handlers_first_step_runs_as_its_own_task_in_its_own_context(server: Engine, client: Engine) -> None:
+    """In its first step (eager or not) a handler is the loop's current task, a different one for each call,
+    ``asyncio.timeout`` works, and what it sets in a context variable is its own: the next handler of the
+    same batch does not see it."""
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def first_step(req: Request, arg: Any) -> Any:
+        before = _seen.get()
+        _seen.set(f"call {arg}")
+        tasks.append(asyncio.current_task())
+        async with asyncio.timeout(WAIT_SECONDS):
+            await asyncio.sleep(0) if arg == -2 else None  # (never suspends here: the timeout is only entered)
+        return before
+
+    server.register(1, "first_step", first_step)
+    assert await client.call(server.address, "first_step", -1, provider_id=1) == ""
+    results = await asyncio.gather(*(client.call(server.address, "first_step", n, provider_id=1) for n in range(8)))
+    assert results == [""] * 8
+    assert None not in tasks and len(set(map(id, tasks))) == len(tasks) == 9
+
+
+async def test_a_handler_that_suspends_carries_on_as_a_task(server: Engine, client: Engine) -> None:
+    """A handler that awaits something not ready finishes when it is: its answer comes then, and the server
+    serves meanwhile."""
+    release = asyncio.Event()
+
+    async def waits(req: Request, arg: Any) -> Any:
+        await release.wait()
+        await asyncio.sleep(0)
+        return arg
+
+    server.register(1, "waits", waits)
+    call = asyncio.ensure_future(client.call(server.address, "waits", "done", provider_id=1))
+    assert await client.call(server.address, "echo", 1, provider_id=1) == 1
+    assert not call.done()
+    release.set()
+    assert await asyncio.wait_for(call, WAIT_SECONDS) == "done"
+
+
+async def test_a_request_read_with_its_cancel_never_runs(server: Engine) -> None:
+    """A REQUEST and its CANCEL in one write: the handler never runs (its request was cancelled before it
+    started); the server answers CANCELLED and serves the next request."""
+    ran: list[Any] = []
+
+    async def record(req: Request, arg: Any) -> Any:
+        ran.append(arg)
+        return arg
+
+    server.register(1, "record", record)
+    assert server.address is not None
+    reader, writer = await open_raw(server.address)
+    try:
+        await raw_handshake(reader, writer, secret())
+        writer.write(
+            encode_frame(Kind.REQUEST, 1, pack_body("cancelled"), provider_id=1, rpc=rpc_id("record"))
+            + encode_frame(Kind.CANCEL, 1)
+            + encode_frame(Kind.REQUEST, 2, pack_body("after"), provider_id=1, rpc=rpc_id("record"))
+        )
+        answers: dict[int, tuple[int, Any]] = {}
+        while 2 not in answers:
+            request_id, status, body = await read_response(reader)
+            answers[request_id] = (status, body)
+        assert answers[2] == (Status.OK, "after")
+        assert answers.get(1, (Status.CANCELLED,))[0] == Status.CANCELLED
+        assert ran == ["after"]
+    finally:
+        writer.close()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, int, Any]:
+    """(request id, status, decoded body) of the next RESPONSE."""
+    while True:
+        header = await asyncio.wait_for(reader.readexactly(HEADER_SIZE), WAIT_SECONDS)
+        fields = HEADER.unpack(header)
+        body = await reader.readexactly(fields[6])
+        if fields[2] == Kind.RESPONSE:
+            return fields[7], fields[9], unpack_body(body) if body else None

@@ -32,11 +32,11 @@ EAGER = sys.version_info >= (3, 12)
 def start_eagerly(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
 ) -> asyncio.Task[Any] | None:
-    """Run ``coro``'s first step now, in ``context``, as ``loop``'s current task (on 3.11: schedule it, as
-    ``loop.create_task`` does). Returns None when it finished in that step (its result or exception stays
+    """Run ``coro``'s first step now, in ``context``, as ``loop``'s current task (on 3.11, or when the loop has
+    a task factory of its own: schedule it, as ``loop.create_task`` does). Returns None when it finished in that step (its result or exception stays
     with its Task, which nobody awaits: give the outcome elsewhere, as the engine's handler runner does),
     else the running Task. The loop must be running (we are in one of its callbacks or tasks)."""
-    if not EAGER:
+    if not EAGER or loop.get_task_factory() is not None:  # (a loop's own task factory makes its tasks)
         return loop.create_task(coro, context=context)
     task = asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg,unused-ignore]
     return None if task.done() else task

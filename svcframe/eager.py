@@ -1,18 +1,16 @@
 """Eager start: a coroutine's first step runs at once, in the caller's turn of the loop, and its Task carries it
-on only if it suspends (CPython >= 3.12: ``asyncio.Task(..., eager_start=True)``, the mechanism behind
-``asyncio.eager_task_factory``). During that step the coroutine runs in its own context and is the loop's
-current task, so ``asyncio.current_task()``, ``asyncio.timeout`` and task groups work as in any task.
+on only if it suspends. CPython 3.12 has this (``asyncio.Task(..., eager_start=True)``, the mechanism behind
+``asyncio.eager_task_factory``); this module gives 3.11 the same, with the guarantees a handler can see:
+during its first step the coroutine runs in its own context and is the loop's current task (so
+``asyncio.current_task()``, ``asyncio.timeout`` and task groups work), and a cancellation that comes before
+its Task's first turn reaches the coroutine where its first step left it.
 
 The engine starts handlers this way (svcframe.handlers). Most handlers finish without suspending (an answer
-computed, a push ahead written): such a handler costs no turn of the loop and no Task bookkeeping, and its
-answer leaves with the other answers of its batch in one write, where a Task's answer was written alone a
-turn later. ``python tools/profile_server.py --async-handler`` (a noop ``async def`` handler, 64 requests in
-flight), Python 3.13: 11.3-11.7 µs of server CPU per call before, 5.7-7.0 after (a sync handler: 2.5-3.2).
-
-On 3.11 a handler starts as a Task, as before. Emulating the eager step there (the Task made first, entered
-as current for the step, its first turn handed the step's outcome) ran, but a server whose handler pulled
-256 MiB from a client killed mid-transfer kept the 256 MiB (tests/test_reliability_faults.py), held by
-nothing the garbage collector could see; that emulation is not shipped.
+computed, a push ahead written): such a handler costs no Task bookkeeping, and its answer leaves with the
+other answers of its batch in one write, where a Task's answer was written alone a turn later.
+``python tools/profile_server.py --async-handler`` (a noop ``async def`` handler, 64 requests in flight),
+server CPU per call: Python 3.13 11.3-11.7 µs before, 5.7-7.0 after; Python 3.11 16.2-18.9 before, 10.8
+after (the Task is still made there: the step needs it as the current task). A sync handler: 2.2-3.2.
 """
 
 from __future__ import annotations
@@ -20,23 +18,135 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Generator
 from typing import Any
 
-__all__ = ["EAGER", "start_eagerly"]
+__all__ = ["start_eagerly"]
 
-#: Whether ``start_eagerly`` runs first steps at once (CPython >= 3.12).
-EAGER = sys.version_info >= (3, 12)
+_FINISHED, _RAISED, _SUSPENDED = 0, 1, 2
+
+
+def _first_step(coro: Coroutine[Any, Any, Any]) -> tuple[int, Any]:
+    """Run ``coro`` to its first suspension: (_SUSPENDED, what it yielded), (_FINISHED, its result) or
+    (_RAISED, its exception)."""
+    try:
+        return _SUSPENDED, coro.send(None)
+    except StopIteration as stop:
+        return _FINISHED, stop.value
+    except BaseException as exc:  # (its Task raises it at its first turn: as a Task's own step would)
+        return _RAISED, exc
+
+
+class _CarryOn(Coroutine[Any, Any, Any]):
+    """What the Task of a coroutine started eagerly on 3.11 runs: at its first send, the outcome of the first
+    step (its result, its exception, or the future it waits on, which the Task then waits on); after that,
+    the coroutine itself. A throw before the first send (a cancellation) goes to the coroutine, and cancels
+    the future it waits on, as a Task's cancel does.
+
+    Its methods drop their references to exceptions before they return or raise: a frame of theirs held by
+    a traceback and holding the exception is a reference cycle, which kept a failed 256 MiB pull's buffer
+    until the cyclic collector ran (tests/test_reliability_faults.py, the killed client)."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro = coro
+        self.first: tuple[int, Any] | None = None  # (set by start_eagerly once the first step ran)
+
+    def send(self, value: Any) -> Any:
+        first = self.first
+        if first is None:
+            return self.coro.send(value)
+        self.first = None
+        kind, outcome = first
+        first = None
+        if kind == _SUSPENDED:
+            return outcome
+        if kind == _FINISHED:
+            raise StopIteration(outcome)
+        try:
+            raise outcome
+        finally:
+            del outcome
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if isinstance(typ, BaseException):  # (a Task throws an instance: the one-argument form)
+            exc = typ
+        else:  # the older three-argument form
+            exc = val if isinstance(val, BaseException) else typ() if val is None else typ(val)
+        typ = val = None  # (this frame keeps no exception: see the class docstring)
+        first, self.first = self.first, None
+        try:
+            if first is not None:
+                if first[0] != _SUSPENDED:  # it finished already: the exception is the Task's alone
+                    raise exc
+                if isinstance(first[1], asyncio.Future):
+                    first[1].cancel()
+                first = None
+            return self.coro.throw(exc)
+        finally:
+            del exc
+
+    def close(self) -> None:
+        self.first = None
+        self.coro.close()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self  # type: ignore[return-value]
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    @property
+    def cr_code(self) -> Any:  # (a Task's repr names the coroutine's function)
+        return getattr(self.coro, "cr_code", None)
+
+    @property
+    def cr_frame(self) -> Any:
+        return getattr(self.coro, "cr_frame", None)
+
+    def __repr__(self) -> str:
+        return repr(self.coro)
+
+
+if sys.version_info >= (3, 12):
+
+    def _eager_task(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
+    ) -> asyncio.Task[Any] | None:
+        task = asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+        return None if task.done() else task
+
+else:
+    from asyncio.tasks import _enter_task, _leave_task
+
+    def _eager_task(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
+    ) -> asyncio.Task[Any] | None:
+        if asyncio.current_task(loop) is not None:  # inside a task (3.11 cannot swap it out): started as usual
+            return loop.create_task(coro, context=context)
+        carry = _CarryOn(coro)
+        task = loop.create_task(carry, context=context)  # its first turn takes what the first step left
+        _enter_task(loop, task)
+        try:
+            carry.first = context.run(_first_step, coro)
+        finally:
+            _leave_task(loop, task)
+        kind, outcome = carry.first
+        if kind == _RAISED and isinstance(outcome, (KeyboardInterrupt, SystemExit)):
+            carry.first = (_FINISHED, None)  # raised here, once, as a Task's step raises them
+            raise outcome
+        return task if kind == _SUSPENDED else None
 
 
 def start_eagerly(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
 ) -> asyncio.Task[Any] | None:
-    """Run ``coro``'s first step now, in ``context``, as ``loop``'s current task (on 3.11, or when the loop has
-    a task factory of its own: schedule it, as ``loop.create_task`` does). Returns None when it finished in that step (its result or exception stays
-    with its Task, which nobody awaits: give the outcome elsewhere, as the engine's handler runner does),
-    else the running Task. The loop must be running (we are in one of its callbacks or tasks)."""
-    if not EAGER or loop.get_task_factory() is not None:  # (a loop's own task factory makes its tasks)
+    """Run ``coro``'s first step now, in ``context``, as ``loop``'s current task. Returns None when it finished
+    in that step (its result or exception stays with its Task, which nobody awaits: give the outcome
+    elsewhere, as the engine's handler runner does), else the running Task. A loop with a task factory of
+    its own makes the task instead, started as usual (returned). The loop must be running (we are in one
+    of its callbacks)."""
+    if loop.get_task_factory() is not None:
         return loop.create_task(coro, context=context)
-    task = asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg,unused-ignore]
-    return None if task.done() else task
+    return _eager_task(loop, coro, context)

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
-from .eager import EAGER, start_eagerly
+from .eager import start_eagerly
 from .errors import (
     AppError,
     BulkUsageError,
@@ -358,23 +358,21 @@ class Handlers:
         rec: Any,
         aw: Awaitable[Any],
     ) -> asyncio.Task[Any] | None:
-        """Run a handler's awaitable, started eagerly (svcframe.eager, Python >= 3.12): its first step runs
-        now, and one that finishes there is answered now, in this batch's write, with no Task. Returns the
+        """Run a handler's awaitable, started eagerly (svcframe.eager): its first step runs now, and one that finishes there is answered now, in this batch's write, with no Task. Returns the
         Task (for ``_track_task``) when it suspends; also, started as usual, when this batch also cancels it
         (it then never runs), its request id is still being served (``_track_task`` refuses it), or its
         deadline has passed (``_track_task`` drops it unrun)."""
         loop = self._loop
         assert loop is not None
         runner = self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, aw)
-        if EAGER:
-            request_id, usec = frame[4], frame[5]  # (usec: the deadline after arrival, checked by the clock: the
-            cancels = self._dispatching_cancels  # loop's time stands still during a turn)
-            if cancels is None:  # the requests its batch cancels (a request read with its CANCEL never runs)
-                cancels = self._dispatching_cancels = {f[4] for f in self._dispatching if f[0] == K_CANCEL}
-            late = usec and perf_ns() - arrival_ns >= usec * 1000
-            if not (late or request_id in cancels or request_id in conn.serving):
-                return start_eagerly(loop, runner, contextvars.copy_context())
-        return loop.create_task(runner)
+        request_id, usec = frame[4], frame[5]  # (usec: the deadline after arrival, checked by the clock: the
+        cancels = self._dispatching_cancels  # loop's time stands still during a turn)
+        if cancels is None:  # the requests its batch cancels (a request read with its CANCEL never runs)
+            cancels = self._dispatching_cancels = {f[4] for f in self._dispatching if f[0] == K_CANCEL}
+        late = usec and perf_ns() - arrival_ns >= usec * 1000
+        if late or request_id in cancels or request_id in conn.serving:
+            return loop.create_task(runner)
+        return start_eagerly(loop, runner, contextvars.copy_context())
 
     def _track_task(
         self, conn: Connection, frame: Frame, reg: Registration, req: Request, task: asyncio.Task[Any], result: Any

@@ -1,4 +1,4 @@
-"""Handlers started eagerly (svcframe.eager, Python >= 3.12): a coroutine handler's first step runs as its
+"""Handlers started eagerly (svcframe.eager): a coroutine handler's first step runs as its
 request is dispatched, and one that finishes there is answered in its batch's write, without a turn of the
 loop. What a handler can see must not change: it runs as its own task, in its own context; a request read
 together with its CANCEL never runs; a handler that suspends carries on as a task."""
@@ -14,7 +14,7 @@ from conftest import WAIT_SECONDS
 from reliability_kit import open_raw, raw_handshake, secret
 
 from svcframe import Engine, Request
-from svcframe.eager import EAGER
+from svcframe.eager import start_eagerly
 from svcframe.wire import HEADER, HEADER_SIZE, Kind, Status, encode_frame, pack_body, rpc_id, unpack_body
 
 pytestmark = pytest.mark.asyncio
@@ -27,7 +27,6 @@ def server_connection(server: Engine) -> Any:
     return conn
 
 
-@pytest.mark.skipif(not EAGER, reason="eager start needs Python >= 3.12 (asyncio.Task eager_start)")
 async def test_a_handler_that_finishes_at_once_is_answered_in_its_batchs_write(server: Engine, client: Engine) -> None:
     """64 calls of an ``async def`` handler that never suspends, sent in two writes (the first call at once,
     the others corked behind it): the server answers them in a few writes, not one write per answer (as it
@@ -122,3 +121,48 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, int, Any]:
         body = await reader.readexactly(fields[6])
         if fields[2] == Kind.RESPONSE:
             return fields[7], fields[9], unpack_body(body) if body else None
+
+
+async def test_a_cancellation_before_the_tasks_first_turn_reaches_the_coroutine() -> None:
+    """``start_eagerly`` itself: a coroutine that suspends in its first step, cancelled before its Task's
+    first turn, gets CancelledError where it waits, and what it waited on is cancelled with it."""
+    loop = asyncio.get_running_loop()
+    waited: asyncio.Future[None] = loop.create_future()
+    seen: list[str] = []
+
+    async def waits() -> None:
+        seen.append("started")
+        try:
+            await waited
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    started: asyncio.Future[asyncio.Task[Any] | None] = loop.create_future()
+
+    def start_and_cancel() -> None:  # (in a callback, as the engine starts handlers: outside any task)
+        task = start_eagerly(loop, waits(), contextvars.copy_context())
+        assert task is not None and seen == ["started"]
+        task.cancel()  # before the loop gives its Task a turn
+        started.set_result(task)
+
+    loop.call_soon(start_and_cancel)
+    task = await started
+    assert task is not None
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["started", "cancelled"] and waited.cancelled()
+
+
+async def test_a_first_step_that_finishes_returns_no_task() -> None:
+    """A coroutine that returns (or raises) in its first step: None, and nothing left to run."""
+    loop = asyncio.get_running_loop()
+    outcomes: list[Any] = []
+
+    async def returns() -> int:
+        outcomes.append("ran")
+        return 1
+
+    done: asyncio.Future[Any] = loop.create_future()
+    loop.call_soon(lambda: done.set_result(start_eagerly(loop, returns(), contextvars.copy_context())))
+    assert await done is None and outcomes == ["ran"]

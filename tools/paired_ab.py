@@ -8,7 +8,7 @@ batch, each round one batch with the mechanism on and one with it off (in altern
 ratios on / off.
 
     python tools/paired_ab.py [--method into|pull|push] [--transport unix|tcp]
-                              [--toggle vm|address|offers|split-push|push-ahead]
+                              [--toggle vm|address|offers|split-push|push-ahead|eager]
                               [--size BYTES] [--batch N] [--rounds N]
 
 Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
@@ -17,7 +17,8 @@ each set in both processes: ``vm`` svcframe.cma.read/write by their compiled twi
 ``address`` svcframe.cma.buffer_address likewise; ``offers`` the reader's write offers
 (Connection.peer_cma_offer); ``split-push`` a pusher naming its source for a split read
 (Connection.peer_cma_split_push); ``push-ahead`` a handler's push sent ahead of its answer
-(Connection.peer_push_ahead: over the socket, so over tcp, or over unix below 256 KiB).
+(Connection.peer_push_ahead: over the socket, so over tcp, or over unix below 256 KiB); ``eager`` handlers
+started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the engine did before).
 """
 
 from __future__ import annotations
@@ -35,13 +36,18 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 METHODS = ("into", "pull", "push")
-TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead")
+TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager")
 
 
 def set_toggle(engine: Any, toggle: str, on: bool) -> None:
     """Switch ``toggle`` in this process (its engine's connections, or svcframe.cma's twins)."""
     from svcframe import _speedups, cma
 
+    if toggle == "eager":
+        from svcframe import eager, handlers
+
+        started = eager.start_eagerly if on else lambda loop, coro, context: loop.create_task(coro, context=context)
+        setattr(handlers, "start_eagerly", started)  # noqa: B010  (the name the engine calls, in this process)
     if toggle == "vm":
         cma.read = _speedups.vm_read if on else cma._read_py
         cma.write = _speedups.vm_write if on else cma._write_py

@@ -52,11 +52,13 @@ from .split_read import (
 from .wire import (
     F_CMA,
     F_NO_REPLY,
+    K_BULK_PUSH,
     Frame,
     Kind,
     encode_frame,
     encode_header,
     pack_body,
+    push_ahead_frames,
 )
 
 if TYPE_CHECKING:
@@ -101,7 +103,7 @@ class BulkHandle:
     def from_wire(cls, obj: object) -> BulkHandle:
         """Raises BulkError when ``obj`` is not a serialised bulk handle."""
         if (
-            isinstance(obj, list | tuple)
+            (type(obj) is list or isinstance(obj, list | tuple))  # (the common one first: a decoded list)
             and len(obj) == 5
             and (obj[0] is None or isinstance(obj[0], str))
             and isinstance(obj[1], str)
@@ -121,8 +123,8 @@ def as_byte_view(buf: object, *, writable: bool) -> memoryview:
     Raises:
         BulkUsageError: not a buffer, not contiguous, or read-only when ``writable``.
     """
-    if type(buf) is bytearray:  # the common buffer, writable and flat: 27 bytecodes -> 6 per into= call
-        return memoryview(buf)
+    if type(buf) is bytearray or (type(buf) is bytes and not writable):  # the common buffers, flat: 27
+        return memoryview(buf)  # bytecodes -> 6 per into= call (a bytearray), or per push of bytes
     try:
         view = memoryview(buf)  # type: ignore[arg-type]
     except TypeError as exc:
@@ -336,9 +338,13 @@ class BulkTransfers:
         size = len(src)
         request_id = conn.next_request_id()
         body = pack_body([handle.bulk_id, offset, size, frame[4]])
-        header = encode_frame(Kind.BULK_PUSH, request_id, body, flags=F_NO_REPLY)
-        if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one write, nothing to wait for
-            conn.send_many((header, encode_header(Kind.BULK_DATA_PUSH, request_id, size), src) if size else (header,))
+        if 0 < size <= conn.whole_frame_bytes and not conn.writing_paused:  # one write, nothing to wait for
+            conn.send_many((push_ahead_frames(request_id, body, size), src))
+            self.monitor.record_bulk("push", conn.peer_label, size, int((loop.time() - start) * 1e9))
+            return True
+        header = encode_frame(K_BULK_PUSH, request_id, body, flags=F_NO_REPLY)
+        if not size:
+            conn.send(header)
             self.monitor.record_bulk("push", conn.peer_label, size, int((loop.time() - start) * 1e9))
             return True
         try:

@@ -255,6 +255,28 @@ assert _REQUEST.size == _RESPONSE_OK.size == _RESPONSE_FLAGS.size == HEADER_SIZE
 #: parent_provider_id, parent_rpc_id, 0, callpath, trace_id, span_id, lamport) -> bytes``: a REQUEST header.
 pack_request_header = functools.partial(_REQUEST.pack, MAGIC + bytes([WIRE_VERSION, 2]))
 
+# A bulk frame's header: kind and flags, body length and request id, no parent provider, zeros elsewhere.
+_BULK_HEADER = struct.Struct("<4sH6xIQ6xH48x")
+assert _BULK_HEADER.size == HEADER_SIZE
+_pack_bulk_push = functools.partial(_BULK_HEADER.pack, MAGIC + bytes([WIRE_VERSION, K_BULK_PUSH]))
+_pack_bulk_data_push = functools.partial(_BULK_HEADER.pack, MAGIC + bytes([WIRE_VERSION, K_BULK_DATA_PUSH]))
+
+
+def push_ahead_frames(request_id: int, body: bytes, size: int) -> bytes:
+    """A push ahead of an answer in one frame (svcframe.bulk): its BULK_PUSH flagged NO_REPLY with ``body``, and
+    the header of its one data frame of ``size`` bytes, as one bytes object (``encode_frame`` and
+    ``encode_header``'s bytes, in two C calls where they took 75 bytecodes). The data follows.
+
+    Raises:
+        struct.error: a field does not fit (callers pass a request id of ours, a body and a size under a
+            connection's limits).
+    """
+    return (
+        _pack_bulk_push(F_NO_REPLY, len(body), request_id, NO_PARENT_PROVIDER)
+        + body
+        + _pack_bulk_data_push(0, size, request_id, NO_PARENT_PROVIDER)
+    )
+
 
 def _request_frame_py(
     flags: int,

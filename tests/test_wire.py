@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import os
 import ssl
+import struct
 import subprocess
 import sys
 import tracemalloc
@@ -795,3 +796,18 @@ def test_bin_header_is_msgpacks_own(length: int) -> None:
     data = b"\x01" * length
     assert bin_header(length) + data == msgpack.packb(data, use_bin_type=True)
     assert unpack_body(bin_header(length) + data) == data
+
+
+@pytest.mark.parametrize("size", [1, 65536, (1 << 32) - 1])
+def test_a_push_aheads_frames_are_what_the_general_encoders_give(size: int) -> None:
+    """push_ahead_frames (one pass, the hot path of a handler's push) = encode_frame(BULK_PUSH flagged NO_REPLY)
+    + encode_header(BULK_DATA_PUSH), byte for byte; a field that does not fit is refused."""
+    from svcframe.wire import F_NO_REPLY, push_ahead_frames
+
+    body = pack_body([bytes(range(16)), 3, size, 2**63])
+    expected = encode_frame(Kind.BULK_PUSH, 2**64 - 1, body, flags=F_NO_REPLY) + encode_header(
+        Kind.BULK_DATA_PUSH, 2**64 - 1, size
+    )
+    assert push_ahead_frames(2**64 - 1, body, size) == expected
+    with pytest.raises(struct.error):
+        push_ahead_frames(2**64, body, size)

@@ -9,7 +9,7 @@ The engine starts handlers this way (svcframe.handlers). Most handlers finish wi
 computed, a push ahead written): such a handler costs no Task bookkeeping, and its answer leaves with the
 other answers of its batch in one write, where a Task's answer was written alone a turn later.
 ``python tools/profile_server.py --async-handler`` (a noop ``async def`` handler, 64 requests in flight),
-server CPU per call: Python 3.13 11.3-11.7 µs before, 5.7-7.0 after; Python 3.11 16.2-18.9 before, 10.8
+server CPU per call: Python 3.13 11.3-11.7 µs before, 5.7-7.0 after; Python 3.11 16.2-18.9 before, 7.9-12.5
 after (the Task is still made there: the step needs it as the current task). A sync handler: 2.2-3.2.
 """
 

@@ -338,15 +338,14 @@ class BulkTransfers:
         size = len(src)
         request_id = conn.next_request_id()
         body = pack_body([handle.bulk_id, offset, size, frame[4]])
-        if 0 < size <= conn.whole_frame_bytes and not conn.writing_paused:  # one write, nothing to wait for
-            conn.send_many((push_ahead_frames(request_id, body, size), src))
+        if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one write, nothing to wait for
+            if size:
+                conn.send_many((push_ahead_frames(request_id, body, size), src))
+            else:  # (announced only: no data frame follows)
+                conn.send(encode_frame(K_BULK_PUSH, request_id, body, flags=F_NO_REPLY))
             self.monitor.record_bulk("push", conn.peer_label, size, int((loop.time() - start) * 1e9))
             return True
         header = encode_frame(K_BULK_PUSH, request_id, body, flags=F_NO_REPLY)
-        if not size:
-            conn.send(header)
-            self.monitor.record_bulk("push", conn.peer_label, size, int((loop.time() - start) * 1e9))
-            return True
         try:
             async with asyncio.timeout(timeout):
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)

@@ -79,6 +79,7 @@ class _CarryOn(Coroutine[Any, Any, Any]):
         try:
             if first is not None:
                 if first[0] != _SUSPENDED:  # it finished already: the exception is the Task's alone
+                    first = None
                     raise exc
                 if isinstance(first[1], asyncio.Future):
                     first[1].cancel()

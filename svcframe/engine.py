@@ -39,6 +39,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -85,6 +86,7 @@ __all__ = ["FROM_ENVIRONMENT", "SECRET_ENV", "Engine", "Registration", "Request"
 log = logging.getLogger("svcframe.engine")
 
 perf_ns = time.perf_counter_ns
+_NO_FRAMES: tuple[Frame, ...] = ()  # (what _dispatching holds between batches)
 #: The environment variable engines take their shared secret from unless given one explicitly.
 SECRET_ENV = "SVCFRAME_SECRET"
 FROM_ENVIRONMENT = object()
@@ -184,8 +186,8 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
         self._peers: dict[str, Connection] = {}  # any open connection, by peer engine id
         self._all_conns: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._dispatching: list[Frame] = []  # the batch of requests being dispatched (Handlers._start) and
-        self._dispatching_cancels: set[int] | None = None  # the request ids its CANCELs name, once needed
+        self._dispatching: Sequence[Frame] = _NO_FRAMES  # the batch of requests being dispatched (Handlers._start)
+        self._dispatching_cancels: set[int] | None = None  # and the request ids its CANCELs name, once needed
         # bulk id (16 random bytes) -> (buffer, mode, address of the only peer allowed, or None)
         self._exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
         self._push_sources: dict[bytes, int] = {}  # our pushes' sources exposed meanwhile (svcframe.bulk)
@@ -566,7 +568,9 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
                     conn.protocol.pushes.pop(frame.request_id, None)
             elif kind == K_GOODBYE:
                 conn.goodbye_received(frame)
-                return
+                break
+        if arrival_ns:  # the batch is dispatched: keep none of its frames (a large body's buffer goes with them)
+            self._dispatching = _NO_FRAMES
 
     @staticmethod
     def _into_answered(conn: Connection, request_id: int) -> None:

@@ -24,7 +24,7 @@ import operator
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
@@ -234,7 +234,7 @@ class Handlers:
     _closing: bool
     _loop: asyncio.AbstractEventLoop | None
     _tasks: set[asyncio.Task[Any]]
-    _dispatching: list[Frame]  # the batch being dispatched (Engine.on_frames), and the request ids
+    _dispatching: Sequence[Frame]  # the batch being dispatched (Engine.on_frames), and the request ids
     _dispatching_cancels: set[int] | None  # its CANCELs name, once _start needs them
     _epoch_offset_us: float
     monitor: Monitor

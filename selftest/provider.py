@@ -176,7 +176,7 @@ class SelftestProvider(Provider):
             return data  # a large bytes result leaves as a bin header plus this object: no copy
         if method == PULL:
             return region.to_wire()
-        return req.engine.push(BulkHandle.from_wire(handle), data)  # a coroutine: the engine runs it as a Task
+        return req.engine.push(BulkHandle.from_wire(handle), data)  # done at once (ahead of the answer), or a Task
 
     def _storage_file(self) -> int:
         if self._storage_fd is None:

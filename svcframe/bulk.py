@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import cma
 from .deadlines import DeadlineExpired, Deadlines, wire_deadline
+from .eager import DONE
 from .errors import (
     BulkError,
     BulkUsageError,
@@ -268,7 +270,7 @@ class BulkTransfers:
         if status != Status.OK:
             raise error_from_status(status, info, "bulk pull", 0, _owner(handle))
 
-    async def push(
+    def push(
         self,
         handle: BulkHandle,
         src: Any,
@@ -276,8 +278,8 @@ class BulkTransfers:
         offset: int = 0,
         timeout_seconds: float | None = None,
         ahead: bool = True,
-    ) -> None:
-        """Write all of ``src`` into the remote buffer at ``offset``.
+    ) -> Coroutine[Any, Any, None]:
+        """Write all of ``src`` into the remote buffer at ``offset``; await what it returns.
 
         A handler's push into its own caller's buffer over the socket goes *ahead of the answer* (``ahead``,
         when the caller's engine takes it: HELLO ``push_ahead``): its data frames leave on the caller's
@@ -288,15 +290,32 @@ class BulkTransfers:
         the caller's call with BulkError, not the push. ``ahead=False`` waits for the owner's answer, as every
         other push does.
 
-        Raises:
-            BulkUsageError (bad range or mode, checked locally), BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
+        The push starts when called, not when awaited: its range is checked then, and a push done at once (into
+        a buffer of this engine's, or ahead of the answer in one write, the common read) returns a coroutine
+        already finished (``svcframe.eager.DONE``), so a sync handler may ``return req.engine.push(...)`` and
+        be answered in its batch (64 KiB push reads: ``python tools/profile_client.py --read 65536 --method
+        push``, the server's CPU per read, in the README).
+
+        Raises (when called): BulkUsageError (bad range or mode, checked locally).
+        Raises (when awaited): BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
         """
         view = as_byte_view(src, writable=False)
         size = len(view)
         _check_range(handle, offset, size, WRITE)
         if handle.engine_id == self.engine_id:
             self._local_source(handle, offset, size, WRITE)[:] = view
-            return
+            return DONE
+        if ahead and not (self.bulk_cma and size >= CMA_MIN_BYTES):
+            target = self._ahead_target(handle)
+            if target is not None and not target[0].closed and self._push_ahead_now(*target, handle, offset, view):
+                return DONE
+        return self._push(handle, offset, view, timeout_seconds, ahead)
+
+    async def _push(
+        self, handle: BulkHandle, offset: int, view: memoryview, timeout_seconds: float | None, ahead: bool
+    ) -> None:
+        """``push``'s part that waits: by cross-memory attach, ahead of the answer in chunks, or answered."""
+        size = len(view)
         if self.bulk_cma and size >= CMA_MIN_BYTES:
             loop = self._loop or asyncio.get_running_loop()
             deadline = loop.time() + (self.default_timeout_seconds if timeout_seconds is None else timeout_seconds)
@@ -311,6 +330,33 @@ class BulkTransfers:
         if status != Status.OK:
             raise error_from_status(status, info, "bulk push", 0, _owner(handle))
 
+    def _ahead_target(self, handle: BulkHandle) -> tuple[Connection, Frame] | None:
+        """The connection and request of the handler running here when a push into ``handle`` can go ahead of
+        its answer: the handle is its caller's, the caller takes pushes ahead, and the request is answered."""
+        req = self._request_here()
+        if req is None:
+            return None
+        conn: Connection = req[1]  # Request.conn
+        frame: Frame = req[3]  # Request.frame
+        if conn.peer_engine_id != handle.engine_id or not conn.peer_push_ahead or frame[1] & F_NO_REPLY:
+            return None
+        return conn, frame
+
+    def _push_ahead_now(self, conn: Connection, frame: Frame, handle: BulkHandle, offset: int, src: memoryview) -> bool:
+        """A push ahead in one write, when it fits in one frame and the socket takes it (see ``_push_ahead``):
+        True when written, False when it must wait for the socket (``_push_ahead``'s chunks)."""
+        size = len(src)
+        if size > conn.whole_frame_bytes or conn.writing_paused:
+            return False
+        request_id = conn.next_request_id()
+        body = pack_body([handle.bulk_id, offset, size, frame[4]])
+        if size:
+            conn.send_many((push_ahead_frames(request_id, body, size), src))
+        else:  # (announced only: no data frame follows)
+            conn.send(encode_frame(K_BULK_PUSH, request_id, body, flags=F_NO_REPLY))
+        self.monitor.record_bulk("push", conn.peer_label, size, 0)  # (written in this turn: no time passed)
+        return True
+
     async def _push_ahead(
         self, handle: BulkHandle, offset: int, src: memoryview, timeout_seconds: float | None
     ) -> bool:
@@ -323,29 +369,22 @@ class BulkTransfers:
             DeadlineExceeded: the data could not be written in time (a reader that does not read);
             ConnectionLost.
         """
-        req = self._request_here()
-        if req is None:
+        target = self._ahead_target(handle)
+        if target is None:
             return False
-        conn: Connection = req[1]  # Request.conn
-        frame: Frame = req[3]  # Request.frame
-        if conn.peer_engine_id != handle.engine_id or not conn.peer_push_ahead or frame[1] & F_NO_REPLY:
-            return False
+        conn, frame = target
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
+        if self._push_ahead_now(conn, frame, handle, offset, src):
+            return True
         loop = self._loop or asyncio.get_running_loop()
         start = loop.time()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         size = len(src)
         request_id = conn.next_request_id()
-        body = pack_body([handle.bulk_id, offset, size, frame[4]])
-        if size <= conn.whole_frame_bytes and not conn.writing_paused:  # one write, nothing to wait for
-            if size:
-                conn.send_many((push_ahead_frames(request_id, body, size), src))
-            else:  # (announced only: no data frame follows)
-                conn.send(encode_frame(K_BULK_PUSH, request_id, body, flags=F_NO_REPLY))
-            self.monitor.record_bulk("push", conn.peer_label, size, int((loop.time() - start) * 1e9))
-            return True
-        header = encode_frame(K_BULK_PUSH, request_id, body, flags=F_NO_REPLY)
+        header = encode_frame(
+            K_BULK_PUSH, request_id, pack_body([handle.bulk_id, offset, size, frame[4]]), flags=F_NO_REPLY
+        )
         try:
             async with asyncio.timeout(timeout):
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-__all__ = ["start_eagerly"]
+__all__ = ["DONE", "Done", "start_eagerly"]
 
 _FINISHED, _RAISED, _SUSPENDED = 0, 1, 2
 
@@ -108,6 +108,44 @@ class _CarryOn(Coroutine[Any, Any, Any]):
 
     def __repr__(self) -> str:
         return repr(self.coro)
+
+
+class Done(Coroutine[Any, Any, Any]):
+    """A coroutine that finished when it was made, with ``value``: what an operation done at once returns (the
+    engine's ``push`` into a buffer of its own, or ahead of a handler's answer in one write), so that awaiting
+    it costs two calls, and a sync handler that returns it (``return req.engine.push(...)``) is answered at once
+    (``Handlers._handled``), with no coroutine frame, Task or eager start. A ``collections.abc.Coroutine``:
+    ``asyncio.create_task``, ``gather`` and ``ensure_future`` take it. Awaiting it twice gives ``value``
+    twice. (A 64 KiB push read's server side, ``tools/profile_server.py --push``: see the README.)"""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def send(self, value: Any) -> Any:
+        raise StopIteration(self.value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if isinstance(typ, BaseException):
+            raise typ
+        raise val if isinstance(val, BaseException) else typ() if val is None else typ(val)
+
+    def close(self) -> None:
+        pass
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self  # type: ignore[return-value]
+
+    def __next__(self) -> Any:
+        raise StopIteration(self.value)
+
+    def __repr__(self) -> str:
+        return f"Done({self.value!r})"
+
+
+#: The finished coroutine of an operation that returns None (``await DONE`` is None at once).
+DONE = Done()
 
 
 if sys.version_info >= (3, 12):

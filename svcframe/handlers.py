@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
-from .eager import start_eagerly
+from .eager import Done, start_eagerly
 from .errors import (
     AppError,
     BulkUsageError,
@@ -121,9 +121,9 @@ class EngineAPI(Protocol):
         timeout_seconds: float | None = None,
     ) -> Any: ...
 
-    async def push(
+    def push(
         self, handle: BulkHandle, src: Any, *, offset: int = 0, timeout_seconds: float | None = None
-    ) -> None: ...
+    ) -> Coroutine[Any, Any, None]: ...
 
 
 class Request(tuple[Any, ...]):
@@ -338,6 +338,8 @@ class Handlers:
     ) -> asyncio.Task[Any] | None:
         """A sync handler's result other than the common one: sent (``_finish``), or, an awaitable, run as a
         task, returned for ``_track_task``. (Called from ``_on_request`` and its compiled twin.)"""
+        if type(result) is Done:  # finished when made (a push ahead written at once): answered now, no task
+            result = result.value
         if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
             self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
             return None

@@ -474,3 +474,51 @@ async def test_a_handlers_push_to_its_caller_goes_ahead_of_the_answer(server: En
     await wait_until(lambda: after == ["pushed"], what="the handler to go on past its push")
     assert await client.call(address, "push_into", [handle, 10, True], provider_id=1) == 10
     assert not conn.protocol.pushes and not conn.pending
+
+
+async def test_a_sync_handler_returning_its_push_ahead_is_answered_without_a_task(
+    server: Engine, client: Engine
+) -> None:
+    """A push ahead written at once is finished when ``push`` returns: a sync handler that returns it
+    (``return req.engine.push(...)``) is answered in its batch with no coroutine run as a task (a task
+    factory on the loop sees every task made), and ``await``, ``create_task`` and ``gather`` take what it
+    returns. A push that must wait (past one frame) still runs, as a task, and completes."""
+    address = server.address or ""
+    server.bulk_cma = client.bulk_cma = False
+
+    def fill(req: Request, arg: list[Any]) -> Any:
+        return req.engine.push(BulkHandle.from_wire(arg[0]), pattern(arg[1], arg[1]))
+
+    server.register(1, "fill", fill)
+    buffers = [bytearray(64 * KiB) for _ in range(16)]
+    handles = [client.expose(b, "w").to_wire() for b in buffers]
+    await client.call(address, "fill", [handles[0], 1], provider_id=1)  # (connected)
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made.append(getattr(getattr(coro, "cr_code", None), "co_name", type(coro).__name__))
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)
+    try:
+        sizes = [64 * KiB - n for n in range(16)]
+        await asyncio.gather(
+            *(client.call(address, "fill", [h, s], provider_id=1) for h, s in zip(handles, sizes, strict=True))
+        )
+        assert "_run_async" not in made, made
+        for buf, size in zip(buffers, sizes, strict=True):
+            assert buf[:size] == pattern(size, size)
+        large = bytearray(server._peers[client.engine_id].whole_frame_bytes + 1)  # over one frame: the push
+        # waits for the socket, as a task
+        await client.call(address, "fill", [client.expose(large, "w").to_wire(), len(large)], provider_id=1)
+        assert large == pattern(len(large), len(large)) and "_run_async" in made
+    finally:
+        loop.set_task_factory(None)
+    local = bytearray(8)
+    done = client.push(client.expose(local, "w"), b"12345678")
+    assert local == b"12345678"  # (a buffer of its own: done when called)
+    assert await done is None and await asyncio.create_task(done) is None
+    assert await asyncio.gather(done, done) == [None, None]
+    with pytest.raises(BulkUsageError):  # a bad range is refused when called
+        client.push(client.expose(bytearray(4), "w"), b"12345678")

@@ -53,9 +53,13 @@
 #define K_REQUEST 2
 #define K_RESPONSE 3
 #define UNPACK_KWARGS_MAX 8
+#define K_BULK_PUSH 6
 #define K_BULK_DATA_REPLY 7
 #define K_BULK_DATA_PUSH 8
+#define F_NO_REPLY 4 /* wire.Flag.NO_REPLY */
 #define F_INTO 16 /* wire.Flag.INTO */
+
+#define IS_NONE(o) ((o) == NULL || (o) == Py_None)
 
 static inline uint16_t rd16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -108,17 +112,45 @@ new_frame(PyTypeObject *frame_type, const unsigned char *p, Py_ssize_t length, P
 }
 
 PyDoc_STRVAR(parse_inline_doc,
-"parse_inline(buffer, start, end, max_body, legal_kinds, frames, frame_type, zero_trace_id, sink, data_max)\n"
-"-> int\n\n"
+"parse_inline(buffer, start, end, max_body, legal_kinds, frames, frame_type, zero_trace_id, sink, data_max,\n"
+"             place_ahead=None) -> int\n\n"
 "Append to ``frames`` every complete, valid frame with an inline body found in ``buffer[start:end]``, as\n"
 "``frame_type`` tuples (svcframe.wire.Frame), and return the offset of the first frame not taken: an\n"
 "incomplete one, one whose body is over ``max_body`` bytes or not all received, or a bad header\n"
 "(FrameDecoder._parse handles each, with its errors). ``legal_kinds``: bit k set accepts kind k. A complete\n"
 "bulk data frame under ``data_max`` bytes is taken too when ``frames`` is empty and ``sink`` is not None:\n"
 "its body is copied into ``sink(kind, request_id, length)`` (a writable buffer of exactly ``length`` bytes)\n"
-"and its Frame has the body None. Raises ValueError when ``0 <= start <= end <= len(buffer)`` does not hold,\n"
-"svcframe.errors.RemoteProtocolError when the sink's buffer is not ``length`` bytes; what the sink raises, or\n"
-"a buffer error on a destination that is not writable and contiguous, propagates.");
+"and its Frame has the body None. With ``place_ahead`` (FrameDecoder.place_ahead), a push ahead first in its\n"
+"batch is taken as FrameDecoder._push_ahead takes it (no frame), and one still arriving stops the loop there.\n"
+"Raises ValueError when ``0 <= start <= end <= len(buffer)`` does not hold,\n"
+"svcframe.errors.RemoteProtocolError when the sink's or placer's buffer is not ``length`` bytes; what they\n"
+"raise, or a buffer error on a destination that is not writable and contiguous, propagates.");
+
+/* Copy ``length`` bytes from ``src`` into ``dest`` (a new reference, released here), which must be a writable,
+ * contiguous buffer of exactly ``length`` bytes; else RemoteProtocolError(``format`` % (its length, length)), as
+ * FrameDecoder._parse says it (a bug of the sink or placer, not of the peer). -1 with an exception set. */
+static int
+copy_into(PyObject *dest, const unsigned char *src, Py_ssize_t length, const char *format)
+{
+    Py_buffer out;
+    int rc = PyObject_GetBuffer(dest, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS);
+    Py_DECREF(dest);
+    if (rc < 0)
+        return -1;
+    if (out.len != length) {
+        PyObject *errors = PyImport_ImportModule("svcframe.errors");
+        PyObject *error = errors ? PyObject_GetAttrString(errors, "RemoteProtocolError") : NULL;
+        if (error != NULL)
+            PyErr_Format(error, format, out.len, length);
+        Py_XDECREF(error);
+        Py_XDECREF(errors);
+        PyBuffer_Release(&out);
+        return -1;
+    }
+    memcpy(out.buf, src, (size_t)length);
+    PyBuffer_Release(&out);
+    return 0;
+}
 
 /* Copy a bulk data body into the buffer the sink names for it; -1 with an exception set on failure. */
 static int
@@ -127,24 +159,42 @@ sink_data(PyObject *sink, unsigned kind, const unsigned char *p, Py_ssize_t leng
     PyObject *dest = PyObject_CallFunction(sink, "IKn", kind, (unsigned long long)rd64(p + 16), length);
     if (dest == NULL)
         return -1;
-    Py_buffer out;
-    int rc = PyObject_GetBuffer(dest, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS);
-    Py_DECREF(dest);
-    if (rc < 0)
+    return copy_into(dest, p + HEADER_SIZE, length, "bulk sink returned %zd bytes for %zd");
+}
+
+/* The push ahead whose BULK_PUSH (flagged NO_REPLY alone, first in its batch) is whole at base[start:], as
+ * svcframe.decoder._Decoding._push_ahead takes it (its definition; the same conditions, in the same order):
+ * the offset after its data frame when ``place`` named the data's destination and the data was copied there;
+ * -2 while the rest is still arriving and fits the receive buffer (``size`` bytes); 0 when the usual decoding
+ * takes it; -1 with an exception set. */
+static Py_ssize_t
+push_ahead(PyObject *place, const unsigned char *base, Py_ssize_t start, Py_ssize_t end, Py_ssize_t size,
+           long long max_body, unsigned long long legal, long long data_max)
+{
+    const unsigned char *p = base + start;
+    Py_ssize_t body_end = start + HEADER_SIZE + (Py_ssize_t)rd32(p + 12), data_start = body_end + HEADER_SIZE;
+    if (data_start > end)
+        return end > body_end && data_start - start <= size ? -2 : 0;
+    const unsigned char *d = base + body_end;
+    uint32_t length = rd32(d + 12);
+    if (rd16(d) != MAGIC_INT || d[2] != WIRE_VERSION || d[3] != K_BULK_DATA_PUSH || rd16(d + 4) || rd32(d + 36) ||
+        !((legal >> K_BULK_DATA_PUSH) & 1) || rd64(d + 16) != rd64(p + 16) || (long long)length > max_body ||
+        (long long)length >= data_max)
+        return 0;
+    Py_ssize_t data_end = data_start + (Py_ssize_t)length;
+    if (data_end > end)
+        return data_end - start <= size ? -2 : 0;
+    PyObject *dest = PyObject_CallFunction(place, "Ky#n", (unsigned long long)rd64(p + 16), p + HEADER_SIZE,
+                                           body_end - start - HEADER_SIZE, (Py_ssize_t)length);
+    if (dest == NULL)
         return -1;
-    if (out.len != length) { /* as FrameDecoder._parse says it (a bug of the sink, not of the peer) */
-        PyObject *errors = PyImport_ImportModule("svcframe.errors");
-        PyObject *error = errors ? PyObject_GetAttrString(errors, "RemoteProtocolError") : NULL;
-        if (error != NULL)
-            PyErr_Format(error, "bulk sink returned %zd bytes for %zd", out.len, length);
-        Py_XDECREF(error);
-        Py_XDECREF(errors);
-        PyBuffer_Release(&out);
-        return -1;
+    if (dest == Py_None) {
+        Py_DECREF(dest);
+        return 0;
     }
-    memcpy(out.buf, p + HEADER_SIZE, (size_t)length);
-    PyBuffer_Release(&out);
-    return 0;
+    if (copy_into(dest, d + HEADER_SIZE, (Py_ssize_t)length, "push ahead placed in %zd bytes for %zd") < 0)
+        return -1;
+    return data_end;
 }
 
 typedef struct {
@@ -374,9 +424,10 @@ answer_into(module_state *st, PyObject *answers, PyObject *pulls, PyObject **ans
 /* The loop of parse_inline over base[start:end] (see its docstring): the offset of the first frame not taken,
  * or -1 with an exception set. */
 static Py_ssize_t
-parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssize_t end, long long max_body,
-           unsigned long long legal, PyObject *frames, PyTypeObject *frame_type, PyObject *zero_trace, PyObject *sink,
-           long long data_max, PyObject *answers, PyObject **answered, PyObject *pulls, int *took_data)
+parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssize_t end, Py_ssize_t size,
+           long long max_body, unsigned long long legal, PyObject *frames, PyTypeObject *frame_type,
+           PyObject *zero_trace, PyObject *sink, long long data_max, PyObject *place, int *waiting,
+           PyObject *answers, PyObject **answered, PyObject *pulls, int *took_data)
 {
     while (end - start >= HEADER_SIZE) {
         const unsigned char *p = base + start;
@@ -385,6 +436,23 @@ parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssi
         if (rd16(p) != MAGIC_INT || p[2] != WIRE_VERSION || rd32(p + 36) != 0 || kind >= 64 ||
             !((legal >> kind) & 1) || (long long)length > max_body || (Py_ssize_t)length > end - start - HEADER_SIZE)
             break; /* not ours to take: the Python loop decides */
+        if (kind == K_BULK_PUSH && rd16(p + 4) == F_NO_REPLY && !IS_NONE(place)) {
+            /* a push ahead of our call's answer: behind frames, the Python loop holds it as it holds data; behind
+             * answers, core_buffer_updated decodes the read again, all of it frames, as it does for data */
+            if (PyList_GET_SIZE(frames) || (answered != NULL && *answered != NULL))
+                break;
+            Py_ssize_t taken = push_ahead(place, base, start, end, size, max_body, legal, data_max);
+            if (taken == -1)
+                return -1;
+            if (taken == -2) { /* its data still arriving: nothing of it yet */
+                *waiting = 1;
+                break;
+            }
+            if (taken) {
+                start = taken;
+                continue;
+            }
+        }
         if (kind == K_RESPONSE && answered != NULL && !PyList_GET_SIZE(frames) && !rd16(p + 28)) {
             /* an OK answer first in its batch (the frames before it are dispatched first) */
             int rc = answer(st, answers, answered, p, (Py_ssize_t)length);
@@ -430,10 +498,11 @@ parse_loop(module_state *st, const unsigned char *base, Py_ssize_t start, Py_ssi
 static PyObject *
 parse_inline(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "parse_inline takes 10 arguments");
+    if (nargs != 10 && nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "parse_inline takes 10 or 11 arguments");
         return NULL;
     }
+    PyObject *place = nargs == 11 ? args[10] : Py_None;
     PyObject *frames = args[5], *zero_trace = args[7], *sink = args[8];
     if (!PyList_Check(frames) || !PyType_Check(args[6]) || !PyType_IsSubtype((PyTypeObject *)args[6], &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "parse_inline: frames must be a list, frame_type a tuple subclass");
@@ -454,9 +523,10 @@ parse_inline(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "parse_inline: need 0 <= start <= end <= len(buffer)");
         return NULL;
     }
+    int waiting = 0;
     start = parse_loop((module_state *)PyModule_GetState(module), (const unsigned char *)view.buf, start, end,
-                       max_body, legal, frames, (PyTypeObject *)args[6], zero_trace, sink, data_max, NULL, NULL, NULL,
-                       NULL);
+                       view.len, max_body, legal, frames, (PyTypeObject *)args[6], zero_trace, sink, data_max, place,
+                       &waiting, NULL, NULL, NULL, NULL);
     PyBuffer_Release(&view);
     return start < 0 ? NULL : PyLong_FromSsize_t(start);
 }
@@ -468,14 +538,12 @@ static struct PyModuleDef speedups_module;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *buf, *view, *head, *direct, *bulk_sink, *answers, *into_pulls;
+    PyObject *buf, *view, *head, *direct, *bulk_sink, *answers, *into_pulls, *place_ahead;
     Py_ssize_t start, end, high, data_max, direct_pos;
     long long max_body;
     unsigned long long legal;
     char reuse_large;
 } Core;
-
-#define IS_NONE(o) ((o) == NULL || (o) == Py_None)
 
 static module_state *
 core_state(PyObject *self)
@@ -490,8 +558,8 @@ core_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwar
     Core *self = (Core *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    PyObject **slots[] = {&self->buf, &self->view, &self->head, &self->direct, &self->bulk_sink, &self->answers,
-                          &self->into_pulls};
+    PyObject **slots[] = {&self->buf,     &self->view,    &self->head,       &self->direct,
+                          &self->bulk_sink, &self->answers, &self->into_pulls, &self->place_ahead};
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
         Py_INCREF(Py_None);
         *slots[i] = Py_None;
@@ -510,6 +578,7 @@ core_traverse(Core *self, visitproc visit, void *arg)
     Py_VISIT(self->bulk_sink);
     Py_VISIT(self->answers);
     Py_VISIT(self->into_pulls);
+    Py_VISIT(self->place_ahead);
     return 0;
 }
 
@@ -523,6 +592,7 @@ core_clear(Core *self)
     Py_CLEAR(self->bulk_sink);
     Py_CLEAR(self->answers);
     Py_CLEAR(self->into_pulls);
+    Py_CLEAR(self->place_ahead);
     return 0;
 }
 
@@ -608,29 +678,37 @@ core_buffer_updated(Core *self, PyObject *arg)
     PyObject *sink = Py_NewRef(self->bulk_sink ? self->bulk_sink : Py_None);
     PyObject *answers = Py_NewRef(self->answers);
     PyObject *pulls = PyDict_Check(self->into_pulls) && !IS_NONE(answers) ? Py_NewRef(self->into_pulls) : NULL;
-    int took_data = 0;
-    Py_ssize_t start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
-                                  (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, answers,
-                                  IS_NONE(answers) ? NULL : &answered, pulls, &took_data);
+    PyObject *place = Py_NewRef(self->place_ahead ? self->place_ahead : Py_None);
+    int took_data = 0, waiting = 0;
+    const unsigned char *base = (const unsigned char *)view.buf;
+    Py_ssize_t start = parse_loop(st, base, first, end, view.len, self->max_body, self->legal, frames,
+                                  (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, place,
+                                  &waiting, answers, IS_NONE(answers) ? NULL : &answered, pulls, &took_data);
     Py_DECREF(answers);
     Py_XDECREF(pulls);
     int data_next = start >= 0 && end - start > 3 &&
-                    (((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_REPLY ||
-                     ((const unsigned char *)view.buf)[start + 3] == K_BULK_DATA_PUSH);
+                    (base[start + 3] == K_BULK_DATA_REPLY || base[start + 3] == K_BULK_DATA_PUSH ||
+                     (base[start + 3] == K_BULK_PUSH && end - start > 5 && rd16(base + start + 4) == F_NO_REPLY &&
+                      !IS_NONE(place)));
     if (start >= 0 && answered != NULL && !took_data && !PyList_GET_SIZE(frames) && data_next) {
-        /* answers, then bulk data: the Python loop holds data behind the frames before it (their dispatch may set
-         * up its sink), so this read is decoded without answering, all of it frames (rare: a read of ours is
-         * answered by the data's last frame) */
+        /* answers, then bulk data (or a push ahead): the Python loop holds data behind the frames before it (their
+         * dispatch may set up its sink), so this read is decoded without answering, all of it frames (rare: a read
+         * of ours is answered by the data's last frame) */
         Py_CLEAR(answered);
-        start = parse_loop(st, (const unsigned char *)view.buf, first, end, self->max_body, self->legal, frames,
-                           (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, NULL, NULL, NULL, NULL);
+        waiting = 0;
+        start = parse_loop(st, base, first, end, view.len, self->max_body, self->legal, frames,
+                           (PyTypeObject *)st->frame_type, st->zero_trace, sink, self->data_max, place, &waiting, NULL,
+                           NULL, NULL, NULL);
     }
+    Py_DECREF(place);
     Py_DECREF(sink);
     PyBuffer_Release(&view);
     if (start < 0)
         goto fail;
     self->start = start;
-    if (start == end) { /* all taken (_emptied): the next read starts at the beginning */
+    if (waiting) {
+        /* a push ahead's data still arriving, nothing before it to return: the Python loop would wait too */
+    } else if (start == end) { /* all taken (_emptied): the next read starts at the beginning */
         self->start = self->end = 0;
         if (self->high > st->keep_bytes && !self->reuse_large) {
             PyObject *rc = PyObject_CallMethodNoArgs((PyObject *)self, st->s_release_pages);
@@ -684,6 +762,7 @@ static PyMemberDef core_members[] = {
     {"bulk_sink", T_OBJECT, offsetof(Core, bulk_sink), 0, NULL},
     {"answers", T_OBJECT, offsetof(Core, answers), 0, NULL},
     {"into_pulls", T_OBJECT, offsetof(Core, into_pulls), 0, NULL},
+    {"place_ahead", T_OBJECT, offsetof(Core, place_ahead), 0, NULL},
     {"_start", T_PYSSIZET, offsetof(Core, start), 0, NULL},
     {"_end", T_PYSSIZET, offsetof(Core, end), 0, NULL},
     {"_high", T_PYSSIZET, offsetof(Core, high), 0, NULL},

@@ -30,6 +30,7 @@ from .wire import (
     WIRE_VERSION,
     ZERO_TRACE_ID,
     BinBody,
+    Flag,
     Frame,
     Kind,
     _new_tuple,
@@ -45,6 +46,7 @@ _MAGIC_INT = int.from_bytes(MAGIC, "little")
 assert _DECODE.size == HEADER.size and struct.calcsize("<HBBHHIIQIHHIIQ") == 48  # trace id at bytes 48-63
 _BULK_DATA_KINDS = frozenset((int(Kind.BULK_DATA_REPLY), int(Kind.BULK_DATA_PUSH)))
 _K_RESPONSE = int(Kind.RESPONSE)
+_K_BULK_PUSH, _K_BULK_DATA_PUSH, _F_NO_REPLY = int(Kind.BULK_PUSH), int(Kind.BULK_DATA_PUSH), int(Flag.NO_REPLY)
 
 #: The compiled twins of the decoder's per-frame loop and receive interface (svcframe/_speedups.c); None where
 #: it was not built or SVCFRAME_PURE is set (the pure-Python decoder is then FrameDecoder).
@@ -67,6 +69,9 @@ AFTER_DATA_TAIL_BYTES = 256
 #: A bulk sink maps (kind, request_id, body_length) to the buffer the data goes into, or raises
 #: RemoteProtocolError when nobody expects that data.
 BulkSink = Callable[[int, int, int], memoryview]
+#: A push ahead's placer maps (the BULK_PUSH's request id, its body, its data's length) to the buffer of exactly
+#: that length the data goes into, or None: the frames are then decoded as usual (FrameDecoder.place_ahead).
+PlaceAhead = Callable[[int, bytes, int], "memoryview | None"]
 
 
 class _Decoding:
@@ -84,6 +89,7 @@ class _Decoding:
     _direct_value: BinBody | None
     _large: mmap.mmap | None
     bulk_sink: BulkSink | None
+    place_ahead: PlaceAhead | None
     answers: dict[int, Any] | None
     into_pulls: dict[int, Any] | None
     _start: int
@@ -143,6 +149,10 @@ class _Decoding:
         #: core returns every frame (the engine's dispatch answers them with ``answer_call``).
         self.answers: dict[int, Any] | None = None
         self.into_pulls: dict[int, Any] | None = None  # (answers' into= calls: their pulls, the compiled core's)
+        #: A push ahead of our call's answer (svcframe.bulk: a BULK_PUSH flagged NO_REPLY alone, its one data
+        #: frame right behind it), first in its batch and whole in the receive buffer, is placed by this
+        #: callable (PlaceAhead) without a Frame for either: see _push_ahead. None: decoded as usual.
+        self.place_ahead: PlaceAhead | None = None
 
     # -- receive interface --------------------------------------------------------------------------
     def _get_buffer_slow(self) -> memoryview:
@@ -173,8 +183,9 @@ class _Decoding:
         return frames
 
     def more(self) -> list[Frame]:
-        """Frames already buffered but held back: the decoder stops before a bulk data frame while
-        earlier frames are undelivered (their dispatch may create the data's sink). Call after
+        """Frames already buffered but held back: the decoder stops before a bulk data frame, or a push
+        ahead it places (``place_ahead``), while earlier frames are undelivered (their dispatch may create the
+        data's sink, or answer the call the push is for). Call after
         dispatching a non-empty batch, until it returns an empty list."""
         frames: list[Frame] = []
         if self.held:
@@ -203,6 +214,7 @@ class _Decoding:
         self._direct_frame = None
         self._direct_value = None
         self.bulk_sink = None
+        self.place_ahead = None
         self._large = None
         self._head.release()
         self._view.release()
@@ -257,7 +269,7 @@ class _Decoding:
         if _parse_inline is not None and not compiled_ran:  # the compiled twin of the two branches that take
             # a whole frame below (an inline body; small bulk data, first in the batch): it takes what it can
             start = _parse_inline(buf, start, end, max_body, legal, frames, Frame, ZERO_TRACE_ID, self.bulk_sink,
-                                  self._data_max)  # fmt: skip
+                                  self._data_max, self.place_ahead)  # fmt: skip
         while self._direct is None:
             if end - start < HEADER_SIZE:
                 self._start = start
@@ -280,9 +292,21 @@ class _Decoding:
                     f"frame announces a {length}-byte body, over the {max_body}-byte limit "
                     "(send large payloads with a bulk transfer, or raise engine.max_body_bytes)"
                 )
-            trace_id = bytes(view[start + 48 : start + 64]) if trace_lo or trace_hi else ZERO_TRACE_ID
             body_start = start + HEADER_SIZE
             body_end = body_start + length
+            if kind == _K_BULK_PUSH and flags == _F_NO_REPLY and body_end <= end and self.place_ahead:
+                if frames:  # a push ahead, held as data is (see more()): placed first in the next batch
+                    self._start = start
+                    self.held = True
+                    return
+                taken = self._push_ahead(start, body_end, request_id)
+                if taken > 0:  # placed: no frame for it
+                    start = taken
+                    continue
+                if taken < 0:  # its data still arriving
+                    self._start = start
+                    return
+            trace_id = bytes(view[start + 48 : start + 64]) if trace_lo or trace_hi else ZERO_TRACE_ID
             if kind in _BULK_DATA_KINDS:
                 self._start = start
                 if frames:
@@ -351,6 +375,54 @@ class _Decoding:
             view, buf, end, start = self._view, self._buf, self._end, self._start
         self._start = start
 
+    def _push_ahead(self, start: int, body_end: int, request_id: int) -> int:
+        """The push ahead of our call's answer whose BULK_PUSH (flagged NO_REPLY alone, first in its batch: one
+        behind other frames is held until they are dispatched) is whole at ``start`` up to ``body_end``: once
+        its one data frame (BULK_DATA_PUSH, the same request id, flags 0, under ``_data_max`` bytes) is whole
+        right behind it, ``place_ahead(request_id, body, length)``
+        names the data's destination, the data is copied there and both frames are taken without a Frame: the
+        caller's read costs no dispatch of either, no sink and no held batch (a 64 KiB push read:
+        ``python tools/profile_client.py --read 65536 --method push``, the README's figures).
+
+        Returns the offset after its data; -1 while the rest is still arriving (some of it here) and both
+        frames fit the receive buffer, so no frame of it is returned yet; 0 when the usual decoding takes it
+        (nothing of its data here yet, data that is not its one small frame, or ``place_ahead`` returned
+        None, as for a push it refuses: the usual dispatch answers that with its errors). The twin of the
+        compiled loop's ``push_ahead`` (svcframe/_speedups.c).
+
+        Raises:
+            RemoteProtocolError: ``place_ahead`` returned a buffer that is not ``length`` bytes.
+        """
+        view, end, size = self._view, self._end, len(self._buf)
+        data_start = body_end + HEADER_SIZE
+        if data_start > end:
+            return -1 if end > body_end and data_start - start <= size else 0
+        fields = _DECODE.unpack_from(view, body_end)
+        magic, version, kind, flags, length, data_id, reserved = fields[0], *fields[1:4], *fields[6:8], fields[12]
+        if not (
+            magic == _MAGIC_INT
+            and version == WIRE_VERSION
+            and kind == _K_BULK_DATA_PUSH
+            and not flags
+            and not reserved
+            and (self.legal_kinds >> kind) & 1
+            and data_id == request_id
+            and length <= self.max_body_bytes
+            and length < self._data_max
+        ):
+            return 0
+        data_end: int = data_start + length
+        if data_end > end:
+            return -1 if data_end - start <= size else 0
+        assert self.place_ahead is not None
+        dest = self.place_ahead(request_id, bytes(view[start + HEADER_SIZE : body_end]), length)
+        if dest is None:
+            return 0
+        if len(dest) != length:
+            raise RemoteProtocolError(f"push ahead placed in {len(dest)} bytes for {length}")
+        dest[:] = view[data_start:data_end]
+        return data_end
+
     def _start_direct(self, dest: memoryview, fields: tuple[Any, ...], body_start: int, frames: list[Frame]) -> None:
         """Receive a body straight into ``dest``, starting with the bytes already buffered."""
         have = min(self._end - body_start, len(dest))
@@ -418,6 +490,7 @@ class _PyDecoderCore:
         "into_pulls",
         "legal_kinds",
         "max_body_bytes",
+        "place_ahead",
         "reuse_large",
     )
 

@@ -202,6 +202,7 @@ def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> 
     if not compiled_loop:
         decoder_module._parse_inline = None  # the pure-Python loop: the definition
     events: list[object] = []
+    placed: list[bytearray] = []
     try:
         sunk: list[bytearray] = []
 
@@ -215,6 +216,7 @@ def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> 
         decoder_type = FrameDecoder if compiled_loop else decoder_module.PyFrameDecoder
         decoder = decoder_type(max_body_bytes=4096, bulk_sink=sink, buffer_bytes=1024)
         decoder.legal_kinds = legal
+        decoder.place_ahead = _placer(events, placed)
         for got in _reads(decoder, stream, cuts):
             while got:  # a batch, as the transport dispatches it
                 events.append([(tuple(f), None if f.body is not None else bytes(sunk[-1])) for f in got])
@@ -223,7 +225,43 @@ def _decode(stream: bytes, cuts: list[int], compiled_loop: bool, legal: int) -> 
         events.append((type(exc).__name__, str(exc)))
     finally:
         decoder_module._parse_inline = saved
+    events.append(("placed", [bytes(p) for p in placed]))
     return events
+
+
+def _placer(events: list[object], placed: list[bytearray]) -> Callable[[int, bytes, int], memoryview | None]:
+    """A decoder's ``place_ahead`` for the twin tests: records each call; declines some (None, as the engine
+    does for a push it refuses), gives a buffer of the wrong size to others, places the rest."""
+
+    def place(request_id: int, body: bytes, length: int) -> memoryview | None:
+        events.append(("place", request_id, bytes(body), length))
+        if request_id % 3 == 1:
+            return None
+        if request_id % 11 == 5:
+            return memoryview(bytearray(length + 1))
+        placed.append(bytearray(length))
+        return memoryview(placed[-1])
+
+    return place
+
+
+def _ahead(rid: int, size: int | None, data_rid: int, flags: int, body: bytes) -> bytes:
+    """A push ahead (svcframe.bulk): a BULK_PUSH flagged ``flags`` and, unless ``size`` is None, its data frame of
+    ``size`` bytes for request ``data_rid``."""
+    push = encode_frame(Kind.BULK_PUSH, rid, body, flags=flags)
+    if size is None:
+        return push
+    return push + encode_header(Kind.BULK_DATA_PUSH, data_rid, size) + (bytes(range(251)) * (size // 251 + 1))[:size]
+
+
+_push_ahead = st.builds(
+    lambda rid, size, other, flags, body: _ahead(rid, size, rid + other, flags, body),
+    st.integers(0, 20),
+    st.one_of(st.integers(0, 1200), st.none()),
+    st.sampled_from([0, 0, 0, 1]),
+    st.sampled_from([wire.F_NO_REPLY] * 4 + [wire.F_NO_REPLY | wire.F_CMA, 0]),
+    st.binary(max_size=40),
+)
 
 
 _kinds = st.sampled_from(list(Kind))
@@ -246,17 +284,31 @@ _frame = st.builds(
 _noise = st.one_of(st.binary(min_size=1, max_size=100), st.just(encode_header(Kind.RESPONSE, 1, 10_000)))
 
 
+_AHEAD = _ahead(3, 100, 3, wire.F_NO_REPLY, b"\x94\xc4\x01x\x00\x64\x07")  # (its BULK_PUSH ends at 87)
+_ANSWER = encode_frame(Kind.RESPONSE, 7, b"\xc0")
+
+
 @compiled
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(parts=[_AHEAD, _ANSWER], cuts=[87], hello_legal=True)  # nothing of its data yet: dispatched as usual
+@example(parts=[_AHEAD, _ANSWER], cuts=[100], hello_legal=True)  # its data's header cut: waits, then placed
+@example(parts=[_AHEAD, _ANSWER], cuts=[200], hello_legal=True)  # its data cut: waits, then placed
+@example(parts=[_ANSWER, _AHEAD], cuts=[], hello_legal=True)  # behind a frame: dispatched as usual
+@example(parts=[_ahead(3, 1000, 3, wire.F_NO_REPLY, b"")], cuts=[200], hello_legal=True)  # over the buffer
+@example(parts=[_ahead(3, 10, 4, wire.F_NO_REPLY, b""), _ANSWER], cuts=[], hello_legal=True)  # another's data
+@example(parts=[_ahead(4, 10, 4, wire.F_NO_REPLY, b""), _ANSWER], cuts=[], hello_legal=True)  # declined
+@example(parts=[_ahead(5, 10, 5, wire.F_NO_REPLY, b""), _ANSWER], cuts=[], hello_legal=True)  # a wrong-sized buffer
 @given(
-    parts=st.lists(st.one_of(_frame, _frame, _frame, _data, _noise), min_size=1, max_size=12),
+    parts=st.lists(st.one_of(_frame, _frame, _frame, _data, _push_ahead, _noise), min_size=1, max_size=12),
     cuts=st.lists(st.integers(1, 20_000), max_size=8),
     hello_legal=st.booleans(),
 )
 def test_the_compiled_loop_decides_as_the_pure_one(parts: list[bytes], cuts: list[int], hello_legal: bool) -> None:
     """Frames of every kind, traced or not, bodies up to and over the receive buffer, bulk data (small and over
-    the receive buffer, first in a batch or behind other frames, some refused by the sink), noise and a header
-    over the size limit, received in random pieces: the same frames, data, sink calls and error either way."""
+    the receive buffer, first in a batch or behind other frames, some refused by the sink), pushes ahead (with
+    their data or without, the data another request's, over the receive buffer; placed, declined or given a
+    wrong-sized buffer by the placer), noise and a header over the size limit, received in random pieces: the
+    same frames, data, sink and placer calls and error either way."""
     stream = b"".join(parts)
     legal = wire.ALL_KINDS_MASK if hello_legal else wire.ALL_KINDS_MASK & ~(1 << Kind.HELLO)
     assert _decode(stream, cuts, True, legal) == _decode(stream, cuts, False, legal)
@@ -305,6 +357,7 @@ def _answered(
     error or still waiting), then each pull's buffer."""
     loop = asyncio.new_event_loop()
     events: list[object] = []
+    placed: list[bytearray] = []
     try:
         calls = {rid: loop.create_future() for rid in sorted(waiting)}
         for rid in done & waiting:
@@ -331,6 +384,7 @@ def _answered(
         )
         decoder.answers = calls  # the pure core leaves answers to the dispatch
         decoder.into_pulls = incoming
+        decoder.place_ahead = _placer(events, placed)
 
         def batches(got: list[Frame] | None) -> Iterator[Frame]:  # and those held behind them (as the transport)
             while got:
@@ -361,6 +415,7 @@ def _answered(
                 events.append((rid, type(call.exception()).__name__, str(call.exception())))
             else:
                 events.append((rid, "result", call.result()))
+        events.append(("placed", [bytes(p) for p in placed]))
     finally:
         loop.close()
     return events
@@ -410,12 +465,18 @@ _reply = st.builds(_data_reply, st.integers(0, 7), st.integers(0, 300), st.boole
     parts=[_data_reply(7, 10, True), encode_frame(Kind.RESPONSE, 2, b"\xc0"), _data_reply(4, 10, False)],
     cuts=[], waiting={2, 7}, done=set(), pulls={7: (20, True), 4: (5, False)},
 )  # fmt: skip
+@example(  # an answer, then a push ahead; an into= call's data, then a push ahead
+    parts=[encode_frame(Kind.RESPONSE, 2, b"\xc0"), _AHEAD, _data_reply(7, 10, True), _AHEAD, _ANSWER],
+    cuts=[], waiting={2, 7}, done=set(), pulls={7: (20, True)},
+)  # fmt: skip
 @example(  # an into= call's empty data, then data and a bad frame (found by CI's run of this test)
     parts=[_data_reply(6, 0, True), b"SF\x01\x07" + bytes(12), encode_frame(Kind.RESPONSE, 0, b"\xc0")],
     cuts=[], waiting={6}, done=set(), pulls={0: (0, False), 6: (0, True)},
 )  # fmt: skip
 @given(
-    parts=st.lists(st.one_of(_answer, _answer, _answer, _reply, _reply, _frame, _noise), min_size=1, max_size=12),
+    parts=st.lists(
+        st.one_of(_answer, _answer, _answer, _reply, _reply, _push_ahead, _frame, _noise), min_size=1, max_size=12
+    ),
     cuts=st.lists(st.integers(1, 4000), max_size=6),
     waiting=st.sets(st.integers(0, 7), min_size=1),
     done=st.sets(st.integers(0, 7), max_size=2),

@@ -162,9 +162,51 @@ sink_data(PyObject *sink, unsigned kind, const unsigned char *p, Py_ssize_t leng
     return copy_into(dest, p + HEADER_SIZE, length, "bulk sink returned %zd bytes for %zd");
 }
 
+/* An unsigned msgpack int at b[*pos:end] (a positive fixint, uint 8, 16, 32 or 64) into *out, *pos moved past
+ * it: 1; 0 for anything else. */
+static int
+read_uint(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end, unsigned long long *out)
+{
+    if (*pos >= end)
+        return 0;
+    unsigned c = b[*pos];
+    if (c <= 0x7f) {
+        *out = c;
+        *pos += 1;
+        return 1;
+    }
+    Py_ssize_t width = c == 0xcc ? 1 : c == 0xcd ? 2 : c == 0xce ? 4 : c == 0xcf ? 8 : 0;
+    if (!width || *pos + 1 + width > end)
+        return 0;
+    unsigned long long v = 0;
+    for (Py_ssize_t i = 1; i <= width; i++)
+        v = (v << 8) | b[*pos + i];
+    *out = v;
+    *pos += 1 + width;
+    return 1;
+}
+
+/* A push ahead's BULK_PUSH body b[pos:end] in the form its pushers pack it, svcframe.decoder._ahead_body's
+ * (its definition): [bulk id (bin 8), offset, size, call id (unsigned ints)], the bulk id at b + *id_at, *id_len
+ * bytes long: 1; 0 for any other body (decoded as usual). */
+static int
+ahead_body(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t *id_at, Py_ssize_t *id_len,
+           unsigned long long *offset, unsigned long long *size)
+{
+    unsigned long long call_id;
+    if (end - pos < 3 || b[pos] != 0x94 || b[pos + 1] != 0xc4 || pos + 3 + b[pos + 2] > end)
+        return 0;
+    *id_at = pos + 3;
+    *id_len = b[pos + 2];
+    pos += 3 + b[pos + 2];
+    return read_uint(b, &pos, end, offset) && read_uint(b, &pos, end, size) && read_uint(b, &pos, end, &call_id) &&
+           pos == end;
+}
+
 /* The push ahead whose BULK_PUSH (flagged NO_REPLY alone, first in its batch) is whole at base[start:], as
  * svcframe.decoder._Decoding._push_ahead takes it (its definition; the same conditions, in the same order):
- * the offset after its data frame when ``place`` named the data's destination and the data was copied there;
+ * the offset after its data frame when ``place(request id, bulk id, offset, length)`` named the data's
+ * destination and the data was copied there;
  * -2 while the rest is still arriving and fits the receive buffer (``size`` bytes); 0 when the usual decoding
  * takes it; -1 with an exception set. */
 static Py_ssize_t
@@ -184,8 +226,13 @@ push_ahead(PyObject *place, const unsigned char *base, Py_ssize_t start, Py_ssiz
     Py_ssize_t data_end = data_start + (Py_ssize_t)length;
     if (data_end > end)
         return data_end - start <= size ? -2 : 0;
-    PyObject *dest = PyObject_CallFunction(place, "Ky#n", (unsigned long long)rd64(p + 16), p + HEADER_SIZE,
-                                           body_end - start - HEADER_SIZE, (Py_ssize_t)length);
+    Py_ssize_t id_at, id_len;
+    unsigned long long offset, announced;
+    if (!ahead_body(base, start + HEADER_SIZE, body_end, &id_at, &id_len, &offset, &announced) ||
+        announced != length)
+        return 0;
+    PyObject *dest = PyObject_CallFunction(place, "Ky#Kn", (unsigned long long)rd64(p + 16), base + id_at, id_len,
+                                           offset, (Py_ssize_t)length);
     if (dest == NULL)
         return -1;
     if (dest == Py_None) {

@@ -271,19 +271,20 @@ class BulkServing:
         if waiter is not None and not waiter.done():
             waiter.set_exception(BulkError(f"the server's push into our buffer was refused here: {error}"))
 
-    def _place_ahead(self, conn: Connection, request_id: int, body: bytes, length: int) -> memoryview | None:
-        """``conn``'s decoder's ``place_ahead`` (svcframe.decoder.FrameDecoder): the range of our exposed buffer a
-        push ahead whose frames are both in one read writes, ``length`` bytes, or None, when the frames are to
-        be dispatched (``_on_push_ahead``, which has the errors: a malformed body, a size that is not its data's,
-        a request id of a push under way, a range we refuse). The read then costs no Frame, no dispatch and no
-        sink: a 64 KiB push read's client side, ``python tools/profile_client.py --read 65536 --method push``,
-        in the README."""
-        fields = _push_ahead_fields(body)
-        if isinstance(fields, str) or fields[2] != length or request_id in conn.protocol.pushes:
+    def _place_ahead(
+        self, conn: Connection, request_id: int, bulk_id: bytes, offset: int, size: int
+    ) -> memoryview | None:
+        """``conn``'s decoder's ``place_ahead`` (svcframe.decoder.FrameDecoder): the range of our exposed buffer
+        that a push ahead, both of whose frames came in one read, writes (its body names ``bulk_id``,
+        ``offset`` and ``size``, its data's length), or None, when the frames are to be dispatched
+        (``_on_push_ahead``, which has the errors: a request id of a push under way, a range we refuse). The
+        read then costs no Frame, no dispatch and no sink: a 64 KiB push read's client side, ``python
+        tools/profile_client.py --read 65536 --method push``, in the README."""
+        if request_id in conn.protocol.pushes:
             return None
-        view, _ = self._exposed_range(conn, fields[0], fields[1], length, WRITE)
+        view, _ = self._exposed_range(conn, bulk_id, offset, size, WRITE)
         if view is not None:
-            self.monitor.record_bulk("served_push", conn.peer_label, length, 0)
+            self.monitor.record_bulk("served_push", conn.peer_label, size, 0)
         return view
 
     def _serve_cma_write(

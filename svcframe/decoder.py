@@ -69,9 +69,11 @@ AFTER_DATA_TAIL_BYTES = 256
 #: A bulk sink maps (kind, request_id, body_length) to the buffer the data goes into, or raises
 #: RemoteProtocolError when nobody expects that data.
 BulkSink = Callable[[int, int, int], memoryview]
-#: A push ahead's placer maps (the BULK_PUSH's request id, its body, its data's length) to the buffer of exactly
-#: that length the data goes into, or None: the frames are then decoded as usual (FrameDecoder.place_ahead).
-PlaceAhead = Callable[[int, bytes, int], "memoryview | None"]
+#: A push ahead's placer maps (the BULK_PUSH's request id, the bulk id, offset and size its body names, the size
+#: being its data's length) to the buffer of exactly that length the data goes into, or None: the frames are then
+#: decoded as usual (FrameDecoder.place_ahead).
+PlaceAhead = Callable[[int, bytes, int, int], "memoryview | None"]
+_UINT_WIDTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack's uint 8, 16, 32, 64
 
 
 class _Decoding:
@@ -379,15 +381,16 @@ class _Decoding:
         """The push ahead of our call's answer whose BULK_PUSH (flagged NO_REPLY alone, first in its batch: one
         behind other frames is held until they are dispatched) is whole at ``start`` up to ``body_end``: once
         its one data frame (BULK_DATA_PUSH, the same request id, flags 0, under ``_data_max`` bytes) is whole
-        right behind it, ``place_ahead(request_id, body, length)``
-        names the data's destination, the data is copied there and both frames are taken without a Frame: the
+        right behind it, and its body is ``[bulk id, offset, size, call id]`` as pushers pack it (``_ahead_body``)
+        with ``size`` its data's length, ``place_ahead(request_id, bulk id, offset, size)`` names the data's
+        destination, the data is copied there and both frames are taken without a Frame: the
         caller's read costs no dispatch of either, no sink and no held batch (a 64 KiB push read:
         ``python tools/profile_client.py --read 65536 --method push``, the README's figures).
 
         Returns the offset after its data; -1 while the rest is still arriving (some of it here) and both
         frames fit the receive buffer, so no frame of it is returned yet; 0 when the usual decoding takes it
-        (nothing of its data here yet, data that is not its one small frame, or ``place_ahead`` returned
-        None, as for a push it refuses: the usual dispatch answers that with its errors). The twin of the
+        (nothing of its data here yet, data that is not its one small frame, a body in another form, or
+        ``place_ahead`` returned None, as for a push it refuses: the usual dispatch has its errors). The twin of the
         compiled loop's ``push_ahead`` (svcframe/_speedups.c).
 
         Raises:
@@ -397,8 +400,8 @@ class _Decoding:
         data_start = body_end + HEADER_SIZE
         if data_start > end:
             return -1 if end > body_end and data_start - start <= size else 0
-        fields = _DECODE.unpack_from(view, body_end)
-        magic, version, kind, flags, length, data_id, reserved = fields[0], *fields[1:4], *fields[6:8], fields[12]
+        header = _DECODE.unpack_from(view, body_end)
+        magic, version, kind, flags, length, data_id, reserved = header[0], *header[1:4], *header[6:8], header[12]
         if not (
             magic == _MAGIC_INT
             and version == WIRE_VERSION
@@ -414,8 +417,11 @@ class _Decoding:
         data_end: int = data_start + length
         if data_end > end:
             return -1 if data_end - start <= size else 0
+        named = _ahead_body(view, start + HEADER_SIZE, body_end)
+        if named is None or named[2] != length:
+            return 0
         assert self.place_ahead is not None
-        dest = self.place_ahead(request_id, bytes(view[start + HEADER_SIZE : body_end]), length)
+        dest = self.place_ahead(request_id, named[0], named[1], length)
         if dest is None:
             return 0
         if len(dest) != length:
@@ -467,6 +473,28 @@ class _Decoding:
         if 0 < raw[3] <= _KIND_MAX:
             return f"a {Kind(raw[3]).name} frame is not allowed in this phase of the connection"
         return f"unknown frame kind {raw[3]}"
+
+
+def _ahead_body(b: memoryview, pos: int, end: int) -> tuple[bytes, int, int] | None:
+    """A push ahead's BULK_PUSH body ``b[pos:end]`` in the form its pushers pack it (svcframe.bulk: msgpack
+    ``[bulk id, offset, size, call id]``, the bulk id a bin 8, the others unsigned ints): (bulk id, offset,
+    size); None for any other body (decoded as usual: ``_on_push_ahead`` has the whole of the semantics). The
+    definition of the compiled loop's ``ahead_body``."""
+    if end - pos < 3 or b[pos] != 0x94 or b[pos + 1] != 0xC4 or pos + 3 + b[pos + 2] > end:
+        return None
+    bulk_id = bytes(b[pos + 3 : pos + 3 + b[pos + 2]])
+    pos += 3 + b[pos + 2]
+    values = []
+    for _ in range(3):  # offset, size, call id
+        if pos >= end:
+            return None
+        c = b[pos]
+        width = 0 if c <= 0x7F else _UINT_WIDTHS.get(c)
+        if width is None or pos + 1 + width > end:
+            return None
+        values.append(c if not width else int.from_bytes(b[pos + 1 : pos + 1 + width], "big"))
+        pos += 1 + width
+    return (bulk_id, values[0], values[1]) if pos == end else None
 
 
 class _PyDecoderCore:

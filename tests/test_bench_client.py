@@ -200,7 +200,13 @@ def test_profile_client_counts_the_bytecodes_per_call() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cross-memory attach is Linux's")
 @pytest.mark.parametrize(
     "method,toggle,transport",
-    [("push", "split-push", "unix"), ("into", "vm", "unix"), ("push", "push-ahead", "tcp"), ("push", "eager", "tcp")],
+    [
+        ("push", "split-push", "unix"),
+        ("into", "vm", "unix"),
+        ("push", "push-ahead", "tcp"),
+        ("push", "eager", "tcp"),
+        ("push", "place-ahead", "tcp"),
+    ],
 )
 def test_paired_ab_prints_both_variants_and_their_ratio(method: str, toggle: str, transport: str) -> None:
     """tools/paired_ab.py runs its server and client processes and prints each variant's median and the

@@ -8,7 +8,7 @@ batch, each round one batch with the mechanism on and one with it off (in altern
 ratios on / off.
 
     python tools/paired_ab.py [--method into|pull|push] [--transport unix|tcp]
-                              [--toggle vm|address|offers|split-push|push-ahead|eager]
+                              [--toggle vm|address|offers|split-push|push-ahead|eager|place-ahead]
                               [--size BYTES] [--batch N] [--rounds N]
 
 Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
@@ -18,13 +18,15 @@ each set in both processes: ``vm`` svcframe.cma.read/write by their compiled twi
 (Connection.peer_cma_offer); ``split-push`` a pusher naming its source for a split read
 (Connection.peer_cma_split_push); ``push-ahead`` a handler's push sent ahead of its answer
 (Connection.peer_push_ahead: over the socket, so over tcp, or over unix below 256 KiB); ``eager`` handlers
-started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the engine did before).
+started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the engine did before);
+``place-ahead`` a push ahead placed by the caller's decoder (FrameDecoder.place_ahead) or dispatched as frames.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import subprocess
@@ -36,7 +38,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 METHODS = ("into", "pull", "push")
-TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager")
+TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager", "place-ahead")
 
 
 def set_toggle(engine: Any, toggle: str, on: bool) -> None:
@@ -60,6 +62,8 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
             conn.peer_cma_split_push = on
         elif toggle == "push-ahead":
             conn.peer_push_ahead = on
+        elif toggle == "place-ahead":
+            conn.protocol.decoder.place_ahead = functools.partial(engine._place_ahead, conn) if on else None
 
 
 async def serve(address: str, size: int, toggle: str) -> None:

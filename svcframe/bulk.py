@@ -104,18 +104,18 @@ class BulkHandle:
     @classmethod
     def from_wire(cls, obj: object) -> BulkHandle:
         """Raises BulkError when ``obj`` is not a serialised bulk handle."""
-        if (
-            (type(obj) is list or isinstance(obj, list | tuple))  # (the common one first: a decoded list)
-            and len(obj) == 5
-            and (obj[0] is None or isinstance(obj[0], str))
-            and isinstance(obj[1], str)
-            and isinstance(obj[2], bytes)
-            and len(obj[2]) == BULK_ID_BYTES
-            and isinstance(obj[3], int)
-            and obj[3] >= 0
-            and obj[4] in MODES
-        ):
-            return cls(obj[0], obj[1], obj[2], obj[3], obj[4])
+        if (type(obj) is list or isinstance(obj, list | tuple)) and len(obj) == 5:  # (first: a decoded list)
+            address, engine_id, bulk_id, size, mode = obj  # (unpacked once: 83 -> 66 bytecodes a handle)
+            if (
+                (address is None or isinstance(address, str))
+                and isinstance(engine_id, str)
+                and isinstance(bulk_id, bytes)
+                and len(bulk_id) == BULK_ID_BYTES
+                and isinstance(size, int)
+                and size >= 0
+                and mode in MODES
+            ):
+                return cls(address, engine_id, bulk_id, size, mode)
         raise BulkError(f"not a bulk handle: {obj!r:.100}")
 
 

@@ -340,6 +340,9 @@ class Handlers:
         task, returned for ``_track_task``. (Called from ``_on_request`` and its compiled twin.)"""
         if type(result) is Done:  # finished when made (a push ahead written at once): answered now, no task
             result = result.value
+            if result is None and not (start_ns or frame[1] & _NOT_FAST):  # (as _on_request's common case)
+                conn.send(ok_response(frame[4], None))
+                return None
         if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
             self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
             return None

@@ -117,7 +117,7 @@ class Done(Coroutine[Any, Any, Any]):
     (``Handlers._handled``), with no coroutine frame, Task or eager start. A ``collections.abc.Coroutine``:
     ``asyncio.create_task``, ``gather`` and ``ensure_future`` take it. Awaiting it twice gives ``value``
     twice. (A 64 KiB push read's server CPU, ``python tools/profile_client.py --read 65536 --method push
-    --server-mode block``: 66-78 µs before, 45-53 after; README "Reading large results".)"""
+    --server-mode block``: 66-78 µs before, 45-63 after; README "Reading large results".)"""
 
     __slots__ = ("value",)
 

@@ -248,7 +248,15 @@ class Handlers:
     if TYPE_CHECKING:
 
         async def _send_chunks(
-            self, conn: Connection, kind: Kind, request_id: int, src: memoryview, first: bytes | None, until: Any
+            self,
+            conn: Connection,
+            kind: Kind,
+            request_id: int,
+            src: memoryview,
+            first: bytes | None,
+            until: Any,
+            *,
+            snapshot: bool = False,
         ) -> None: ...
         def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool: ...
 

@@ -14,6 +14,7 @@ import pytest
 from conftest import WAIT_SECONDS, register_test_rpcs, wait_until
 
 from svcframe import BulkError, BulkHandle, Engine, Request, TimeoutError_
+from svcframe.eager import DONE
 from svcframe.errors import BulkUsageError
 
 pytestmark = pytest.mark.asyncio
@@ -522,3 +523,36 @@ async def test_a_sync_handler_returning_its_push_ahead_is_answered_without_a_tas
     assert await asyncio.gather(done, done) == [None, None]
     with pytest.raises(BulkUsageError):  # a bad range is refused when called
         client.push(client.expose(bytearray(4), "w"), b"12345678")
+
+
+async def test_a_push_aheads_source_may_be_changed_once_its_push_completed(server: Engine, client: Engine) -> None:
+    """A push completes once its data is written, and the source may then be reused: a handler that changes
+    its bytearray once its push ahead completed (a sync one when ``push`` returned it finished, before it
+    returns; an async one after its ``await``) still delivers what the buffer held at the push, in one frame
+    and in chunks. (Written in the batch, or queued by the transport, the data was sent by reference: the
+    caller got the changed bytes. The one-frame cases fail so without the copy.)"""
+    address = server.address or ""
+    server.bulk_cma = client.bulk_cma = False
+
+    def sync_fill(req: Request, arg: list[Any]) -> Any:
+        buf = bytearray(pattern(arg[1], arg[1]))
+        pushed = req.engine.push(BulkHandle.from_wire(arg[0]), buf)
+        if pushed is DONE:  # (done at once: else it runs once returned, and the buffer must wait for it)
+            buf[:] = bytes(len(buf))
+        return pushed
+
+    async def async_fill(req: Request, arg: list[Any]) -> None:
+        buf = bytearray(pattern(arg[1], arg[1]))
+        view = memoryview(buf)
+        await req.engine.push(BulkHandle.from_wire(arg[0]), view)
+        buf[:] = bytes(len(buf))
+
+    server.register(1, "sync_fill", sync_fill)
+    server.register(1, "async_fill", async_fill)
+    await client.call(address, "async_fill", [client.expose(bytearray(1), "w").to_wire(), 1], provider_id=1)
+    over_one_frame = server._peers[client.engine_id].whole_frame_bytes + 1
+    for name in ("sync_fill", "async_fill"):
+        for size in (1000, 64 * KiB, over_one_frame):
+            dest = bytearray(size)
+            await client.call(address, name, [client.expose(dest, "w").to_wire(), size], provider_id=1)
+            assert dest == pattern(size, size), (name, size)

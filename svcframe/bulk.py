@@ -284,8 +284,9 @@ class BulkTransfers:
         A handler's push into its own caller's buffer over the socket goes *ahead of the answer* (``ahead``,
         when the caller's engine takes it: HELLO ``push_ahead``): its data frames leave on the caller's
         connection before the handler's answer, and the push returns once they are written (``src`` may then
-        be reused: a source other than ``bytes`` is copied as it is sent, since the transport keeps what it has
-        not written by reference), without waiting for the caller's acknowledgement. The caller places the bytes before it
+        be reused: the transport keeps what it has not written by reference, so a source other than ``bytes``
+        is copied when it goes in one write, and waited for until the transport has written it when it goes
+        in chunks), without waiting for the caller's acknowledgement. The caller places the bytes before it
         reads the answer, so its call returns with them in place, one round trip for the read as with a
         Margo handler's ``HG_BULK_PUSH``; a push the caller refuses (the handle revoked, out of range) fails
         the caller's call with BulkError, not the push. ``ahead=False`` waits for the owner's answer, as every
@@ -390,9 +391,9 @@ class BulkTransfers:
         )
         try:
             async with asyncio.timeout(timeout):
-                await self._send_chunks(
-                    conn, Kind.BULK_DATA_PUSH, request_id, src, header, None, snapshot=type(src.obj) is not bytes
-                )
+                await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)
+                if type(src.obj) is not bytes:  # the transport keeps what it has not written by reference: the
+                    await conn.flushed()  # caller may change its source once we return (no copy: 64 MiB pushes)
         except TimeoutError:
             conn.cancel(request_id)  # (the owner forgets the push it will not get the rest of)
             raise DeadlineExceeded(f"push of {size} bytes: not written within {timeout:g} s") from None
@@ -733,15 +734,11 @@ class BulkTransfers:
         src: memoryview,
         first: bytes | None,
         until: asyncio.Future[Any] | None,
-        *,
-        snapshot: bool = False,
     ) -> None:
         """Send ``src`` (after ``first``, the request it belongs to, if any) as data frames, respecting write
         backpressure: one frame when the peer takes it whole (``Connection.whole_frame_bytes``), in the same
         write as ``first``; else frames of bulk_chunk_bytes (never over the peer's max_body_bytes), each behind
-        a drain (concurrent transfers share the output buffer). With ``snapshot``, each frame's data is copied
-        as it is sent: the transport keeps what it has not written yet by reference, and a push ahead returns
-        before that (its source may be changed then). Measured (4 MiB reads over tcp, client and
+        a drain (concurrent transfers share the output buffer). Measured (4 MiB reads over tcp, client and
         server on their own cores, three runs each, A/B): a pull served in 1 MiB chunks behind a drain each
         2.99-3.07 GiB/s, as one frame 3.46-3.82; a handler's push 3.34-3.61 either way (its second round
         trip, the owner's completion, is what it pays)."""
@@ -754,9 +751,7 @@ class BulkTransfers:
             await conn.drain()  # before each chunk: concurrent transfers share the buffer
             if conn.closed or (until is not None and until.done()):
                 return
-            part: bytes | memoryview = src[pos : pos + chunk]
-            if snapshot:
-                part = bytes(part)
+            part = src[pos : pos + chunk]
             data_header = encode_header(kind, request_id, len(part))
             if first is not None:
                 conn.send_many((first, data_header, part))

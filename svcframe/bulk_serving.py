@@ -90,8 +90,6 @@ class BulkServing:
             src: memoryview,
             first: bytes | None,
             until: asyncio.Future[Any] | None,
-            *,
-            snapshot: bool = False,
         ) -> None: ...
         async def _cma_read(
             self,

@@ -255,8 +255,6 @@ class Handlers:
             src: memoryview,
             first: bytes | None,
             until: Any,
-            *,
-            snapshot: bool = False,
         ) -> None: ...
         def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool: ...
 

@@ -508,6 +508,29 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
                 self._drain = asyncio.get_running_loop().create_future()
             await self._drain
 
+    async def flushed(self) -> None:
+        """Wait until everything sent so far is written to the socket: the batch being built (``flush``), then
+        the transport's buffer, which keeps what it has not written by reference (a sender may then change the
+        buffers it sent). The write limits are set to zero meanwhile, so the transport pauses us and resumes us
+        once its buffer is empty (``drain``).
+
+        Raises:
+            ConnectionLost: the connection closed before.
+        """
+        self.flush()
+        transport = self.transport
+        if transport is None or self.closed:
+            raise ConnectionLost(f"connection to {self.peername} is closed")
+        if not transport.get_write_buffer_size():
+            return
+        low, high = transport.get_write_buffer_limits()  # (asyncio gives them so)
+        transport.set_write_buffer_limits(0, 0)
+        try:
+            await self.drain()
+        finally:
+            if not self.closed:
+                transport.set_write_buffer_limits(high, low)
+
     def goodbye(self, status: Status, reason: str) -> None:
         """Tell the peer why we close, then close after the output is flushed."""
         if not self.closed and self.transport is not None:

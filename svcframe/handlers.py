@@ -248,13 +248,7 @@ class Handlers:
     if TYPE_CHECKING:
 
         async def _send_chunks(
-            self,
-            conn: Connection,
-            kind: Kind,
-            request_id: int,
-            src: memoryview,
-            first: bytes | None,
-            until: Any,
+            self, conn: Connection, kind: Kind, request_id: int, src: memoryview, first: bytes | None, until: Any
         ) -> None: ...
         def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool: ...
 
@@ -369,10 +363,11 @@ class Handlers:
         rec: Any,
         aw: Awaitable[Any],
     ) -> asyncio.Task[Any] | None:
-        """Run a handler's awaitable, started eagerly (svcframe.eager): its first step runs now, and one that finishes there is answered now, in this batch's write, with no Task. Returns the
-        Task (for ``_track_task``) when it suspends; also, started as usual, when this batch also cancels it
-        (it then never runs), its request id is still being served (``_track_task`` refuses it), or its
-        deadline has passed (``_track_task`` drops it unrun)."""
+        """Run a handler's awaitable, started eagerly (svcframe.eager): its first step runs now, and one that
+        finishes there is answered now, in this batch's write, with no Task. Returns the Task (for
+        ``_track_task``) when it suspends; also, started as usual, when this batch also cancels it (it then
+        never runs), its request id is still being served (``_track_task`` refuses it), or its deadline has
+        passed (``_track_task`` drops it unrun)."""
         loop = self._loop
         assert loop is not None
         runner = self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, aw)

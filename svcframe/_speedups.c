@@ -259,7 +259,7 @@ typedef struct {
     PyObject *s_arm, *s_compact_heap, *s_idle;    /* DeadlinesCore's method names */
     /* serve_request (configure_serve()): Handlers._on_request, Request, the sync handlers' thread-local, and
      * the attribute names it reads (SERVE_NAMES) */
-    PyObject *on_request_py, *request_type, *sync;
+    PyObject *on_request_py, *request_type, *sync, *done;
     long long not_fast, small_result, always_timed;
     PyObject *sn[8];
     /* begin_call and Call (configure_calls()): what Calls._call_once uses, and the names it reads (cn) */
@@ -1705,8 +1705,9 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     result = handler == NULL ? NULL : PyObject_Vectorcall(handler, call_args, 2, NULL);
     Py_ssize_t size = result != NULL && PyBytes_CheckExact(result) ? PyBytes_GET_SIZE(result) : -1;
     unsigned long long rid;
-    if (!into && (result == Py_None || (size >= 0 && size <= st->small_result))) {
-        PyObject *answer_args[2] = {PyTuple_GET_ITEM(frame, 4), result};
+    if (!into && (result == Py_None || (result != NULL && result == st->done) || (size >= 0 && size <= st->small_result))) {
+        /* (svcframe.eager.DONE: a push ahead written at once, its value None; as _handled answers it) */
+        PyObject *answer_args[2] = {PyTuple_GET_ITEM(frame, 4), result == st->done ? Py_None : result};
         PyObject *answer = ok_response(module, answer_args, 2);
         failed = answer == NULL || conn_send(st, conn, answer) < 0;
         Py_XDECREF(answer);
@@ -1770,17 +1771,18 @@ done:
 
 PyDoc_STRVAR(configure_serve_doc,
 "configure_serve(on_request_py, request_type, sync, not_fast_flags, into_flag, small_result_bytes,\n"
-"                always_timed, batch_flush_bytes) -> None\n\n"
+"                always_timed, batch_flush_bytes, done) -> None\n\n"
 "What serve_request serves with: svcframe.handlers' Handlers._on_request (its twin), Request (a tuple\n"
 "subclass of 5 items), the sync handlers' thread-local, the request flags it leaves to the twin (no reply;\n"
 "a result lent by address), wire.F_INTO (the result taken into the caller's buffer: answered here when it is\n"
-"bytes that fit one frame), _SMALL_RESULT_BYTES, monitoring.ALWAYS_TIMED and transport.BATCH_FLUSH_BYTES.");
+"bytes that fit one frame), _SMALL_RESULT_BYTES, monitoring.ALWAYS_TIMED, transport.BATCH_FLUSH_BYTES and svcframe.eager.DONE\n"
+"(answered as None: a push ahead written at once).");
 
 static PyObject *
 configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "configure_serve takes 8 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "configure_serve takes 9 arguments");
         return NULL;
     }
     if (!PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
@@ -1799,6 +1801,8 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->request_type, args[1]);
     Py_INCREF(args[2]);
     Py_XSETREF(st->sync, args[2]);
+    Py_INCREF(args[8]);
+    Py_XSETREF(st->done, args[8]);
     st->not_fast = not_fast;
     st->into_flag = (long)into_flag; /* (the same flag configure_calls() gives) */
     st->small_result = small;
@@ -2615,7 +2619,7 @@ speedups_exec(PyObject *module)
     X(s_done) X(s_set_result) X(s_get_buffer_slow) X(s_direct_updated) X(s_compact) X(s_parse) X(s_release_pages) \
     X(s_overflow_ok) X(s_cursor) X(frame_type) X(zero_trace) X(unpack) X(unpack_kwnames) X(unpack_kwvalues) \
     X(request_frame_py) X(ok_response_py) X(unpack_body_py) X(core_type) X(deadlines_type) X(heappush) X(heapify) \
-    X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(call_type) X(task_request) \
+    X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(done) X(call_type) X(task_request) \
     X(pack_body) X(nil_body) X(error_from_status) X(cancel_remote) X(no_response) X(deadline_expired) \
     X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
     X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state) \

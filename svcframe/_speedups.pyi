@@ -84,6 +84,7 @@ def configure_serve(
     small_result_bytes: int,
     always_timed: int,
     batch_flush_bytes: int,
+    done: Any,
     /,
 ) -> None: ...
 def configure_calls(

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
-from .eager import Done, start_eagerly
+from .eager import DONE, Done, start_eagerly
 from .errors import (
     AppError,
     BulkUsageError,
@@ -666,6 +666,6 @@ if not PURE:
 
     configure_serve(  # (it answers an into= call's bytes itself, as _reply_into does; not one lent by address)
         Handlers._on_request, Request, _sync, F_NO_REPLY | F_CMA, F_INTO, _SMALL_RESULT_BYTES, ALWAYS_TIMED,
-        BATCH_FLUSH_BYTES,
+        BATCH_FLUSH_BYTES, DONE,
     )  # fmt: skip
     serve_request = _serve_request_c

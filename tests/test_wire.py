@@ -798,16 +798,25 @@ def test_bin_header_is_msgpacks_own(length: int) -> None:
     assert unpack_body(bin_header(length) + data) == data
 
 
-@pytest.mark.parametrize("size", [1, 65536, (1 << 32) - 1])
+@pytest.mark.parametrize("size", [0, 1, 65536, (1 << 32) - 1])
 def test_a_push_aheads_frames_are_what_the_general_encoders_give(size: int) -> None:
-    """push_ahead_frames (one pass, the hot path of a handler's push) = encode_frame(BULK_PUSH flagged NO_REPLY)
-    + encode_header(BULK_DATA_PUSH), byte for byte; a field that does not fit is refused."""
+    """push_ahead_frames (one pass, the hot path of a handler's push) = encode_frame(BULK_PUSH flagged NO_REPLY,
+    body [bulk id, offset, size, call id]) + encode_header(BULK_DATA_PUSH) when there is data, byte for byte;
+    the body reads as msgpack reads it, and as a push ahead's receiver reads it (decoder._ahead_body, with a
+    16-byte id); a field that does not fit is refused."""
+    from svcframe.decoder import _ahead_body
     from svcframe.wire import F_NO_REPLY, push_ahead_frames
 
-    body = pack_body([bytes(range(16)), 3, size, 2**63])
-    expected = encode_frame(Kind.BULK_PUSH, 2**64 - 1, body, flags=F_NO_REPLY) + encode_header(
-        Kind.BULK_DATA_PUSH, 2**64 - 1, size
-    )
-    assert push_ahead_frames(2**64 - 1, body, size) == expected
+    for bulk_id in (bytes(range(16)), b"short"):  # (a 16-byte id: packed in one call; any other: by pack_body)
+        frames = push_ahead_frames(2**64 - 1, bulk_id, 3, size, 2**63)
+        data_header = encode_header(Kind.BULK_DATA_PUSH, 2**64 - 1, size) if size else b""
+        body = frames[HEADER_SIZE : len(frames) - len(data_header)]
+        assert frames == encode_frame(Kind.BULK_PUSH, 2**64 - 1, body, flags=F_NO_REPLY) + data_header
+        assert unpack_body(body) == [bulk_id, 3, size, 2**63]
+        if len(bulk_id) == 16:
+            assert _ahead_body(memoryview(body), 0, len(body)) == (bulk_id, 3, size)
+        assert push_ahead_frames(2**64 - 1, bulk_id, 3, size, 2**63, data=False) == frames[: HEADER_SIZE + len(body)]
     with pytest.raises(struct.error):
-        push_ahead_frames(2**64, body, size)
+        push_ahead_frames(2**64, bytes(16), 0, size, 1)
+    with pytest.raises(struct.error):
+        push_ahead_frames(1, bytes(16), -1, size, 1)

@@ -260,6 +260,8 @@ typedef struct {
     /* serve_request (configure_serve()): Handlers._on_request, Request, the sync handlers' thread-local, and
      * the attribute names it reads (SERVE_NAMES) */
     PyObject *on_request_py, *request_type, *sync, *done;
+    /* push_ahead_now (configure_push()): BulkHandle, and the names it reads */
+    PyObject *handle_type, *s_bulk_cma, *s_push, *s_record_bulk;
     long long not_fast, small_result, always_timed;
     PyObject *sn[8];
     /* begin_call and Call (configure_calls()): what Calls._call_once uses, and the names it reads (cn) */
@@ -1318,16 +1320,18 @@ unpack_body(PyObject *module, PyObject *body)
  * code reads a member as fast as a __slots__ slot). svcframe.slots has their Python twins (the same names as
  * __slots__). A member never set reads as AttributeError, as an unset attribute would. */
 enum { E_LOOP, E_DEFAULT_TIMEOUT, E_CONNS, E_RPC_IDS, E_ROOT_CALLPATHS, E_TRACER, E_MONITOR, E_PROGRESS,
-       E_DEADLINES, E_ROWS, E_CLOSING, E_REFUSED, E_N };
+       E_DEADLINES, E_ROWS, E_CLOSING, E_REFUSED, E_ENGINE_ID, E_N };
 static const char *const ENGINE_STATE[E_N] = {
     "_loop", "default_timeout_seconds", "_conns", "_rpc_ids", "_root_callpaths", "tracer", "monitor", "progress",
-    "_deadlines", "_rows", "_closing", "_refused",
+    "_deadlines", "_rows", "_closing", "_refused", "engine_id",
 };
 enum { CN_CLOSED, CN_PENDING, CN_PEER_MAX_BODY, CN_RECORDS, CN_NEXT_REQUEST_ID, CN_BATCH, CN_BATCH_BYTES,
-       CN_TRANSPORT, CN_WRITES, CN_MAX_OUTPUT, CN_CORK, CN_N };
+       CN_TRANSPORT, CN_WRITES, CN_MAX_OUTPUT, CN_CORK, CN_PEER_ENGINE_ID, CN_PEER_PUSH_AHEAD, CN_PEER_LABEL,
+       CN_PAUSED, CN_N };
 static const char *const CONNECTION_STATE[CN_N] = {
     "closed", "pending", "peer_max_body_bytes", "records", "next_request_id", "_batch", "_batch_bytes",
-    "transport", "writes", "max_output_bytes", "_cork",
+    "transport", "writes", "max_output_bytes", "_cork", "peer_engine_id", "peer_push_ahead", "peer_label",
+    "_paused",
 };
 enum { M_ENABLED, M_SAMPLE_EVERY, M_ORIGIN, M_TARGET, M_N };
 static const char *const MONITOR_STATE[M_N] = {"enabled", "sample_every", "origin", "target"};
@@ -1808,6 +1812,202 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     st->small_result = small;
     st->always_timed = always;
     st->batch_flush_bytes = flush;
+    Py_RETURN_NONE;
+}
+
+/* ---- push_ahead_now: the common case of svcframe.bulk.BulkOps.push ------------------------------------------ */
+
+/* A push ahead's BULK_PUSH body in the form svcframe.wire.push_ahead_frames packs it for a 16-byte bulk id:
+ * msgpack [bulk id (bin 8), offset, size, call id], each unsigned int a uint 64. */
+#define AHEAD_BODY_BYTES 46
+#define AHEAD_ID_BYTES 16
+#define NO_PARENT_PROVIDER 0xFFFF /* wire.NO_PARENT_PROVIDER, at a header's offset 30 */
+
+static inline void
+wr_be64(unsigned char *p, unsigned long long v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (unsigned char)(v & 0xff);
+}
+
+/* The bytes of svcframe.wire.push_ahead_frames(rid, bulk_id, offset, size, call_id) for a 16-byte ``id``: the
+ * BULK_PUSH, and the header of its data frame when ``size`` > 0. */
+static PyObject *
+ahead_frames(unsigned long long rid, const char *id, unsigned long long offset, Py_ssize_t size,
+             unsigned long long call_id)
+{
+    Py_ssize_t length = HEADER_SIZE + AHEAD_BODY_BYTES + (size > 0 ? HEADER_SIZE : 0);
+    PyObject *frames = PyBytes_FromStringAndSize(NULL, length);
+    if (frames == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(frames), *b = p + HEADER_SIZE;
+    write_header(p, K_BULK_PUSH, F_NO_REPLY, AHEAD_BODY_BYTES, rid);
+    wr16(p + 30, NO_PARENT_PROVIDER);
+    b[0] = 0x94, b[1] = 0xc4, b[2] = AHEAD_ID_BYTES;
+    memcpy(b + 3, id, AHEAD_ID_BYTES);
+    unsigned long long values[3] = {offset, (unsigned long long)size, call_id};
+    for (int i = 0; i < 3; i++) {
+        b[3 + AHEAD_ID_BYTES + 9 * i] = 0xcf;
+        wr_be64(b + 4 + AHEAD_ID_BYTES + 9 * i, values[i]);
+    }
+    if (size > 0) {
+        write_header(b + AHEAD_BODY_BYTES, K_BULK_DATA_PUSH, 0, size, rid);
+        wr16(b + AHEAD_BODY_BYTES + 30, NO_PARENT_PROVIDER);
+    }
+    return frames;
+}
+
+PyDoc_STRVAR(push_ahead_frames_doc,
+"push_ahead_frames(request_id, bulk_id, offset, size, call_id, /) -> bytes\n\n"
+"svcframe.wire.push_ahead_frames for a 16-byte bulk id (push_ahead_now's frames; tests compare the two).\n"
+"Raises ValueError for another bulk id, OverflowError for a field that does not fit.");
+
+static PyObject *
+push_ahead_frames_c(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "push_ahead_frames takes 5 arguments");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != AHEAD_ID_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "push_ahead_frames: the bulk id must be 16 bytes");
+        return NULL;
+    }
+    unsigned long long v[4];
+    PyObject *fields[4] = {args[0], args[2], args[3], args[4]};
+    for (int i = 0; i < 4; i++) {
+        v[i] = PyLong_AsUnsignedLongLong(fields[i]);
+        if (v[i] == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (v[2] > UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "push_ahead_frames: size over 32 bits");
+        return NULL;
+    }
+    return ahead_frames(v[0], PyBytes_AS_STRING(args[1]), v[1], (Py_ssize_t)v[2], v[3]);
+}
+
+PyDoc_STRVAR(push_ahead_now_doc,
+"push_ahead_now(engine, handle, offset, src, /) -> bool\n\n"
+"The common case of svcframe.bulk.BulkOps.push (its definition, whose _push_ahead_now it does in one call):\n"
+"a handler's push of ``src`` (bytes) into its caller's buffer, ahead of the answer, in one write. True once\n"
+"written (the frames join the batch of replies, or are written), counted in the bulk statistics; False,\n"
+"having done nothing, for every other case, which the definition then decides: a range or mode it refuses,\n"
+"a handle of this engine's or not its caller's, one cross-memory attach may take, over one frame, a paused\n"
+"or closed connection, a caller that does not take pushes ahead, a request that takes no answer, no\n"
+"handler running here, a type it does not expect. configure_push() first.");
+
+static PyObject *
+push_ahead_now(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "push_ahead_now takes 4 arguments");
+        return NULL;
+    }
+    if (st->handle_type == NULL || st->request_type == NULL || st->task_request == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups: configure_push, _serve and _calls first");
+        return NULL;
+    }
+    PyObject *engine = args[0], *handle = args[1], *src = args[3];
+    if (!PyBytes_CheckExact(src) || Py_TYPE(handle) != (PyTypeObject *)st->handle_type ||
+        PyTuple_GET_SIZE(handle) != 5 || !PyObject_TypeCheck(engine, (PyTypeObject *)st->engine_state))
+        Py_RETURN_FALSE;
+    /* the range and mode (bulk._check_range), in the handle's own terms */
+    Py_ssize_t size = PyBytes_GET_SIZE(src);
+    long long offset = small_count(args[2]), limit = small_count(PyTuple_GET_ITEM(handle, 3));
+    PyObject *engine_id = PyTuple_GET_ITEM(handle, 1), *bulk_id = PyTuple_GET_ITEM(handle, 2);
+    PyObject *mode = PyTuple_GET_ITEM(handle, 4), *own = FIELD(engine, E_ENGINE_ID);
+    if (offset < 0 || limit < 0 || offset > limit || size > limit - offset || !PyUnicode_CheckExact(mode) ||
+        !PyUnicode_CheckExact(engine_id) || !PyBytes_CheckExact(bulk_id) ||
+        PyBytes_GET_SIZE(bulk_id) != AHEAD_ID_BYTES || own == NULL || !PyUnicode_CheckExact(own))
+        Py_RETURN_FALSE;
+    Py_ssize_t w = PyUnicode_FindChar(mode, 'w', 0, PyUnicode_GET_LENGTH(mode), 1); /* "w" in mode */
+    if (w < 0)
+        return w == -1 ? Py_NewRef(Py_False) : NULL;
+    if (PyUnicode_Compare(engine_id, own) == 0) /* (str, exact: no error) a buffer of this engine's */
+        Py_RETURN_FALSE;
+    if (size >= st->cma_min) { /* cross-memory attach may take it: ask the engine */
+        int cma = attr_true(engine, st->s_bulk_cma);
+        if (cma != 0)
+            return cma < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    /* the request whose handler runs here (svcframe.handlers.current_request.get()) */
+    PyObject *req = PyObject_GetAttr(st->sync, st->sn[N_REQUEST]);
+    if (req == Py_None) {
+        Py_DECREF(req);
+        if (PyContextVar_Get(st->task_request, Py_None, &req) < 0)
+            return NULL;
+    }
+    if (req == NULL)
+        return NULL;
+    int ahead = Py_TYPE(req) == (PyTypeObject *)st->request_type && PyTuple_GET_SIZE(req) == 5;
+    PyObject *conn = ahead ? PyTuple_GET_ITEM(req, 1) : NULL, *frame = ahead ? PyTuple_GET_ITEM(req, 3) : NULL;
+    unsigned long long call_id = 0;
+    ahead = ahead && PyObject_TypeCheck(conn, (PyTypeObject *)st->connection_state) && PyTuple_Check(frame) &&
+            PyTuple_GET_SIZE(frame) > 4 && PyLong_CheckExact(PyTuple_GET_ITEM(frame, 1)) &&
+            as_field(PyTuple_GET_ITEM(frame, 4), UINT64_MAX, &call_id);
+    /* _push_ahead_now's conditions: the caller's buffer, a caller that takes pushes ahead, a request it answers,
+     * and one frame that may be written now */
+    PyObject *peer = ahead ? FIELD(conn, CN_PEER_ENGINE_ID) : NULL;
+    ahead = ahead && peer != NULL && PyUnicode_CheckExact(peer) && PyUnicode_Compare(peer, engine_id) == 0 &&
+            FIELD(conn, CN_PEER_PUSH_AHEAD) == Py_True && !(PyLong_AsLong(PyTuple_GET_ITEM(frame, 1)) & F_NO_REPLY) &&
+            FIELD(conn, CN_PAUSED) == Py_False && FIELD(conn, CN_CLOSED) == Py_False &&
+            FIELD(conn, CN_NEXT_REQUEST_ID) != NULL && FIELD(conn, CN_PEER_LABEL) != NULL &&
+            size <= whole_frame_bytes(conn);
+    if (!ahead || PyErr_Occurred()) { /* (the flags: an int, checked; an error would be the definition's) */
+        PyErr_Clear();
+        Py_DECREF(req);
+        Py_RETURN_FALSE;
+    }
+    Py_INCREF(conn);
+    Py_DECREF(req); /* (conn is all we need of it) */
+    PyObject *rid_o = PyObject_CallNoArgs(FIELD(conn, CN_NEXT_REQUEST_ID)), *frames = NULL;
+    unsigned long long rid;
+    int failed = rid_o == NULL;
+    if (!failed && !as_field(rid_o, UINT64_MAX, &rid)) {
+        PyErr_SetString(PyExc_OverflowError, "push_ahead_now: a request id over 64 bits");
+        failed = 1;
+    }
+    Py_XDECREF(rid_o);
+    if (!failed) {
+        frames = ahead_frames(rid, PyBytes_AS_STRING(bulk_id), (unsigned long long)offset, size, call_id);
+        failed = frames == NULL || (size > 0 ? conn_send_two(st, conn, frames, src) : conn_send(st, conn, frames)) < 0;
+        Py_XDECREF(frames);
+    }
+    PyObject *monitor = FIELD(engine, E_MONITOR);
+    if (!failed && monitor != NULL && field_of(monitor, st->monitor_state, M_ENABLED) != Py_False) {
+        /* self.monitor.record_bulk("push", conn.peer_label, size, 0) (written in this turn: no time passed) */
+        PyObject *n = PyLong_FromSsize_t(size);
+        PyObject *record_args[5] = {monitor, st->s_push, FIELD(conn, CN_PEER_LABEL), n, st->zero};
+        PyObject *r = n == NULL ? NULL : PyObject_VectorcallMethod(st->s_record_bulk, record_args,
+                                                                 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XDECREF(n);
+        failed = r == NULL;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(conn);
+    if (failed)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(configure_push_doc,
+"configure_push(handle_type) -> None\n\n"
+"What push_ahead_now pushes with: svcframe.bulk.BulkHandle (a tuple subclass of 5 items). It also uses what\n"
+"configure_serve (Request, the sync handlers' thread-local) and configure_calls (the task's request,\n"
+"bulk.CMA_MIN_BYTES) gave.");
+
+static PyObject *
+configure_push(PyObject *module, PyObject *handle_type)
+{
+    if (!PyType_Check(handle_type) || !PyType_IsSubtype((PyTypeObject *)handle_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure_push: handle_type must be a tuple subclass");
+        return NULL;
+    }
+    module_state *st = (module_state *)PyModule_GetState(module);
+    Py_INCREF(handle_type);
+    Py_XSETREF(st->handle_type, handle_type);
     Py_RETURN_NONE;
 }
 
@@ -2546,6 +2746,9 @@ static PyMethodDef speedups_methods[] = {
     {"configure_serve", (PyCFunction)(void (*)(void))configure_serve, METH_FASTCALL, configure_serve_doc},
     {"begin_call", (PyCFunction)(void (*)(void))begin_call, METH_FASTCALL, begin_call_doc},
     {"configure_calls", (PyCFunction)(void (*)(void))configure_calls, METH_FASTCALL, configure_calls_doc},
+    {"push_ahead_now", (PyCFunction)(void (*)(void))push_ahead_now, METH_FASTCALL, push_ahead_now_doc},
+    {"push_ahead_frames", (PyCFunction)(void (*)(void))push_ahead_frames_c, METH_FASTCALL, push_ahead_frames_doc},
+    {"configure_push", (PyCFunction)configure_push, METH_O, configure_push_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2599,6 +2802,11 @@ speedups_exec(PyObject *module)
         if ((st->cn[i] = PyUnicode_InternFromString(CALL_NAMES[i])) == NULL)
             return -1;
     }
+    st->s_bulk_cma = PyUnicode_InternFromString("bulk_cma");
+    st->s_push = PyUnicode_InternFromString("push");
+    st->s_record_bulk = PyUnicode_InternFromString("record_bulk");
+    if (!st->s_bulk_cma || !st->s_push || !st->s_record_bulk)
+        return -1;
     st->s_arm = PyUnicode_InternFromString("_arm");
     st->s_compact_heap = PyUnicode_InternFromString("_compact");
     st->s_idle = PyUnicode_InternFromString("_idle");
@@ -2619,7 +2827,7 @@ speedups_exec(PyObject *module)
     X(s_done) X(s_set_result) X(s_get_buffer_slow) X(s_direct_updated) X(s_compact) X(s_parse) X(s_release_pages) \
     X(s_overflow_ok) X(s_cursor) X(frame_type) X(zero_trace) X(unpack) X(unpack_kwnames) X(unpack_kwvalues) \
     X(request_frame_py) X(ok_response_py) X(unpack_body_py) X(core_type) X(deadlines_type) X(heappush) X(heapify) \
-    X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(done) X(call_type) X(task_request) \
+    X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(done) X(handle_type) X(s_bulk_cma) X(s_push) X(s_record_bulk) X(call_type) X(task_request) \
     X(pack_body) X(nil_body) X(error_from_status) X(cancel_remote) X(no_response) X(deadline_expired) \
     X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
     X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state) \

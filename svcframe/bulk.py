@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import cma
@@ -53,6 +53,7 @@ from .split_read import (
 from .wire import (
     F_CMA,
     F_NO_REPLY,
+    PURE,
     Frame,
     Kind,
     encode_frame,
@@ -120,6 +121,24 @@ class BulkHandle(NamedTuple):
 
 
 _new_tuple = tuple.__new__
+
+
+def _push_ahead_definition(engine: Any, handle: BulkHandle, offset: int, src: bytes) -> bool:
+    """``_push_ahead_compiled``'s pure-Python build: False (``push``'s definition decides everything)."""
+    return False
+
+
+#: ``(engine, handle, offset, src) -> bool``: a handler's push of bytes ahead of its answer, in one write, by
+#: svcframe._speedups.push_ahead_now where it was built (and SVCFRAME_PURE is unset): ``push``'s checks and
+#: ``_push_ahead_now``'s in one C call; True once written, False (nothing done) to leave every other case to
+#: ``push``'s definition (tests/test_compiled_paths.py checks they agree). Measured: 64 KiB push reads, the
+#: server's bytecodes per read (README, "Reading large results").
+_push_ahead_compiled: Callable[[Any, BulkHandle, int, bytes], bool] = _push_ahead_definition
+if not PURE:
+    from ._speedups import configure_push
+    from ._speedups import push_ahead_now as _push_ahead_compiled
+
+    configure_push(BulkHandle)
 
 
 def as_byte_view(buf: object, *, writable: bool) -> memoryview:
@@ -306,6 +325,8 @@ class BulkTransfers:
         Raises (when called): BulkUsageError (bad range or mode, checked locally).
         Raises (when awaited): BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
         """
+        if type(src) is bytes and ahead and _push_ahead_compiled(self, handle, offset, src):
+            return DONE  # (the common read, compiled: the checks below and _push_ahead_now's, in one call)
         view = memoryview(src) if type(src) is bytes else as_byte_view(src, writable=False)  # (a handler's
         size = len(view)  # bytes: as_byte_view's first case, without its call)
         _check_range(handle, offset, size, WRITE)
@@ -342,7 +363,7 @@ class BulkTransfers:
         answer in one write (see ``_push_ahead``): True when written; False when it goes ahead but not now
         (over one frame, the socket paused or closed: ``_push_ahead``'s chunks); None when it does not go
         ahead: the handle is not the caller's, the caller does not take pushes ahead, or the request takes no
-        answer."""
+        answer. (``_push_ahead_compiled`` does the same for a source of bytes, with ``push``'s checks.)"""
         conn: Connection = req[1]  # Request.conn
         frame: Frame = req[3]  # Request.frame
         if conn.peer_engine_id != handle.engine_id or not conn.peer_push_ahead or frame[1] & F_NO_REPLY:

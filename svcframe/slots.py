@@ -29,6 +29,7 @@ class _PyEngineState:
         "_rows",
         "_rpc_ids",
         "default_timeout_seconds",
+        "engine_id",
         "monitor",
         "progress",
         "tracer",
@@ -37,8 +38,9 @@ class _PyEngineState:
 
 class _PyConnectionState:
     __slots__ = (
-        "_batch", "_batch_bytes", "_cork", "closed", "max_output_bytes", "next_request_id", "peer_max_body_bytes",
-        "pending", "records", "transport", "writes",
+        "_batch", "_batch_bytes", "_cork", "_paused", "closed", "max_output_bytes", "next_request_id",
+        "peer_engine_id", "peer_label", "peer_max_body_bytes", "peer_push_ahead", "pending", "records", "transport",
+        "writes",
     )  # fmt: skip
 
 

@@ -384,3 +384,126 @@ def test_an_abandoned_call_is_collected_with_its_engine(pure: str) -> None:
     done = subprocess.run([sys.executable, "-c", _ABANDONED], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"], done.stdout
+
+
+async def _push_outcomes(make_engine: Callable[..., Awaitable[Engine]], transport: str) -> dict[str, Any]:
+    """Every push case through ``svcframe.bulk._push_ahead_compiled`` as it is set now (the compiled function, or
+    the definition's): what the caller saw and found in its buffer, the bulk statistics of both engines, the
+    request ids both used, and how often the compiled function wrote a push."""
+    from conftest import short_socket_path
+
+    from svcframe import bulk
+    from svcframe.bulk import BulkHandle
+
+    listen = "tcp://127.0.0.1:0" if transport == "tcp" else f"unix://{short_socket_path()}"
+    server = await make_engine(listen, max_output_bytes=512 * 1024)  # (one frame: up to 256 KiB)
+    client = await make_engine(None)
+    address = server.address or ""
+    own = server.expose(bytearray(64), "rw")  # a buffer of the server's: a local copy
+    written = [0]
+    inner = bulk._push_ahead_compiled
+
+    def counted(*args: Any) -> bool:
+        done = inner(*args)
+        written[0] += done
+        return done
+
+    def push(req: Request, arg: Any) -> Any:  # (sync: the push returned, answered in its batch when done at once)
+        handle, offset, size, kind = arg
+        data: Any = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        data = bytearray(data) if kind == "bytearray" else memoryview(data) if kind == "memoryview" else data
+        target = own if handle is None else BulkHandle.from_wire(handle)
+        return req.engine.push(target, data, offset=offset, ahead=kind != "not ahead")
+
+    async def apush(req: Request, arg: Any) -> Any:
+        await push(req, arg)
+        return "pushed"
+
+    server.register(1, "push", push)
+    server.register(1, "apush", apush)
+    seen: dict[str, list[object]] = {}
+    size = 64 * 1024
+    cases = [
+        ("one frame", size, 0, size, "bytes"),
+        ("nothing", size, 0, 0, "bytes"),
+        ("at an offset", size, 1000, 3000, "bytes"),
+        ("to the end", size, size - 7, 7, "bytes"),
+        ("past the end", size, size - 7, 8, "bytes"),
+        ("bytearray", size, 0, size, "bytearray"),
+        ("memoryview", size, 0, size, "memoryview"),
+        ("not ahead", size, 0, 100, "not ahead"),
+        ("over one frame", 300_000, 0, 300_000, "bytes"),
+        ("read-only", size, 0, 10, "bytes"),
+        ("the server's own buffer", None, 0, 64, "bytes"),
+    ]
+    bulk.__dict__["_push_ahead_compiled"] = counted
+    try:
+        for _ in range(3):
+            for name in ("push", "apush"):
+                for case, buffer_size, offset, n, kind in cases:
+                    buf = bytearray(buffer_size or 1)
+                    handle = None
+                    if buffer_size is not None:
+                        handle = client.expose(buf, "r" if case == "read-only" else "w", peer=address).to_wire()
+                    try:
+                        value: object = await client.call(address, name, [handle, offset, n, kind], provider_id=1)
+                    except Exception as exc:
+                        value = _shown(exc, address)
+                    if handle is not None:
+                        client.unexpose(BulkHandle.from_wire(handle))
+                    shown = (value, hash(bytes(buf)))
+                    if shown not in seen.setdefault(f"{name}: {case}", []):
+                        seen[f"{name}: {case}"].append(shown)
+    finally:
+        bulk.__dict__["_push_ahead_compiled"] = inner
+
+    def counts(engine: Engine) -> dict[str, tuple[int, int]]:
+        return {key[0]: (rec.calls, len(rec.buffer)) for key, rec in engine.monitor.bulk.items()}
+
+    conn = client._conns[address]
+    return {
+        "seen": seen,
+        "client": counts(client),
+        "server": counts(server),
+        "ids": (conn.protocol._next_id, server._peers[client.engine_id].protocol._next_id),
+        "written": written[0],
+    }
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+async def test_push_ahead_now_pushes_as_its_definition(
+    make_engine: Callable[..., Awaitable[Engine]], monkeypatch: pytest.MonkeyPatch, transport: str
+) -> None:
+    """svcframe._speedups.push_ahead_now (a handler's push of bytes ahead of its answer, in one call) against
+    ``Engine.push``'s definition: every case ends the same for the caller, leaves the same bytes in its
+    buffer, counts the same bulk transfers and uses the same request ids; the compiled function wrote the
+    pushes of bytes that fit one frame (sync and async handlers), and left every other case untouched to the
+    definition. Its frames are the definition's, byte for byte."""
+    import os
+
+    from svcframe import _speedups, bulk, wire
+
+    bulk_id = os.urandom(16)
+    for n in (0, 1, 65536):
+        frames = _speedups.push_ahead_frames(2**64 - 1, bulk_id, 3, n, 2**63)
+        assert frames == wire.push_ahead_frames(2**64 - 1, bulk_id, 3, n, 2**63)
+    with pytest.raises(ValueError):
+        _speedups.push_ahead_frames(1, b"short", 0, 1, 1)
+    assert bulk._push_ahead_compiled is _speedups.push_ahead_now
+    compiled = await _push_outcomes(make_engine, transport)
+    monkeypatch.setattr(bulk, "_push_ahead_compiled", bulk._push_ahead_definition)
+    definitions = await _push_outcomes(make_engine, transport)
+    assert compiled["seen"] == definitions["seen"]
+    assert compiled["client"] == definitions["client"] and compiled["server"] == definitions["server"]
+    assert compiled["ids"] == definitions["ids"]
+    assert definitions["written"] == 0
+    assert compiled["written"] == 3 * 2 * 4  # one frame, nothing, at an offset, to the end: sync and async
+    seen = compiled["seen"]
+    data = bytes(range(256)) * 256
+    assert seen["push: one frame"] == [(None, hash(data))] and seen["apush: one frame"] == [("pushed", hash(data))]
+    ((past, _),) = seen["push: past the end"]
+    assert "range 65529+8 is outside the 65536-byte bulk handle" in past[1]
+    ((read_only, _),) = seen["apush: read-only"]
+    assert "is exposed as 'r'" in read_only[1]
+    assert seen["push: over one frame"] == [(None, hash(bytes(range(256)) * 1171 + bytes(224)))]  # (300,000)

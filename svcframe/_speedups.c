@@ -262,6 +262,7 @@ typedef struct {
     PyObject *on_request_py, *request_type, *sync, *done;
     /* push_ahead_now (configure_push()): BulkHandle, and the names it reads */
     PyObject *handle_type, *s_bulk_cma, *s_push, *s_record_bulk;
+    PyObject *s_pushes, *s_buffer, *s_served_push; /* place_ahead's and record_bulk_now's */
     long long not_fast, small_result, always_timed;
     PyObject *sn[8];
     /* begin_call and Call (configure_calls()): what Calls._call_once uses, and the names it reads (cn) */
@@ -1320,10 +1321,10 @@ unpack_body(PyObject *module, PyObject *body)
  * code reads a member as fast as a __slots__ slot). svcframe.slots has their Python twins (the same names as
  * __slots__). A member never set reads as AttributeError, as an unset attribute would. */
 enum { E_LOOP, E_DEFAULT_TIMEOUT, E_CONNS, E_RPC_IDS, E_ROOT_CALLPATHS, E_TRACER, E_MONITOR, E_PROGRESS,
-       E_DEADLINES, E_ROWS, E_CLOSING, E_REFUSED, E_ENGINE_ID, E_N };
+       E_DEADLINES, E_ROWS, E_CLOSING, E_REFUSED, E_ENGINE_ID, E_EXPOSED, E_N };
 static const char *const ENGINE_STATE[E_N] = {
     "_loop", "default_timeout_seconds", "_conns", "_rpc_ids", "_root_callpaths", "tracer", "monitor", "progress",
-    "_deadlines", "_rows", "_closing", "_refused", "engine_id",
+    "_deadlines", "_rows", "_closing", "_refused", "engine_id", "_exposed",
 };
 enum { CN_CLOSED, CN_PENDING, CN_PEER_MAX_BODY, CN_RECORDS, CN_NEXT_REQUEST_ID, CN_BATCH, CN_BATCH_BYTES,
        CN_TRANSPORT, CN_WRITES, CN_MAX_OUTPUT, CN_CORK, CN_PEER_ENGINE_ID, CN_PEER_PUSH_AHEAD, CN_PEER_LABEL,
@@ -1333,8 +1334,8 @@ static const char *const CONNECTION_STATE[CN_N] = {
     "transport", "writes", "max_output_bytes", "_cork", "peer_engine_id", "peer_push_ahead", "peer_label",
     "_paused",
 };
-enum { M_ENABLED, M_SAMPLE_EVERY, M_ORIGIN, M_TARGET, M_N };
-static const char *const MONITOR_STATE[M_N] = {"enabled", "sample_every", "origin", "target"};
+enum { M_ENABLED, M_SAMPLE_EVERY, M_ORIGIN, M_TARGET, M_BULK, M_N };
+static const char *const MONITOR_STATE[M_N] = {"enabled", "sample_every", "origin", "target", "bulk"};
 enum { P_INFLIGHT, P_BLOCKING, P_N };
 static const char *const PROGRESS_STATE[P_N] = {"inflight", "blocking"};
 enum { R_CALLS, R_ERRORS, R_N };
@@ -1815,6 +1816,103 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* svcframe.monitoring.Monitor.record_bulk(direction, peer, nbytes, 0), for a transfer done in this turn (no time
+ * passed): its common case here (monitoring on, the key's record made), the definition otherwise. 0, or -1 with
+ * an exception set. */
+static int
+record_bulk_now(module_state *st, PyObject *monitor, PyObject *direction, PyObject *peer, Py_ssize_t nbytes)
+{
+    PyObject *enabled = field_of(monitor, st->monitor_state, M_ENABLED);
+    if (enabled == Py_False)
+        return 0;
+    PyObject *bulk = enabled == Py_True ? FIELD(monitor, M_BULK) : NULL, *n = PyLong_FromSsize_t(nbytes), *r;
+    if (n == NULL)
+        return -1;
+    PyObject *key = bulk != NULL && PyDict_CheckExact(bulk) ? PyTuple_Pack(2, direction, peer) : NULL;
+    PyObject *rec = key == NULL ? NULL : PyDict_GetItemWithError(bulk, key); /* (borrowed) */
+    Py_XDECREF(key);
+    long long calls = small_count(field_of(rec, st->record_state, R_CALLS));
+    PyObject *buffer = calls >= 0 && calls < LLONG_MAX - 1 ? PyObject_GetAttr(rec, st->s_buffer) : NULL;
+    if (buffer != NULL && PyList_CheckExact(buffer)) { /* rec.calls += 1; rec.buffer.extend((nbytes, 0)) */
+        PyObject *count = PyLong_FromLongLong(calls + 1);
+        if (count != NULL)
+            Py_XSETREF(FIELD(rec, R_CALLS), count);
+        int failed = count == NULL || PyList_Append(buffer, n) < 0 || PyList_Append(buffer, st->zero) < 0;
+        Py_DECREF(buffer);
+        Py_DECREF(n);
+        return failed ? -1 : 0;
+    }
+    Py_XDECREF(buffer);
+    if (!may_decline()) { /* (what it met, the definition meets again) */
+        Py_DECREF(n);
+        return -1;
+    }
+    PyObject *record_args[5] = {monitor, direction, peer, n, st->zero};
+    r = PyObject_VectorcallMethod(st->s_record_bulk, record_args, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(n);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+PyDoc_STRVAR(place_ahead_doc,
+"place_ahead(engine, conn, request_id, bulk_id, offset, size, /) -> memoryview | None\n\n"
+"svcframe.bulk_serving.BulkServing._place_ahead's compiled twin (a connection's decoder's place_ahead, as\n"
+"functools.partial(place_ahead, engine, conn)): the range of the engine's exposed buffer that a push ahead\n"
+"writes, counted in the bulk statistics; None where the definition gives None, and for anything it does not\n"
+"expect (its frames are then dispatched: _on_push_ahead decides).");
+
+static PyObject *
+place_ahead(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = (module_state *)PyModule_GetState(module);
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "place_ahead takes 6 arguments");
+        return NULL;
+    }
+    if (st->zero == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "svcframe._speedups.configure_calls() was not called");
+        return NULL;
+    }
+    PyObject *engine = args[0], *conn = args[1], *bulk_id = args[3];
+    long long offset = small_count(args[4]), size = small_count(args[5]);
+    if (offset < 0 || size < 0 || offset > LLONG_MAX / 2 || size > LLONG_MAX / 2 || !PyBytes_CheckExact(bulk_id) ||
+        !PyObject_TypeCheck(engine, (PyTypeObject *)st->engine_state) ||
+        !PyObject_TypeCheck(conn, (PyTypeObject *)st->connection_state))
+        Py_RETURN_NONE;
+    /* a request id of a push under way (conn.protocol.pushes): the definition's */
+    PyObject *protocol = PyObject_GetAttr(conn, st->cn[C_PROTOCOL]);
+    PyObject *pushes = protocol == NULL ? NULL : PyObject_GetAttr(protocol, st->s_pushes);
+    Py_XDECREF(protocol);
+    int under_way = pushes == NULL || !PyDict_CheckExact(pushes) ? -1 : PyDict_Contains(pushes, args[2]);
+    Py_XDECREF(pushes);
+    if (under_way != 0)
+        return under_way < 0 && !may_decline() ? NULL : Py_NewRef(Py_None);
+    /* _exposed_range(conn, bulk_id, offset, size, WRITE) */
+    PyObject *exposed = FIELD(engine, E_EXPOSED), *conns = FIELD(engine, E_CONNS);
+    PyObject *entry = exposed != NULL && PyDict_CheckExact(exposed) ? PyDict_GetItemWithError(exposed, bulk_id) : NULL;
+    if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3)
+        return !may_decline() ? NULL : Py_NewRef(Py_None);
+    PyObject *view = PyTuple_GET_ITEM(entry, 0), *mode = PyTuple_GET_ITEM(entry, 1), *bound = PyTuple_GET_ITEM(entry, 2);
+    if (bound != Py_None) { /* a handle bound to a peer: only over the connection we dialled to it */
+        PyObject *dialled = conns != NULL && PyDict_CheckExact(conns) && PyUnicode_CheckExact(bound)
+                                ? PyDict_GetItemWithError(conns, bound)
+                                : NULL;
+        if (dialled != conn)
+            return !may_decline() ? NULL : Py_NewRef(Py_None);
+    }
+    Py_ssize_t w = PyUnicode_CheckExact(mode) ? PyUnicode_FindChar(mode, 'w', 0, PyUnicode_GET_LENGTH(mode), 1) : -1;
+    Py_ssize_t length = w >= 0 && PyMemoryView_Check(view) ? PyObject_Length(view) : -1;
+    if (length < 0 || offset + size > length)
+        return !may_decline() ? NULL : Py_NewRef(Py_None);
+    PyObject *monitor = FIELD(engine, E_MONITOR), *peer = FIELD(conn, CN_PEER_LABEL);
+    if (monitor == NULL || peer == NULL)
+        Py_RETURN_NONE;
+    PyObject *range = PySequence_GetSlice(view, (Py_ssize_t)offset, (Py_ssize_t)(offset + size));
+    if (range != NULL && record_bulk_now(st, monitor, st->s_served_push, peer, (Py_ssize_t)size) < 0)
+        Py_CLEAR(range);
+    return range;
+}
+
 /* ---- push_ahead_now: the common case of svcframe.bulk.BulkOps.push ------------------------------------------ */
 
 /* A push ahead's BULK_PUSH body in the form svcframe.wire.push_ahead_frames packs it for a 16-byte bulk id:
@@ -1975,17 +2073,9 @@ push_ahead_now(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         failed = frames == NULL || (size > 0 ? conn_send_two(st, conn, frames, src) : conn_send(st, conn, frames)) < 0;
         Py_XDECREF(frames);
     }
-    PyObject *monitor = FIELD(engine, E_MONITOR);
-    if (!failed && monitor != NULL && field_of(monitor, st->monitor_state, M_ENABLED) != Py_False) {
-        /* self.monitor.record_bulk("push", conn.peer_label, size, 0) (written in this turn: no time passed) */
-        PyObject *n = PyLong_FromSsize_t(size);
-        PyObject *record_args[5] = {monitor, st->s_push, FIELD(conn, CN_PEER_LABEL), n, st->zero};
-        PyObject *r = n == NULL ? NULL : PyObject_VectorcallMethod(st->s_record_bulk, record_args,
-                                                                 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        Py_XDECREF(n);
-        failed = r == NULL;
-        Py_XDECREF(r);
-    }
+    PyObject *monitor = FIELD(engine, E_MONITOR); /* self.monitor.record_bulk("push", conn.peer_label, size, 0) */
+    if (!failed && monitor != NULL)
+        failed = record_bulk_now(st, monitor, st->s_push, FIELD(conn, CN_PEER_LABEL), size) < 0;
     Py_DECREF(conn);
     if (failed)
         return NULL;
@@ -2749,6 +2839,7 @@ static PyMethodDef speedups_methods[] = {
     {"push_ahead_now", (PyCFunction)(void (*)(void))push_ahead_now, METH_FASTCALL, push_ahead_now_doc},
     {"push_ahead_frames", (PyCFunction)(void (*)(void))push_ahead_frames_c, METH_FASTCALL, push_ahead_frames_doc},
     {"configure_push", (PyCFunction)configure_push, METH_O, configure_push_doc},
+    {"place_ahead", (PyCFunction)(void (*)(void))place_ahead, METH_FASTCALL, place_ahead_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2805,7 +2896,10 @@ speedups_exec(PyObject *module)
     st->s_bulk_cma = PyUnicode_InternFromString("bulk_cma");
     st->s_push = PyUnicode_InternFromString("push");
     st->s_record_bulk = PyUnicode_InternFromString("record_bulk");
-    if (!st->s_bulk_cma || !st->s_push || !st->s_record_bulk)
+    st->s_pushes = PyUnicode_InternFromString("pushes");
+    st->s_buffer = PyUnicode_InternFromString("buffer");
+    st->s_served_push = PyUnicode_InternFromString("served_push");
+    if (!st->s_bulk_cma || !st->s_push || !st->s_record_bulk || !st->s_pushes || !st->s_buffer || !st->s_served_push)
         return -1;
     st->s_arm = PyUnicode_InternFromString("_arm");
     st->s_compact_heap = PyUnicode_InternFromString("_compact");
@@ -2827,7 +2921,7 @@ speedups_exec(PyObject *module)
     X(s_done) X(s_set_result) X(s_get_buffer_slow) X(s_direct_updated) X(s_compact) X(s_parse) X(s_release_pages) \
     X(s_overflow_ok) X(s_cursor) X(frame_type) X(zero_trace) X(unpack) X(unpack_kwnames) X(unpack_kwvalues) \
     X(request_frame_py) X(ok_response_py) X(unpack_body_py) X(core_type) X(deadlines_type) X(heappush) X(heapify) \
-    X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(done) X(handle_type) X(s_bulk_cma) X(s_push) X(s_record_bulk) X(call_type) X(task_request) \
+    X(s_arm) X(s_compact_heap) X(s_idle) X(on_request_py) X(request_type) X(sync) X(done) X(handle_type) X(s_bulk_cma) X(s_push) X(s_record_bulk) X(s_pushes) X(s_buffer) X(s_served_push) X(call_type) X(task_request) \
     X(pack_body) X(nil_body) X(error_from_status) X(cancel_remote) X(no_response) X(deadline_expired) \
     X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
     X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state) \

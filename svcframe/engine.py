@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -492,7 +491,7 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
         # proved the shared secret are found by it (bulk transfers to that engine, _peer_connection).
         if conn.peer_engine_id is not None and (not conn.server_side or conn.authenticated):
             self._peers[conn.peer_engine_id] = conn
-        conn.protocol.decoder.place_ahead = functools.partial(self._place_ahead, conn)  # (decoder.close drops it)
+        conn.protocol.decoder.place_ahead = self._placer(conn)  # (decoder.close drops it)
 
     def on_close(self, conn: Connection, exc: BaseException | None) -> None:
         self._release(conn)

@@ -23,6 +23,7 @@ class _PyEngineState:
         "_closing",
         "_conns",
         "_deadlines",
+        "_exposed",
         "_loop",
         "_refused",
         "_root_callpaths",
@@ -45,7 +46,7 @@ class _PyConnectionState:
 
 
 class _PyMonitorState:
-    __slots__ = ("enabled", "origin", "sample_every", "target")
+    __slots__ = ("bulk", "enabled", "origin", "sample_every", "target")
 
 
 class _PyProgressState:

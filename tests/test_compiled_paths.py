@@ -507,3 +507,75 @@ async def test_push_ahead_now_pushes_as_its_definition(
     ((read_only, _),) = seen["apush: read-only"]
     assert "is exposed as 'r'" in read_only[1]
     assert seen["push: over one frame"] == [(None, hash(bytes(range(256)) * 1171 + bytes(224)))]  # (300,000)
+
+
+@pytest.mark.asyncio
+async def test_place_ahead_places_as_its_definition(make_engine: Callable[..., Awaitable[Engine]]) -> None:
+    """svcframe._speedups.place_ahead (a push ahead's destination, found by the caller's decoder) against
+    ``BulkServing._place_ahead``, on a real engine and connection: the same range of the same buffer, or None,
+    for every case a hostile server may make (a handle not exposed, bound to another peer, read-only, out of
+    range, a request id of a push under way, sizes and offsets at the edges, a view its owner released); the same
+    bulk statistics; and None where it meets what it does not expect (the frames are then dispatched)."""
+    from svcframe import _speedups
+    from svcframe.monitoring import Monitor
+
+    server = await make_engine("tcp://127.0.0.1:0")
+    other = await make_engine("tcp://127.0.0.1:0")
+    server.register(1, "small", lambda req, arg: arg)
+    other.register(1, "small", lambda req, arg: arg)
+    client = await make_engine(None)
+    address, elsewhere = server.address or "", other.address or ""
+    for peer in (address, elsewhere):
+        assert await client.call(peer, "small", b"x", provider_id=1) == b"x"
+    conn = client._conns[address]
+    buf, ro = bytearray(range(256)) * 4, bytearray(100)
+    handles = {
+        "bound": client.expose(buf, "w", peer=address),
+        "bound elsewhere": client.expose(buf, "rw", peer=elsewhere),
+        "unbound": client.expose(buf, "rw"),
+        "read-only": client.expose(ro, "r"),
+        "not exposed": client.expose(bytearray(8), "w"),
+    }
+    client.unexpose(handles["not exposed"])
+    released = memoryview(bytearray(64))
+    handles["released"] = client.expose(released, "w")
+    released.release()  # (the engine keeps its own view: still usable)
+    cases = [
+        (name, rid, offset, size)
+        for name in handles
+        for rid in (5, 2**64 - 1)
+        for offset, size in ((0, 0), (0, 1), (0, 1024), (1, 1023), (1, 1024), (1023, 1), (1024, 0), (1024, 1), (2**62, 1))
+    ]  # fmt: skip
+    conn.protocol.pushes[7] = conn.protocol.pushes.get(7)  # type: ignore[assignment]  # (a push under way)
+    cases += [("unbound", 7, 0, 8)]
+
+    def place_both(name: str, rid: int, offset: int, size: int) -> tuple[object, object]:
+        bulk_id = handles[name].bulk_id
+        outcomes = []
+        for place in (client._place_ahead, lambda *a: _speedups.place_ahead(client, *a)):
+            before = {key: (rec.calls, list(rec.buffer)) for key, rec in client.monitor.bulk.items()}
+            try:
+                view = place(conn, rid, bulk_id, offset, size)
+                shown: object = None if view is None else (view.obj is not None, bytes(view), len(view))
+            except Exception as exc:
+                shown = type(exc).__name__
+            counted = {  # what this call added to each record: calls, samples
+                key: (rec.calls - before.get(key, (0, []))[0], rec.buffer[len(before.get(key, (0, []))[1]) :])
+                for key, rec in client.monitor.bulk.items()
+            }
+            outcomes.append((shown, {key: added for key, added in counted.items() if added != (0, [])}))
+        return outcomes[0], outcomes[1]
+
+    placed = 0
+    for case in cases:
+        definition, compiled = place_both(*case)
+        assert compiled == definition, case
+        placed += definition[0] is not None
+    assert placed == 2 * 2 * 6 + 2 * 2  # bound, unbound: six ranges in 1024 bytes; released: two in its 64
+    conn.protocol.pushes.pop(7)
+    assert _speedups.place_ahead(client, conn, 5, "not bytes", 0, 1) is None  # what it does not expect
+    assert _speedups.place_ahead(object(), conn, 5, handles["unbound"].bulk_id, 0, 1) is None
+    assert _speedups.place_ahead(client, conn, 5, handles["unbound"].bulk_id, -1, 1) is None
+    client.monitor = Monitor(enabled=False)  # statistics off: placed, not counted
+    view = _speedups.place_ahead(client, conn, 5, handles["unbound"].bulk_id, 0, 4)
+    assert view is not None and bytes(view) == bytes(buf[:4]) and not client.monitor.bulk

@@ -1991,7 +1991,8 @@ PyDoc_STRVAR(push_ahead_now_doc,
 "a handler's push of ``src`` (bytes) into its caller's buffer, ahead of the answer, in one write. True once\n"
 "written (the frames join the batch of replies, or are written), counted in the bulk statistics; False,\n"
 "having done nothing, for every other case, which the definition then decides: a range or mode it refuses,\n"
-"a handle of this engine's or not its caller's, one cross-memory attach may take, over one frame, a paused\n"
+"a handle of this engine's or not its caller's, one cross-memory attach may take (of CMA_MIN_BYTES or more,\n"
+"on a connection with cross-memory attach), over one frame, a paused\n"
 "or closed connection, a caller that does not take pushes ahead, a request that takes no answer, no\n"
 "handler running here, a type it does not expect. configure_push() first.");
 
@@ -2025,11 +2026,6 @@ push_ahead_now(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return w == -1 ? Py_NewRef(Py_False) : NULL;
     if (PyUnicode_Compare(engine_id, own) == 0) /* (str, exact: no error) a buffer of this engine's */
         Py_RETURN_FALSE;
-    if (size >= st->cma_min) { /* cross-memory attach may take it: ask the engine */
-        int cma = attr_true(engine, st->s_bulk_cma);
-        if (cma != 0)
-            return cma < 0 ? NULL : Py_NewRef(Py_False);
-    }
     /* the request whose handler runs here (svcframe.handlers.current_request.get()) */
     PyObject *req = PyObject_GetAttr(st->sync, st->sn[N_REQUEST]);
     if (req == Py_None) {
@@ -2053,6 +2049,11 @@ push_ahead_now(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             FIELD(conn, CN_PAUSED) == Py_False && FIELD(conn, CN_CLOSED) == Py_False &&
             FIELD(conn, CN_NEXT_REQUEST_ID) != NULL && FIELD(conn, CN_PEER_LABEL) != NULL &&
             size <= whole_frame_bytes(conn);
+    if (ahead && size >= st->cma_min) { /* cross-memory attach first, when the caller's connection may take it */
+        int cma = attr_true(engine, st->s_bulk_cma);
+        cma = cma > 0 ? attr_true(conn, st->cn[C_PEER_CMA]) : cma;
+        ahead = cma == 0;
+    }
     if (!ahead || PyErr_Occurred()) { /* (the flags: an int, checked; an error would be the definition's) */
         PyErr_Clear();
         Py_DECREF(req);

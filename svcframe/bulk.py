@@ -333,9 +333,13 @@ class BulkTransfers:
         if handle.engine_id == self.engine_id:
             self._local_source(handle, offset, size, WRITE)[:] = view
             return DONE
-        if ahead and (size < CMA_MIN_BYTES or not self.bulk_cma):
+        if ahead:  # (cross-memory attach first, when the caller's connection may take it: see _cma_push)
             req = self._request_here()
-            if req is not None and self._push_ahead_now(req, handle, offset, view):
+            if (
+                req is not None
+                and (size < CMA_MIN_BYTES or not (self.bulk_cma and req[1].peer_cma))
+                and self._push_ahead_now(req, handle, offset, view)
+            ):
                 return DONE
         return self._push(handle, offset, view, timeout_seconds, ahead)
 

@@ -433,6 +433,7 @@ async def _push_outcomes(make_engine: Callable[..., Awaitable[Engine]], transpor
         ("memoryview", size, 0, size, "memoryview"),
         ("not ahead", size, 0, 100, "not ahead"),
         ("over one frame", 300_000, 0, 300_000, "bytes"),
+        ("cross-memory attach's size", CMA_MIN_BYTES, 0, CMA_MIN_BYTES, "bytes"),  # (one frame: 256 KiB)
         ("read-only", size, 0, 10, "bytes"),
         ("the server's own buffer", None, 0, 64, "bytes"),
     ]
@@ -498,7 +499,9 @@ async def test_push_ahead_now_pushes_as_its_definition(
     assert compiled["client"] == definitions["client"] and compiled["server"] == definitions["server"]
     assert compiled["ids"] == definitions["ids"]
     assert definitions["written"] == 0
-    assert compiled["written"] == 3 * 2 * 4  # one frame, nothing, at an offset, to the end: sync and async
+    # one frame, nothing, at an offset, to the end (sync and async handlers); and, over tcp, CMA_MIN_BYTES (over
+    # unix, cross-memory attach's: the definition's path)
+    assert compiled["written"] == 3 * 2 * (4 if transport == "unix" else 5)
     seen = compiled["seen"]
     data = bytes(range(256)) * 256
     assert seen["push: one frame"] == [(None, hash(data))] and seen["apush: one frame"] == [("pushed", hash(data))]

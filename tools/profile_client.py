@@ -8,11 +8,12 @@ mode ``--mode``, with the same client code as ``svcframe bench --workload client
 process CPU time over the calls) and, with ``--profile``, the ``--top`` functions by own time (cProfile),
 per call; with ``--bytecodes``, the Python bytecodes the calls ran, per call, in all and by function (a trace
 of every opcode: exact and independent of the machine, slow; how the work of issue 14 was found and counted).
+``--in-process`` runs the server in this process instead, on the client's loop, so that both count both sides.
 
     python tools/profile_client.py [--impl svcframe|raw|msgpack] [--calls 20000] [--depth 1]
                                    [--mode block|spindown|busy] [--transport tcp|unix]
                                    [--read BYTES [--method inline|into|push|pull]] [--profile]
-                                   [--bytecodes] [--top 15]
+                                   [--bytecodes] [--top 15] [--in-process]
 
 Under callgrind (tools/instructions_per_client_call.sh) only this process is counted: valgrind does not
 follow the server child (``--trace-children=no``, its default), and ``callgrind_mark`` brackets the timed
@@ -73,6 +74,25 @@ def server(impl: str, transport: str, core: int, mode: str | None) -> Iterator[t
                 yield peer.address, peer.pid
 
 
+async def client_and_server(args: argparse.Namespace) -> None:
+    """``--in-process``: a svcframe server with the self-test provider on this loop, and the client against it,
+    so that ``--bytecodes`` and ``--profile`` count both sides of each call."""
+    from svcframe.config import load_config
+    from svcframe.server import Server
+
+    with tempfile.TemporaryDirectory(prefix="sfpc", dir="/tmp") as tmp:
+        cfg = load_config(SELFTEST_CONFIG)
+        cfg.engine.address = "tcp://127.0.0.1:0" if args.transport == "tcp" else f"unix://{tmp}/s.sock"
+        if args.server_mode is not None:
+            cfg.engine.progress_mode = args.server_mode
+        served = await Server(cfg).start()
+        try:
+            assert served.engine is not None and served.engine.address is not None  # (started)
+            await client(SVCFRAME, served.engine.address, None, args)
+        finally:
+            await served.close()
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's CPU time (user + system), in seconds, from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat") as f:
@@ -102,7 +122,7 @@ async def counted(operation: Operation, calls: int, depth: int) -> None:
         await asyncio.gather(*(worker() for _ in range(depth)))
 
 
-async def client(impl: str, address: str, server_pid: int, args: argparse.Namespace) -> None:
+async def client(impl: str, address: str, server_pid: int | None, args: argparse.Namespace) -> None:
     side = await SIDES[impl].open(address, args.mode)
     what = "noop" if not args.read else "read"
     operation = side.operation(what, args.read, args.method)
@@ -110,7 +130,8 @@ async def client(impl: str, address: str, server_pid: int, args: argparse.Namesp
     profiler = cProfile.Profile() if args.profile else None
     opcodes: collections.Counter[tuple[str, int, str]] = collections.Counter()
     callgrind_mark()
-    cpu0, wall0, server0 = time.process_time(), time.perf_counter(), cpu_seconds(server_pid)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    server0 = cpu_seconds(server_pid) if server_pid is not None else 0.0
     if profiler:
         profiler.enable()
     with counting_bytecodes(opcodes) if args.bytecodes else contextlib.nullcontext():
@@ -119,12 +140,17 @@ async def client(impl: str, address: str, server_pid: int, args: argparse.Namesp
         profiler.disable()
     callgrind_mark()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    server_cpu = cpu_seconds(server_pid) - server0
+    server_cpu = cpu_seconds(server_pid) - server0 if server_pid is not None else None
     await side.close()
-    print(
-        f"{impl} client, {args.calls} {'noop' if not args.read else f'{args.read}-byte {args.method} read'} calls, depth {args.depth}, {args.mode}: {args.calls / wall:,.0f} calls/s, "
+    what = "noop" if not args.read else f"{args.read}-byte {args.method} read"
+    cpus = (
         f"client CPU {cpu / args.calls * 1e6:.2f} µs/call (utilisation {cpu / wall:.0%}), "
         f"server CPU {server_cpu / args.calls * 1e6:.1f} µs/call"
+        if server_cpu is not None
+        else f"CPU of both {cpu / args.calls * 1e6:.2f} µs/call (server in this process)"
+    )
+    print(
+        f"{impl} client, {args.calls} {what} calls, depth {args.depth}, {args.mode}: {args.calls / wall:,.0f} calls/s, {cpus}"
     )
     if profiler:
         print_profile(pstats.Stats(profiler), args.calls, args.top)
@@ -204,12 +230,22 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the calls; print the top functions")
     parser.add_argument("--bytecodes", action="store_true", help="count the bytecodes per call, by function")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the svcframe server in this process, so that --bytecodes and --profile count both sides",
+    )
     args = parser.parse_args()
+    if args.in_process and args.impl != "svcframe":
+        parser.error("--in-process runs a svcframe server (--impl svcframe)")
     if args.impl == "msgpack" and args.mode != "block":
         parser.error("the msgpack peer only blocks (--mode block)")
     os.environ.setdefault("SVCFRAME_SECRET", secrets.token_hex(16))  # authenticated, as `svcframe bench`
     cores = sorted(os.sched_getaffinity(0))
     impl = NAMES[args.impl]
+    if args.in_process:
+        run(client_and_server(args))
+        return
     with server(impl, args.transport, cores[0], args.server_mode) as (address, server_pid):
         os.sched_setaffinity(0, cores[-1:])
         run(client(impl, address, server_pid, args))

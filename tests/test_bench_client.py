@@ -206,6 +206,7 @@ def test_profile_client_counts_the_bytecodes_per_call() -> None:
         ("push", "push-ahead", "tcp"),
         ("push", "eager", "tcp"),
         ("push", "place-ahead", "tcp"),
+        ("push", "compiled-push", "tcp"),
     ],
 )
 def test_paired_ab_prints_both_variants_and_their_ratio(method: str, toggle: str, transport: str) -> None:

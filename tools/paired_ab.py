@@ -8,7 +8,8 @@ batch, each round one batch with the mechanism on and one with it off (in altern
 ratios on / off.
 
     python tools/paired_ab.py [--method into|pull|push] [--transport unix|tcp]
-                              [--toggle vm|address|offers|split-push|push-ahead|eager|place-ahead]
+                              [--toggle vm|address|offers|split-push|push-ahead|eager|place-ahead|
+                                        compiled-push]
                               [--size BYTES] [--batch N] [--rounds N]
 
 Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
@@ -19,7 +20,9 @@ each set in both processes: ``vm`` svcframe.cma.read/write by their compiled twi
 (Connection.peer_cma_split_push); ``push-ahead`` a handler's push sent ahead of its answer
 (Connection.peer_push_ahead: over the socket, so over tcp, or over unix below 256 KiB); ``eager`` handlers
 started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the engine did before);
-``place-ahead`` a push ahead placed by the caller's decoder (FrameDecoder.place_ahead) or dispatched as frames.
+``place-ahead`` a push ahead placed by the caller's decoder (FrameDecoder.place_ahead) or dispatched as frames;
+``compiled-push`` a push ahead written and placed by the compiled twins (svcframe._speedups.push_ahead_now and
+place_ahead) or by their Python definitions (Engine.push, BulkServing._place_ahead).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 METHODS = ("into", "pull", "push")
-TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager", "place-ahead")
+TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager", "place-ahead", "compiled-push")
 
 
 def set_toggle(engine: Any, toggle: str, on: bool) -> None:
@@ -55,6 +58,11 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
         cma.write = _speedups.vm_write if on else cma._write_py
     elif toggle == "address":
         cma.buffer_address = _speedups.buffer_address if on else cma._buffer_address_py
+    elif toggle == "compiled-push":
+        from svcframe import bulk
+
+        compiled = _speedups.push_ahead_now if on else bulk._push_ahead_definition
+        setattr(bulk, "_push_ahead_compiled", compiled)  # noqa: B010  (the name push calls, in this process)
     for conn in engine._all_conns:
         if toggle == "offers":
             conn.peer_cma_offer = on
@@ -63,7 +71,10 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
         elif toggle == "push-ahead":
             conn.peer_push_ahead = on
         elif toggle == "place-ahead":
-            conn.protocol.decoder.place_ahead = functools.partial(engine._place_ahead, conn) if on else None
+            conn.protocol.decoder.place_ahead = engine._placer(conn) if on else None
+        elif toggle == "compiled-push":
+            placer = engine._placer(conn) if on else functools.partial(engine._place_ahead, conn)
+            conn.protocol.decoder.place_ahead = placer
 
 
 async def serve(address: str, size: int, toggle: str) -> None:
@@ -136,6 +147,10 @@ def main() -> None:
         parser.error("--size, --batch and --rounds must be positive")
     from svcframe import cma
     from svcframe.loops import run
+    from svcframe.wire import PURE
+
+    if args.toggle == "compiled-push" and PURE:
+        parser.error("--toggle compiled-push compares the compiled build with the definitions: unset SVCFRAME_PURE")
 
     if not cma.supported():
         sys.exit("paired_ab: cross-memory attach is not supported here (Linux process_vm_readv)")

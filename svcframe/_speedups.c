@@ -231,8 +231,15 @@ push_ahead(PyObject *place, const unsigned char *base, Py_ssize_t start, Py_ssiz
     if (!ahead_body(base, start + HEADER_SIZE, body_end, &id_at, &id_len, &offset, &announced) ||
         announced != length)
         return 0;
-    PyObject *dest = PyObject_CallFunction(place, "Ky#Kn", (unsigned long long)rd64(p + 16), base + id_at, id_len,
-                                           offset, (Py_ssize_t)length);
+    /* place(request id, bulk id, offset, length), by vectorcall: no format parsed, no argument tuple made */
+    PyObject *call_args[4] = {PyLong_FromUnsignedLongLong(rd64(p + 16)),
+                              PyBytes_FromStringAndSize((const char *)base + id_at, id_len),
+                              PyLong_FromUnsignedLongLong(offset), PyLong_FromSsize_t((Py_ssize_t)length)};
+    PyObject *dest = call_args[0] && call_args[1] && call_args[2] && call_args[3]
+                         ? PyObject_Vectorcall(place, call_args, 4, NULL)
+                         : NULL;
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(call_args[i]);
     if (dest == NULL)
         return -1;
     if (dest == Py_None) {

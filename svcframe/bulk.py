@@ -327,8 +327,8 @@ class BulkTransfers:
         """
         if type(src) is bytes and ahead and _push_ahead_compiled(self, handle, offset, src):
             return DONE  # (the common read, compiled: the checks below and _push_ahead_now's, in one call)
-        view = memoryview(src) if type(src) is bytes else as_byte_view(src, writable=False)  # (a handler's
-        size = len(view)  # bytes: as_byte_view's first case, without its call)
+        view = as_byte_view(src, writable=False)
+        size = len(view)
         _check_range(handle, offset, size, WRITE)
         if handle.engine_id == self.engine_id:
             self._local_source(handle, offset, size, WRITE)[:] = view

@@ -116,8 +116,8 @@ class Done(Coroutine[Any, Any, Any]):
     it costs two calls, and a sync handler that returns it (``return req.engine.push(...)``) is answered at once
     (``Handlers._handled``), with no coroutine frame, Task or eager start. A ``collections.abc.Coroutine``:
     ``asyncio.create_task``, ``gather`` and ``ensure_future`` take it. Awaiting it twice gives ``value``
-    twice. (A 64 KiB push read's server CPU, ``python tools/profile_client.py --read 65536 --method push
-    --server-mode block``: 66-78 µs before, 45-63 after; README "Reading large results".)"""
+    twice. (A 64 KiB push read's server CPU: ``python tools/profile_client.py --read 65536 --method push
+    --server-mode block``; figures in the README, "Reading large results".)"""
 
     __slots__ = ("value",)
 

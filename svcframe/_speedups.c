@@ -24,8 +24,12 @@
  *   attach); likewise.
  * - vm_read and vm_write, of svcframe.cma.read and write (process_vm_readv / writev without ctypes), and
  *   buffer_address, of svcframe.cma.buffer_address.
+ * - ConnectionState.buffer_updated, of svcframe.transport.Connection.buffer_updated (_buffer_updated_definition)
+ *   on an open connection: the decoder's read, then an engine's batch of requests served (Engine.on_frames, each
+ *   by serve_request) and its replies written in one write (_write), or answers given (Engine.on_answers); other
+ *   frames, and an owner that replaces on_frames, go where the definition sends them.
  * - EngineState, ConnectionState, MonitorState, ProgressState and RecordState, of svcframe.slots' Python twins:
- *   the attributes those two read on every call, as struct fields (tests/test_compiled_paths.py).
+ *   the attributes those paths read on every call, as struct fields (tests/test_compiled_paths.py).
  *
  * Bounded by what was received: it reads only below ``end``, which the caller keeps within the buffer, and a
  * body is copied only when all of it is there (length <= max_body, checked before); a bulk data body is
@@ -40,6 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #ifdef __linux__
 #include <errno.h>
 #include <sys/types.h>
@@ -283,6 +288,12 @@ typedef struct {
     PyObject *cn[17]; /* (CALL_NAMES_N) */
     PyObject *wire, *packer_pack; /* svcframe.wire, and its _packer's pack (pack_body's own call) */
     long long batch_flush_bytes; /* svcframe.transport.BATCH_FLUSH_BYTES (configure_serve()) */
+    /* ConnectionState.buffer_updated (configure_read()): Engine.on_frames and on_answers (used where the owner
+     * has them, not overrides), ProtocolError, FRAMES_PER_TURN, engine._NO_FRAMES, svcframe.engine's globals
+     * (its serve_request), and the names it uses (READ_NAMES) */
+    PyObject *on_frames_py, *on_answers_py, *protocol_error, *no_frames, *engine_globals;
+    Py_ssize_t frames_per_turn;
+    PyObject *rn[12];
     /* the state types (EngineState, ConnectionState, MonitorState, ProgressState, RecordState) */
     PyObject *engine_state, *connection_state, *monitor_state, *progress_state, *record_state;
 } module_state;
@@ -1328,18 +1339,20 @@ unpack_body(PyObject *module, PyObject *body)
  * code reads a member as fast as a __slots__ slot). svcframe.slots has their Python twins (the same names as
  * __slots__). A member never set reads as AttributeError, as an unset attribute would. */
 enum { E_LOOP, E_DEFAULT_TIMEOUT, E_CONNS, E_RPC_IDS, E_ROOT_CALLPATHS, E_TRACER, E_MONITOR, E_PROGRESS,
-       E_DEADLINES, E_ROWS, E_CLOSING, E_REFUSED, E_ENGINE_ID, E_EXPOSED, E_N };
+       E_DEADLINES, E_ROWS, E_CLOSING, E_REFUSED, E_ENGINE_ID, E_EXPOSED, E_DISPATCHING, E_DISPATCHING_CANCELS, E_N };
 static const char *const ENGINE_STATE[E_N] = {
     "_loop", "default_timeout_seconds", "_conns", "_rpc_ids", "_root_callpaths", "tracer", "monitor", "progress",
-    "_deadlines", "_rows", "_closing", "_refused", "engine_id", "_exposed",
+    "_deadlines", "_rows", "_closing", "_refused", "engine_id", "_exposed", "_dispatching", "_dispatching_cancels",
 };
 enum { CN_CLOSED, CN_PENDING, CN_PEER_MAX_BODY, CN_RECORDS, CN_NEXT_REQUEST_ID, CN_BATCH, CN_BATCH_BYTES,
        CN_TRANSPORT, CN_WRITES, CN_MAX_OUTPUT, CN_CORK, CN_PEER_ENGINE_ID, CN_PEER_PUSH_AHEAD, CN_PEER_LABEL,
-       CN_PAUSED, CN_N };
+       CN_PAUSED, CN_OPEN, CN_DECODE, CN_LAST_ACTIVITY, CN_FRAME_STARTED, CN_OWNER, CN_BACKLOG, CN_PROTOCOL,
+       CN_WRITELINES_PAUSES, CN_N };
 static const char *const CONNECTION_STATE[CN_N] = {
     "closed", "pending", "peer_max_body_bytes", "records", "next_request_id", "_batch", "_batch_bytes",
     "transport", "writes", "max_output_bytes", "_cork", "peer_engine_id", "peer_push_ahead", "peer_label",
-    "_paused",
+    "_paused", "_open", "_decode", "last_activity", "frame_started", "owner", "_backlog", "protocol",
+    "_writelines_pauses",
 };
 enum { M_ENABLED, M_SAMPLE_EVERY, M_ORIGIN, M_TARGET, M_BULK, M_N };
 static const char *const MONITOR_STATE[M_N] = {"enabled", "sample_every", "origin", "target", "bulk"};
@@ -1397,7 +1410,8 @@ state_dealloc(PyObject *self)
 
 /* A state type named ``name`` with the members ``names`` (a base class: see above). */
 static PyObject *
-new_state_type(PyObject *module, const char *name, const char *const *names, int n, const char *doc)
+new_state_type(PyObject *module, const char *name, const char *const *names, int n, const char *doc,
+               PyMethodDef *methods)
 {
     PyMemberDef *members = PyMem_Calloc((size_t)n + 1, sizeof(PyMemberDef));
     if (members == NULL)
@@ -1413,6 +1427,7 @@ new_state_type(PyObject *module, const char *name, const char *const *names, int
         {Py_tp_traverse, state_traverse},
         {Py_tp_clear, state_clear},
         {Py_tp_members, members},
+        {methods != NULL ? Py_tp_methods : 0, methods},
         {0, NULL},
     };
     PyType_Spec spec = {name, (int)STATE_SIZE(n), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
@@ -1468,6 +1483,36 @@ small_count(PyObject *o)
     return v < 0 || v == LLONG_MAX ? -1 : v;
 }
 
+/* Connection._write's work for one write of ``data`` by the transport's ``method`` (write, or writelines of a
+ * list), where the connection's ``writes`` is a small int and its transport is set: writes += 1, the write, then
+ * the slow-reader cap checked on the transport's buffer (see _write). 0, or -1 with an exception set. */
+static int
+transport_write(module_state *st, PyObject *conn, PyObject *method, PyObject *data)
+{
+    PyObject *writes = PyLong_FromLongLong(small_count(FIELD(conn, CN_WRITES)) + 1), *r;
+    if (writes == NULL)
+        return -1;
+    Py_XSETREF(FIELD(conn, CN_WRITES), writes);
+    PyObject *transport = Py_NewRef(FIELD(conn, CN_TRANSPORT)), *call_args[2] = {transport, data};
+    r = PyObject_VectorcallMethod(method, call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_XSETREF(r, r == NULL ? NULL : PyObject_CallMethodNoArgs(transport, st->cn[C_GET_WRITE_BUFFER_SIZE]));
+    Py_DECREF(transport);
+    if (r == NULL)
+        return -1;
+    PyObject *cap = Py_XNewRef(FIELD(conn, CN_MAX_OUTPUT));
+    int over = cap == NULL ? -1 : PyObject_RichCompareBool(r, cap, Py_GT); /* the slow-reader cap (see _write) */
+    Py_XDECREF(cap);
+    Py_DECREF(r);
+    if (over <= 0) {
+        if (over < 0 && !PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "max_output_bytes");
+        return over;
+    }
+    r = PyObject_CallMethodNoArgs(conn, st->cn[C_SLOW_READER]);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* svcframe.transport.Connection.send(data), its definition (called for anything unusual): ``data`` joins the
  * batch of replies being dispatched, or is written to the transport, whose buffer is then checked against the
  * slow-reader cap. 0, or -1 with an exception set. */
@@ -1489,26 +1534,7 @@ conn_send(module_state *st, PyObject *conn, PyObject *data)
         return 0; /* (closed: nothing is sent) */
     } else if (batch == Py_None && closed == Py_False && PyBytes_CheckExact(data) && FIELD(conn, CN_TRANSPORT) != NULL &&
                FIELD(conn, CN_TRANSPORT) != Py_None && small_count(FIELD(conn, CN_WRITES)) >= 0) {
-        PyObject *writes = PyLong_FromLongLong(small_count(FIELD(conn, CN_WRITES)) + 1);
-        if (writes == NULL)
-            return -1;
-        Py_XSETREF(FIELD(conn, CN_WRITES), writes);
-        PyObject *transport = Py_NewRef(FIELD(conn, CN_TRANSPORT)), *call_args[2] = {transport, data};
-        r = PyObject_VectorcallMethod(st->cn[C_WRITE], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        Py_XSETREF(r, r == NULL ? NULL : PyObject_CallMethodNoArgs(transport, st->cn[C_GET_WRITE_BUFFER_SIZE]));
-        Py_DECREF(transport);
-        if (r == NULL)
-            return -1;
-        PyObject *cap = Py_XNewRef(FIELD(conn, CN_MAX_OUTPUT));
-        int over = cap == NULL ? -1 : PyObject_RichCompareBool(r, cap, Py_GT); /* the slow-reader cap (see _write) */
-        Py_XDECREF(cap);
-        Py_DECREF(r);
-        if (over <= 0) {
-            if (over < 0 && !PyErr_Occurred())
-                PyErr_SetString(PyExc_AttributeError, "max_output_bytes");
-            return over;
-        }
-        r = PyObject_CallMethodNoArgs(conn, st->cn[C_SLOW_READER]);
+        return transport_write(st, conn, st->cn[C_WRITE], data);
     } else {
         r = PyObject_CallMethodOneArg(conn, st->sn[N_SEND], data);
     }
@@ -2827,6 +2853,345 @@ done:
 }
 #endif
 
+/* ---- ConnectionState.buffer_updated: Connection.buffer_updated of an open connection ------------------------ */
+
+/* The names the read path uses, interned once (module_state.rn, in this order). */
+#define READ_NAMES_N 12
+_Static_assert(sizeof(((module_state *)0)->rn) / sizeof(PyObject *) == READ_NAMES_N, "module_state.rn: READ_NAMES_N");
+static const char *const READ_NAMES[READ_NAMES_N] = {
+    "writelines", "_write", "_defer", "more", "held", "fail", "abort", "on_frames", "on_answers",
+    "_buffer_updated_definition", "serve_request", "_loop",
+};
+enum { RN_WRITELINES, RN_WRITE, RN_DEFER, RN_MORE, RN_HELD, RN_FAIL, RN_ABORT, RN_ON_FRAMES, RN_ON_ANSWERS,
+       RN_DEFINITION, RN_SERVE_REQUEST, RN_LOOP };
+
+/* time.monotonic_ns() and time.perf_counter_ns(): CLOCK_MONOTONIC, as CPython reads both on Linux. */
+static long long
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* time.monotonic(): the same clock in seconds, converted as CPython converts it (_PyTime_AsSecondsDouble). */
+static double
+monotonic_seconds(void)
+{
+    long long ns = monotonic_ns();
+    return ns % 1000000000LL == 0 ? (double)(ns / 1000000000LL) : (double)ns / 1e9;
+}
+
+/* Set the float field ``i`` of ``conn``. 0, or -1 with an exception set. */
+static int
+set_float(PyObject *conn, int i, double value)
+{
+    PyObject *v = PyFloat_FromDouble(value);
+    if (v == NULL)
+        return -1;
+    Py_XSETREF(FIELD(conn, i), v);
+    return 0;
+}
+
+/* ``owner`` is an engine (EngineState) that keeps svcframe.engine.Engine's method ``name`` (``method``,
+ * configured): its class does not override it, nor does the instance. 1 or 0; -1 with an exception set (one
+ * that is not an Exception, as may_decline). */
+static int
+engine_method(module_state *st, PyObject *owner, int name, PyObject *method)
+{
+    if (method == NULL || !PyObject_TypeCheck(owner, (PyTypeObject *)st->engine_state))
+        return 0;
+    PyObject *bound = PyObject_GetAttr(owner, st->rn[name]); /* (owner.on_frames: a method object from a free list) */
+    int kept = bound != NULL && PyMethod_Check(bound) && PyMethod_GET_FUNCTION(bound) == method &&
+               PyMethod_GET_SELF(bound) == owner;
+    Py_XDECREF(bound);
+    return bound == NULL && !may_decline() ? -1 : kept; /* (an Exception: the definition's call meets it again) */
+}
+
+/* progress.activity() unless progress.blocking (Engine.on_frames' and on_answers' first line). 0, or -1. */
+static int
+progress_activity(module_state *st, PyObject *engine)
+{
+    PyObject *progress = Py_XNewRef(FIELD(engine, E_PROGRESS)), *r;
+    if (progress == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "progress");
+        return -1;
+    }
+    PyObject *blocking = field_of(progress, st->progress_state, P_BLOCKING);
+    int busy = blocking == Py_True ? 0 : blocking == Py_False ? 1 : -2;
+    if (busy == -2) { /* (not a ProgressState, or not a bool: as Python reads it) */
+        PyObject *b = PyObject_GetAttrString(progress, "blocking");
+        busy = b == NULL ? -1 : !PyObject_IsTrue(b);
+        Py_XDECREF(b);
+        if (busy == -1 || PyErr_Occurred())
+            busy = -1;
+    }
+    if (busy == 1) {
+        r = PyObject_CallMethodNoArgs(progress, st->cn[C_ACTIVITY]);
+        busy = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(progress);
+    return busy < 0 ? -1 : 0;
+}
+
+/* Engine.on_frames(conn, frames) for a batch of requests only (the server's common read): arrival read once,
+ * the batch being dispatched set as _dispatching (Handlers._start), each request to svcframe.engine's
+ * serve_request. Any other batch, or an owner that is not an Engine or overrides on_frames, goes to its
+ * on_frames. 0, or -1 with an exception set. */
+static int
+dispatch_frames(module_state *st, PyObject *owner, PyObject *conn, PyObject *frames)
+{
+    Py_ssize_t n = PyList_GET_SIZE(frames);
+    int requests = engine_method(st, owner, RN_ON_FRAMES, st->on_frames_py);
+    if (requests < 0)
+        return -1;
+    requests = requests && FIELD(owner, E_LOOP) != NULL;
+    for (Py_ssize_t i = 0; requests && i < n; i++) {
+        PyObject *frame = PyList_GET_ITEM(frames, i);
+        requests = PyTuple_Check(frame) && PyTuple_GET_SIZE(frame) == FRAME_FIELDS &&
+                   PyLong_CheckExact(PyTuple_GET_ITEM(frame, 0)) && PyLong_AsLong(PyTuple_GET_ITEM(frame, 0)) == K_REQUEST;
+    }
+    PyObject *serve = requests ? PyDict_GetItemWithError(st->engine_globals, st->rn[RN_SERVE_REQUEST]) : NULL;
+    if (serve == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        PyObject *call_args[3] = {owner, conn, frames};
+        PyObject *r = PyObject_VectorcallMethod(st->rn[RN_ON_FRAMES], call_args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    Py_INCREF(serve);
+    if (progress_activity(st, owner) < 0) {
+        Py_DECREF(serve);
+        return -1;
+    }
+    PyObject *loop = Py_NewRef(FIELD(owner, E_LOOP));
+    PyObject *arrival_ns = PyLong_FromLongLong(monotonic_ns());
+    PyObject *arrival = arrival_ns == NULL ? NULL : PyObject_CallMethodNoArgs(loop, st->cn[C_TIME]);
+    Py_DECREF(loop);
+    int failed = arrival == NULL;
+    if (!failed) { /* self._dispatching, self._dispatching_cancels = frames, None */
+        Py_XSETREF(FIELD(owner, E_DISPATCHING), Py_NewRef(frames));
+        Py_XSETREF(FIELD(owner, E_DISPATCHING_CANCELS), Py_NewRef(Py_None));
+    }
+    for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(frames); i++) {
+        PyObject *frame = Py_NewRef(PyList_GET_ITEM(frames, i));
+        PyObject *call_args[5] = {owner, conn, frame, arrival_ns, arrival};
+        PyObject *r = PyObject_Vectorcall(serve, call_args, 5, NULL);
+        Py_DECREF(frame);
+        failed = r == NULL;
+        Py_XDECREF(r);
+    }
+    if (!failed) /* (as on_frames: an exception leaves the batch in place) */
+        Py_XSETREF(FIELD(owner, E_DISPATCHING), Py_NewRef(st->no_frames));
+    Py_XDECREF(arrival);
+    Py_XDECREF(arrival_ns);
+    Py_DECREF(serve);
+    return failed ? -1 : 0;
+}
+
+/* Connection._write(batch) for the replies of a read: one write (writelines where it pauses the protocol), as
+ * the definition; anything unusual to the definition. 0, or -1 with an exception set. */
+static int
+write_batch(module_state *st, PyObject *conn, PyObject *batch)
+{
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    if (IS_NONE(FIELD(conn, CN_TRANSPORT)) || small_count(FIELD(conn, CN_WRITES)) < 0 ||
+        (n > 1 && FIELD(conn, CN_WRITELINES_PAUSES) != Py_True)) {
+        PyObject *call_args[2] = {conn, batch};
+        PyObject *r = PyObject_VectorcallMethod(st->rn[RN_WRITE], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *data = Py_NewRef(n == 1 ? PyList_GET_ITEM(batch, 0) : batch);
+    int rc = transport_write(st, conn, n == 1 ? st->cn[C_WRITE] : st->rn[RN_WRITELINES], data);
+    Py_DECREF(data);
+    return rc;
+}
+
+/* The open connection's read: Connection.buffer_updated's try block, with ``core`` its decoder. None, or NULL
+ * with an exception set (a ProtocolError is the caller's to handle). */
+static PyObject *
+read_open(module_state *st, PyObject *conn, PyObject *core, PyObject *owner, PyObject *proto, PyObject *nbytes)
+{
+    PyObject *frames = core_buffer_updated((Core *)core, nbytes);
+    if (frames == NULL)
+        return NULL;
+    int idle = IS_NONE(((Core *)core)->direct) && ((Core *)core)->start == ((Core *)core)->end;
+    if (frames == Py_None) { /* the decoder answered our calls itself: frames completed */
+        Py_DECREF(frames);
+        double now = monotonic_seconds();
+        if (set_float(conn, CN_LAST_ACTIVITY, now) < 0 || set_float(conn, CN_FRAME_STARTED, idle ? 0.0 : now) < 0)
+            return NULL;
+        int kept = engine_method(st, owner, RN_ON_ANSWERS, st->on_answers_py);
+        if (kept)
+            return kept < 0 || progress_activity(st, owner) < 0 ? NULL : Py_NewRef(Py_None);
+        PyObject *call_args[2] = {owner, conn};
+        return PyObject_VectorcallMethod(st->rn[RN_ON_ANSWERS], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    if (!PyList_Check(frames)) {
+        Py_DECREF(frames);
+        PyErr_SetString(PyExc_TypeError, "the decoder's buffer_updated returned neither a list nor None");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(frames) == 0) { /* a frame is under way: the owner's sweep bounds how long it takes */
+        Py_DECREF(frames);
+        PyObject *started = FIELD(conn, CN_FRAME_STARTED);
+        int truth = started == NULL ? -1 : PyObject_IsTrue(started);
+        if (truth < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "frame_started");
+            return NULL;
+        }
+        return truth || set_float(conn, CN_FRAME_STARTED, monotonic_seconds()) == 0 ? Py_NewRef(Py_None) : NULL;
+    }
+    double now = monotonic_seconds(); /* activity = a frame completed, not a byte received */
+    PyObject *batch = PyList_New(0), *zero = PyLong_FromLong(0);
+    if (batch == NULL || zero == NULL || set_float(conn, CN_LAST_ACTIVITY, now) < 0 ||
+        set_float(conn, CN_FRAME_STARTED, idle ? 0.0 : now) < 0) {
+        Py_XDECREF(batch);
+        Py_XDECREF(zero);
+        Py_DECREF(frames);
+        return NULL;
+    }
+    Py_XSETREF(FIELD(conn, CN_BATCH), Py_NewRef(batch)); /* self._batch = batch = []; self._batch_bytes = 0 */
+    Py_XSETREF(FIELD(conn, CN_BATCH_BYTES), zero);
+    int failed = 0;
+    while (!failed && frames != NULL && PyList_Check(frames) && PyList_GET_SIZE(frames)) {
+        if (PyList_GET_SIZE(frames) > st->frames_per_turn) {
+            PyObject *call_args[2] = {conn, frames};
+            Py_SETREF(frames, PyObject_VectorcallMethod(st->rn[RN_DEFER], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                        NULL));
+            if (frames == NULL || !PyList_Check(frames)) {
+                failed = 1;
+                break;
+            }
+        }
+        if (dispatch_frames(st, owner, conn, frames) < 0) {
+            failed = 1;
+            break;
+        }
+        /* frames = proto.more() if proto.decoder.held and self._backlog is None else None */
+        PyObject *held = PyObject_GetAttr(core, st->rn[RN_HELD]);
+        int more = held == NULL ? -1 : PyObject_IsTrue(held);
+        Py_XDECREF(held);
+        if (more < 0) {
+            failed = 1;
+            break;
+        }
+        Py_CLEAR(frames);
+        if (more && FIELD(conn, CN_BACKLOG) == Py_None) {
+            frames = PyObject_CallMethodNoArgs(proto, st->rn[RN_MORE]);
+            failed = frames == NULL;
+        }
+    }
+    Py_XDECREF(frames);
+    { /* finally: self._batch = None; if batch and not self.closed: self._write(batch) */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        Py_XSETREF(FIELD(conn, CN_BATCH), Py_NewRef(Py_None));
+        int closed = PyList_GET_SIZE(batch) ? (FIELD(conn, CN_CLOSED) == NULL ? -1 : PyObject_IsTrue(FIELD(conn, CN_CLOSED))) : 1;
+        if (closed < 0 && !PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "closed");
+        if (closed < 0 || (!closed && write_batch(st, conn, batch) < 0)) {
+            failed = 1; /* (an error in a finally replaces the one before it) */
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        } else if (type != NULL) {
+            PyErr_Restore(type, value, tb);
+        }
+    }
+    Py_DECREF(batch);
+    return failed ? NULL : Py_NewRef(Py_None);
+}
+
+static PyObject *
+conn_buffer_updated(PyObject *conn, PyTypeObject *defining, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames)
+{
+    module_state *st = (module_state *)PyType_GetModuleState(defining);
+    if (st == NULL)
+        return NULL;
+    if (nargs != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "buffer_updated takes one argument (nbytes)");
+        return NULL;
+    }
+    PyObject *closed = FIELD(conn, CN_CLOSED);
+    if (closed == Py_True)
+        Py_RETURN_NONE;
+    PyObject *decode = FIELD(conn, CN_DECODE), *owner = FIELD(conn, CN_OWNER), *proto = FIELD(conn, CN_PROTOCOL);
+    if (st->on_frames_py == NULL || closed != Py_False || FIELD(conn, CN_OPEN) != Py_True || decode == NULL ||
+        !PyCFunction_Check(decode) || PyCFunction_GET_FUNCTION(decode) != (PyCFunction)core_buffer_updated ||
+        PyCFunction_GET_SELF(decode) == NULL || owner == NULL || proto == NULL) {
+        /* (the handshake, a closed connection, anything unusual: the definition) */
+        PyObject *call_args[2] = {conn, args[0]};
+        return PyObject_VectorcallMethod(st->rn[RN_DEFINITION], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    PyObject *core = Py_NewRef(PyCFunction_GET_SELF(decode));
+    Py_INCREF(owner);
+    Py_INCREF(proto);
+    PyObject *result = read_open(st, conn, core, owner, proto, args[0]);
+    if (result == NULL && PyErr_ExceptionMatches(st->protocol_error)) { /* except ProtocolError as exc: */
+        PyObject *exc = take_exception(), *call_args[2] = {proto, exc}, *r = NULL;
+        if (exc != NULL) {
+            r = PyObject_VectorcallMethod(st->rn[RN_FAIL], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            call_args[0] = conn;
+            Py_XSETREF(r, r == NULL ? NULL
+                                    : PyObject_VectorcallMethod(st->rn[RN_ABORT], call_args,
+                                                                2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+            Py_DECREF(exc);
+        }
+        result = r == NULL ? NULL : Py_NewRef(Py_None);
+        Py_XDECREF(r);
+    }
+    Py_DECREF(proto);
+    Py_DECREF(owner);
+    Py_DECREF(core);
+    return result;
+}
+
+static PyMethodDef connection_methods[] = {
+    {"buffer_updated", (PyCFunction)(void (*)(void))conn_buffer_updated, METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
+     "buffer_updated(nbytes) -> None: svcframe.transport.Connection.buffer_updated (_buffer_updated_definition)\n"
+     "without a Python frame on an open connection: the decoder's read, then an engine's batch of requests\n"
+     "served (Engine.on_frames) and its replies written in one write (_write); anything else it meets (the\n"
+     "handshake, other frames, an owner that overrides on_frames) goes where the definition sends it."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(configure_read_doc,
+"configure_read(on_frames, on_answers, protocol_error, frames_per_turn, no_frames, engine_globals) -> None\n\n"
+"What ConnectionState.buffer_updated reads with: svcframe.engine.Engine.on_frames and on_answers (done here for\n"
+"an owner that keeps them), ProtocolError, transport.FRAMES_PER_TURN, engine._NO_FRAMES and svcframe.engine's\n"
+"globals (whose serve_request serves each request). Until it is called, every read goes to the definition.");
+
+static PyObject *
+configure_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "configure_read takes 6 arguments");
+        return NULL;
+    }
+    if (!PyType_Check(args[2]) || !PyDict_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "configure_read: protocol_error must be a type, engine_globals a dict");
+        return NULL;
+    }
+    Py_ssize_t per_turn = PyLong_AsSsize_t(args[3]);
+    if (per_turn == -1 && PyErr_Occurred())
+        return NULL;
+    module_state *st = (module_state *)PyModule_GetState(module);
+    st->frames_per_turn = per_turn;
+    Py_XSETREF(st->on_answers_py, Py_NewRef(args[1]));
+    Py_XSETREF(st->protocol_error, Py_NewRef(args[2]));
+    Py_XSETREF(st->no_frames, Py_NewRef(args[4]));
+    Py_XSETREF(st->engine_globals, Py_NewRef(args[5]));
+    Py_XSETREF(st->on_frames_py, Py_NewRef(args[0])); /* (last: set, it says the rest is) */
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
 #ifdef __linux__
     {"vm_read", (PyCFunction)(void (*)(void))vm_read, METH_FASTCALL, vm_read_doc},
@@ -2848,6 +3213,7 @@ static PyMethodDef speedups_methods[] = {
     {"push_ahead_frames", (PyCFunction)(void (*)(void))push_ahead_frames_c, METH_FASTCALL, push_ahead_frames_doc},
     {"configure_push", (PyCFunction)configure_push, METH_O, configure_push_doc},
     {"place_ahead", (PyCFunction)(void (*)(void))place_ahead, METH_FASTCALL, place_ahead_doc},
+    {"configure_read", (PyCFunction)(void (*)(void))configure_read, METH_FASTCALL, configure_read_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2880,15 +3246,18 @@ speedups_exec(PyObject *module)
     if (st->deadlines_type == NULL || PyModule_AddObjectRef(module, "DeadlinesCore", st->deadlines_type) < 0)
         return -1;
     if ((st->engine_state = new_state_type(module, "svcframe._speedups.EngineState", ENGINE_STATE, E_N,
-                                           "The hot attributes of svcframe.engine.Engine (svcframe.slots).")) == NULL ||
+                                           "The hot attributes of svcframe.engine.Engine (svcframe.slots).",
+                                           NULL)) == NULL ||
         (st->connection_state = new_state_type(module, "svcframe._speedups.ConnectionState", CONNECTION_STATE, CN_N,
-                                               "The hot attributes of svcframe.transport.Connection.")) == NULL ||
+                                               "The hot attributes of svcframe.transport.Connection, and its "
+                                               "compiled buffer_updated.",
+                                               connection_methods)) == NULL ||
         (st->monitor_state = new_state_type(module, "svcframe._speedups.MonitorState", MONITOR_STATE, M_N,
-                                            "The hot attributes of svcframe.monitoring.Monitor.")) == NULL ||
+                                            "The hot attributes of svcframe.monitoring.Monitor.", NULL)) == NULL ||
         (st->progress_state = new_state_type(module, "svcframe._speedups.ProgressState", PROGRESS_STATE, P_N,
-                                             "The hot attributes of svcframe.progress.Progress.")) == NULL ||
+                                             "The hot attributes of svcframe.progress.Progress.", NULL)) == NULL ||
         (st->record_state = new_state_type(module, "svcframe._speedups.RecordState", RECORD_STATE, R_N,
-                                           "The hot attributes of svcframe.monitoring.Record.")) == NULL)
+                                           "The hot attributes of svcframe.monitoring.Record.", NULL)) == NULL)
         return -1;
     st->call_type = PyType_FromModuleAndSpec(module, &call_spec, NULL);
     if (st->call_type == NULL || PyModule_AddObjectRef(module, "Call", st->call_type) < 0)
@@ -2899,6 +3268,10 @@ speedups_exec(PyObject *module)
     }
     for (int i = 0; i < CALL_NAMES_N; i++) {
         if ((st->cn[i] = PyUnicode_InternFromString(CALL_NAMES[i])) == NULL)
+            return -1;
+    }
+    for (int i = 0; i < READ_NAMES_N; i++) {
+        if ((st->rn[i] = PyUnicode_InternFromString(READ_NAMES[i])) == NULL)
             return -1;
     }
     st->s_bulk_cma = PyUnicode_InternFromString("bulk_cma");
@@ -2933,7 +3306,7 @@ speedups_exec(PyObject *module)
     X(pack_body) X(nil_body) X(error_from_status) X(cancel_remote) X(no_response) X(deadline_expired) \
     X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
     X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state) \
-    X(wire) X(packer_pack)
+    X(wire) X(packer_pack) X(on_frames_py) X(on_answers_py) X(protocol_error) X(no_frames) X(engine_globals)
 
 static int
 speedups_traverse(PyObject *module, visitproc visit, void *arg)
@@ -2946,6 +3319,8 @@ speedups_traverse(PyObject *module, visitproc visit, void *arg)
         Py_VISIT(st->sn[i]);
     for (int i = 0; i < CALL_NAMES_N; i++)
         Py_VISIT(st->cn[i]);
+    for (int i = 0; i < READ_NAMES_N; i++)
+        Py_VISIT(st->rn[i]);
     return 0;
 }
 
@@ -2960,6 +3335,8 @@ speedups_clear(PyObject *module)
         Py_CLEAR(st->sn[i]);
     for (int i = 0; i < CALL_NAMES_N; i++)
         Py_CLEAR(st->cn[i]);
+    for (int i = 0; i < READ_NAMES_N; i++)
+        Py_CLEAR(st->rn[i]);
     return 0;
 }
 

@@ -49,7 +49,7 @@ from .bulk import BulkTransfers
 from .bulk_serving import BulkServing
 from .calls import Calls
 from .deadlines import Deadlines
-from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
+from .errors import ConfigError, ConnectionLost, DeadlineExceeded, ProtocolError, RemoteProtocolError, RPCError
 from .handlers import Handlers, Request, current_callpath, current_request, serve_request
 from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
@@ -59,6 +59,7 @@ from .settings import EngineConfig, MonitoringConfig, format_validation_error
 from .slots import EngineState
 from .tracing import Tracer
 from .transport import (
+    FRAMES_PER_TURN,
     Address,
     Connection,
     dial,
@@ -75,6 +76,7 @@ from .wire import (
     K_GOODBYE,
     K_REQUEST,
     K_RESPONSE,
+    PURE,
     Frame,
     Status,
     answer_call,
@@ -620,3 +622,9 @@ def default_max_connections() -> int:
 def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # a dial nobody awaited any more: its error is not "never retrieved"
+
+
+if not PURE:  # Connection.buffer_updated's compiled twin: on_frames' and on_answers' work for an Engine
+    from ._speedups import configure_read
+
+    configure_read(Engine.on_frames, Engine.on_answers, ProtocolError, FRAMES_PER_TURN, _NO_FRAMES, globals())

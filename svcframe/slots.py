@@ -23,6 +23,8 @@ class _PyEngineState:
         "_closing",
         "_conns",
         "_deadlines",
+        "_dispatching",
+        "_dispatching_cancels",
         "_exposed",
         "_loop",
         "_refused",
@@ -39,8 +41,9 @@ class _PyEngineState:
 
 class _PyConnectionState:
     __slots__ = (
-        "_batch", "_batch_bytes", "_cork", "_paused", "closed", "max_output_bytes", "next_request_id",
-        "peer_engine_id", "peer_label", "peer_max_body_bytes", "peer_push_ahead", "pending", "records", "transport",
+        "_backlog", "_batch", "_batch_bytes", "_cork", "_decode", "_open", "_paused", "_writelines_pauses", "closed",
+        "frame_started", "last_activity", "max_output_bytes", "next_request_id", "owner", "peer_engine_id",
+        "peer_label", "peer_max_body_bytes", "peer_push_ahead", "pending", "protocol", "records", "transport",
         "writes",
     )  # fmt: skip
 

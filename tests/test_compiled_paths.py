@@ -1,6 +1,7 @@
-"""The compiled request and call paths (svcframe._speedups.serve_request and begin_call, issue 14) against their
-definitions (Handlers._on_request and Calls._call_once): the same calls, made through each, end the same way
-for the caller, count the same in both engines' statistics and leave nothing behind."""
+"""The compiled request, read and call paths (svcframe._speedups.serve_request, ConnectionState.buffer_updated and
+begin_call, issue 14) against their definitions (Handlers._on_request, Connection.buffer_updated and
+Calls._call_once): the same calls, made through each, end the same way for the caller, count the same in both
+engines' statistics and leave nothing behind."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from svcframe.bulk import CMA_MIN_BYTES
 from svcframe.calls import Calls
 from svcframe.handlers import current_request
 from svcframe.monitoring import ALWAYS_TIMED
+from svcframe.transport import Connection
 from svcframe.wire import PURE
 
 pytestmark = pytest.mark.skipif(PURE, reason="the compiled paths are not built (or SVCFRAME_PURE is set)")
@@ -137,6 +139,7 @@ async def test_the_compiled_paths_end_every_call_as_their_definitions(
     compiled = await _outcomes(make_engine, True, transport)
     monkeypatch.setattr(engine_module, "serve_request", handlers_module.Handlers._on_request)
     monkeypatch.setattr(Calls, "_call", Calls._call_once)
+    monkeypatch.setattr(Connection, "buffer_updated", Connection._buffer_updated_definition)
     definitions = await _outcomes(make_engine, False, transport)
     for run in (compiled, definitions):  # which deadline passes first, the caller's or the server's, is a race
         deadline = run["seen"].pop("deadline")
@@ -582,3 +585,151 @@ async def test_place_ahead_places_as_its_definition(make_engine: Callable[..., A
     client.monitor = Monitor(enabled=False)  # statistics off: placed, not counted
     view = _speedups.place_ahead(client, conn, 5, handles["unbound"].bulk_id, 0, 4)
     assert view is not None and bytes(view) == bytes(buf[:4]) and not client.monitor.bulk
+
+
+async def _raw_peer(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A peer that speaks the wire by hand: connected, its HELLO sent and the server's read."""
+    from svcframe.wire import HEADER, HEADER_SIZE, Kind, encode_frame, pack_body
+
+    if address.startswith("unix://"):
+        reader, writer = await asyncio.open_unix_connection(address[len("unix://") :])
+    else:
+        host, _, port = address[len("tcp://") :].rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "raw-peer", "address": None})))
+    header = await asyncio.wait_for(reader.readexactly(HEADER_SIZE), 10)
+    await reader.readexactly(HEADER.unpack(header)[6])
+    return reader, writer
+
+
+async def _received(reader: asyncio.StreamReader, frames: int | None) -> list[tuple[int, int, int, bytes]]:
+    """``frames`` frames from the server (kind, request id, status, body), or all until it closes (None)."""
+    from svcframe.wire import HEADER, HEADER_SIZE
+
+    out = []
+    while frames is None or len(out) < frames:
+        try:
+            header = await asyncio.wait_for(reader.readexactly(HEADER_SIZE), 10)
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            assert frames is None, f"closed after {len(out)} of {frames} frames"
+            return out
+        fields = HEADER.unpack(header)
+        out.append((fields[2], fields[7], fields[4], await reader.readexactly(fields[6])))
+    return out
+
+
+async def _read_outcomes(make_engine: Callable[..., Awaitable[Engine]], transport: str) -> dict[str, Any]:
+    """What a hand-written peer receives for reads that take each branch of Connection.buffer_updated, and what
+    the server's connection records of them."""
+    from conftest import short_socket_path
+
+    from svcframe.transport import FRAMES_PER_TURN
+    from svcframe.wire import Kind, encode_frame, encode_header, pack_body, rpc_id
+
+    listen = "tcp://127.0.0.1:0" if transport == "tcp" else f"unix://{short_socket_path()}"
+    server = await make_engine(listen, secret=None)  # (the peer below speaks an unauthenticated handshake)
+    server.register(1, "echo", lambda req, arg: arg)
+    server.register(1, "big", lambda req, arg: b"z" * 600_000)  # (replies over BATCH_FLUSH_BYTES: flushed early)
+    address = server.address or ""
+    out: dict[str, Any] = {}
+
+    def request(rid: int, arg: Any, name: str = "echo") -> bytes:
+        return encode_frame(Kind.REQUEST, rid, pack_body(arg), provider_id=1, rpc=rpc_id(name))
+
+    def server_conn() -> Any:
+        (conn,) = [c for c in server._all_conns if c.peer_engine_id == "raw-peer"]
+        return conn
+
+    async def case(name: str, data: bytes, frames: int | None, *, drip: bool = False) -> Any:
+        reader, writer = await _raw_peer(address)
+        await wait_until(lambda: len(server._all_conns) == 1, what="the server's connection")
+        conn = server_conn()
+        writes = conn.writes
+        if drip:  # one byte per write: a frame under way is timed from its first byte
+            for i in range(len(data) - 1):
+                writer.write(data[i : i + 1])
+                await writer.drain()
+            await wait_until(lambda: conn.protocol.decoder._end > 0, what="all but the last byte received")
+            started = conn.frame_started
+            assert started > 0 and conn.last_activity < started
+            writer.write(data[-1:])
+        else:
+            writer.write(data)
+        got = await _received(reader, frames)
+        if frames is not None:  # (the server's read is over: it runs in this process's loop, as this test does)
+            if name != "pipelined":  # (how a flood splits into reads is the kernel's)
+                out[f"{name}: writes"] = conn.writes - writes
+            out[f"{name}: frame under way"] = conn.frame_started != 0.0
+            assert conn.last_activity > 0
+        out[name] = got
+        writer.close()
+        await wait_until(lambda: not server._all_conns, what="the connection closed")
+
+    await case("one request", request(7, b"abc"), 1)
+    await case("dripped", request(8, b"one byte at a time"), 1, drip=True)
+    many = 2 * FRAMES_PER_TURN + 5  # three turns of the loop
+    await case("pipelined", b"".join(request(i, i) for i in range(1, many + 1)), many)
+    await case("requests and a cancel", request(1, 1) + encode_frame(Kind.CANCEL, 99) + request(2, 2), 2)
+    await case("large replies", b"".join(request(i, None, "big") for i in range(1, 4)), 3)
+    await case("a frame under way", request(1, 1) + request(2, 2)[:50], 1)
+    await case("a bad frame behind requests", request(1, 1) + b"XX" + request(2, 2)[2:], None)
+    await case("over the body limit", request(1, 1) + encode_header(Kind.REQUEST, 2, 2**31, provider_id=1), None)
+    await case("goodbye", request(1, 1) + encode_frame(Kind.GOODBYE, 0, pack_body({"reason": "bye"})), None)
+    return out
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+async def test_the_compiled_read_serves_as_its_definition(
+    make_engine: Callable[..., Awaitable[Engine]], monkeypatch: pytest.MonkeyPatch, transport: str
+) -> None:
+    """ConnectionState.buffer_updated (an open connection's read, and an engine's batch of requests served and
+    answered in one write) against Connection.buffer_updated's definition, on a real server and a peer that
+    writes the wire by hand: the same frames come back, in the same number of writes, for one request, a
+    request dripped a byte at a time, a pipelined flood over two turns' share, requests around a CANCEL,
+    replies over the batch's flush size, a frame left under way; and a bad frame, an announced body over the
+    limit and a GOODBYE behind requests end the connection the same way."""
+    definition = Connection._buffer_updated_definition
+    assert Connection.buffer_updated is not definition  # type: ignore[comparison-overlap]
+    handed: list[int] = []
+
+    def counted(conn: Connection, nbytes: int) -> None:
+        handed.append(nbytes)
+        definition(conn, nbytes)
+
+    monkeypatch.setattr(Connection, "_buffer_updated_definition", counted)
+    compiled = await _read_outcomes(make_engine, transport)
+    assert len(handed) == 9  # (each connection's handshake: a HELLO, read before the case's bytes are sent)
+    monkeypatch.setattr(Connection, "buffer_updated", definition)
+    definitions = await _read_outcomes(make_engine, transport)
+    assert compiled == definitions
+    assert compiled["one request"] == [(3, 7, 0, b"\xc4\x03abc")]
+    assert compiled["one request: writes"] == 1 and compiled["large replies: writes"] == 2
+    assert [f[1] for f in compiled["pipelined"]] == list(range(1, 2 * 256 + 6))
+    assert compiled["a frame under way: frame under way"] is True
+    assert compiled["dripped: frame under way"] is False
+    # (a bad frame fails the whole read; a GOODBYE closes the connection before the batch's answers are written)
+    assert compiled["a bad frame behind requests"] == [] and compiled["goodbye"] == []
+
+
+@pytest.mark.asyncio
+async def test_the_compiled_read_leaves_an_engine_that_overrides_on_frames_to_it(
+    make_engine: Callable[..., Awaitable[Engine]],
+) -> None:
+    """An engine whose on_frames is replaced (on the instance here) sees every batch: the compiled read serves
+    requests itself only for an engine that keeps Engine.on_frames."""
+    server = await make_engine("tcp://127.0.0.1:0")
+    server.register(1, "echo", lambda req, arg: arg)
+    client = await make_engine(None)
+    address = server.address or ""
+    assert await client.call(address, "echo", b"before", provider_id=1) == b"before"
+    batches: list[int] = []
+    inner = server.on_frames
+
+    def on_frames(conn: Any, frames: list[Any]) -> None:
+        batches.append(len(frames))
+        inner(conn, frames)
+
+    server.on_frames = on_frames  # type: ignore[method-assign]
+    assert await client.call(address, "echo", b"after", provider_id=1) == b"after"
+    assert batches == [1]

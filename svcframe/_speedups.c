@@ -683,6 +683,8 @@ core_get_buffer(Core *self, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "get_buffer takes at most one argument");
         return NULL;
     }
+    if (!IS_NONE(self->direct) && self->direct_pos >= 0) /* a body received into its own destination: the rest */
+        return PySequence_GetSlice(self->direct, self->direct_pos, PY_SSIZE_T_MAX); /* (direct[direct_pos:]) */
     if (!IS_NONE(self->direct) || !self->data_max) {
         module_state *st = core_state((PyObject *)self);
         return st == NULL ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, st->s_get_buffer_slow);
@@ -713,8 +715,20 @@ core_buffer_updated(Core *self, PyObject *arg)
     module_state *st = core_state((PyObject *)self);
     if (st == NULL)
         return NULL;
-    if (!IS_NONE(self->direct))
+    if (!IS_NONE(self->direct)) {
+        /* a body received into its own destination: short of its end, _direct_updated only counts (here);
+         * the read that completes it is _direct_updated's */
+        Py_ssize_t n = PyLong_Check(arg) ? PyLong_AsSsize_t(arg) : -1, size = PyObject_Size(self->direct);
+        if (n < 0 || size < 0) {
+            if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+                return NULL;
+            PyErr_Clear(); /* (the definition meets the same error) */
+        } else if (self->direct_pos >= 0 && self->direct_pos < size - n) {
+            self->direct_pos += n;
+            return PyList_New(0);
+        }
         return PyObject_CallMethodOneArg((PyObject *)self, st->s_direct_updated, arg);
+    }
     if (!configured(st))
         return NULL;
     Py_ssize_t nbytes = PyLong_AsSsize_t(arg);

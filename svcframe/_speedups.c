@@ -20,7 +20,7 @@
  * - serve_request, of svcframe.handlers.Handlers._on_request, in its common case (a sync handler, untraced and
  *   untimed, answering None or small bytes); any other request goes to the definition before anything is done.
  * - begin_call and Call, of svcframe.calls.Calls._call_once's work before and after its await, in its common
- *   case (an open connection, outside any handler, untraced and untimed, into= only without cross-memory
+ *   case (an open connection, outside any handler, untraced, timed or not, into= only without cross-memory
  *   attach); likewise.
  * - vm_read and vm_write, of svcframe.cma.read and write (process_vm_readv / writev without ctypes), and
  *   buffer_address, of svcframe.cma.buffer_address.
@@ -65,6 +65,15 @@
 #define F_INTO 16 /* wire.Flag.INTO */
 
 #define IS_NONE(o) ((o) == NULL || (o) == Py_None)
+
+/* time.monotonic_ns() and time.perf_counter_ns(): CLOCK_MONOTONIC, as CPython reads both on Linux. */
+static long long
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 static inline uint16_t rd16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -285,6 +294,8 @@ typedef struct {
     long into_flag;
     long lent_status;
     Py_ssize_t cma_min; /* bulk.CMA_MIN_BYTES: an into= buffer this large may be filled by cross-memory attach */
+    Py_ssize_t fold_at; /* monitoring.FOLD_AT: a timed call's record folds its buffer past this many values */
+    PyObject *s_fold;
     PyObject *cn[17]; /* (CALL_NAMES_N) */
     PyObject *wire, *packer_pack; /* svcframe.wire, and its _packer's pack (pack_body's own call) */
     long long batch_flush_bytes; /* svcframe.transport.BATCH_FLUSH_BYTES (configure_serve()) */
@@ -2164,6 +2175,9 @@ typedef struct {
     PyObject_HEAD
     PyObject *future, *conn, *pending, *request_id, *rec, *progress, *name, *provider_id, *address, *timeout;
     PyObject *pulls, *pull, *into; /* an into= call's: its connection's pulls, its IncomingPull, its view */
+    long long t0, t1;      /* perf_counter_ns() before and after its request was sent */
+    Py_ssize_t body_bytes; /* its argument's size */
+    char timed;            /* a sampled call: its values go to its record's buffer */
     char finished; /* the clean-up ran (it runs once) */
 } Call;
 
@@ -2226,10 +2240,12 @@ progress_step(module_state *st, PyObject *progress, long delta)
     return r == NULL ? -1 : 0;
 }
 
-/* _call_once's ``finally:``: the call leaves its connection's table and the progress loop's count and, when
- * it ``failed``, its record counts an error. Runs once; -1 with an exception set on error. */
+/* _call_once's ``finally:``: the call leaves its connection's table and the progress loop's count; when it
+ * ``failed``, its record counts an error; a timed call's record takes its four values (its round trip, the
+ * sending of its request, its argument's and its answer's sizes: ``payload_bytes``, an int), and folds them
+ * past FOLD_AT. Runs once; -1 with an exception set on error. */
 static int
-call_finish(module_state *st, Call *self, int failed)
+call_finish(module_state *st, Call *self, int failed, PyObject *payload_bytes)
 {
     if (self->finished)
         return 0;
@@ -2254,6 +2270,30 @@ call_finish(module_state *st, Call *self, int failed)
             return -1;
         }
         Py_XSETREF(FIELD(self->rec, R_ERRORS), sum);
+    }
+    if (self->timed && self->rec != NULL) {
+        /* buf = rec.buffer; buf.extend((perf_ns() - t0, t1 - t0, len(body), payload_bytes)); and
+         * if len(buf) > FOLD_AT: rec.fold() (read now: a fold meanwhile gave the record a new buffer) */
+        PyObject *values = Py_BuildValue("(LLnO)", monotonic_ns() - self->t0, self->t1 - self->t0, self->body_bytes,
+                                         payload_bytes);
+        PyObject *buf = values == NULL ? NULL : PyObject_GetAttr(self->rec, st->s_buffer), *r = NULL;
+        if (buf != NULL && PyList_CheckExact(buf)) {
+            Py_ssize_t end = PyList_GET_SIZE(buf);
+            r = PyList_SetSlice(buf, end, end, values) < 0 ? NULL : Py_NewRef(Py_None);
+        } else if (buf != NULL) {
+            r = PyObject_CallMethod(buf, "extend", "O", values);
+        }
+        Py_XDECREF(values);
+        Py_ssize_t size = r == NULL ? -1 : PyObject_Length(buf);
+        Py_XDECREF(r);
+        Py_XDECREF(buf);
+        if (size < 0)
+            return -1;
+        if (size > st->fold_at) {
+            r = PyObject_CallMethodNoArgs(self->rec, st->s_fold);
+            Py_XDECREF(r);
+            return r == NULL ? -1 : 0;
+        }
     }
     return 0;
 }
@@ -2284,7 +2324,7 @@ call_answered(Call *self, PyObject *answer)
             PyErr_SetString(PyExc_ValueError, "a call's answer must be (status, payload, payload_bytes)");
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        if (call_finish(st, self, 1) < 0) {
+        if (call_finish(st, self, 1, st->zero) < 0) {
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(tb);
@@ -2293,7 +2333,7 @@ call_answered(Call *self, PyObject *answer)
         PyErr_Restore(type, value, tb);
         return NULL;
     }
-    if (call_finish(st, self, status != 0 && status != st->lent_status) < 0)
+    if (call_finish(st, self, status != 0 && status != st->lent_status, PyTuple_GET_ITEM(answer, 2)) < 0)
         return NULL;
     PyObject *payload = PyTuple_GET_ITEM(answer, 1);
     if (status == 0 && self->pull != NULL) { /* an into= result larger than the buffer */
@@ -2358,7 +2398,7 @@ call_failed(Call *self, PyObject *exc)
     Py_XDECREF(r);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb); /* finally: (its own error wins over the clauses') */
-    if (call_finish(st, self, 1) < 0) {
+    if (call_finish(st, self, 1, st->zero) < 0) {
         Py_XDECREF(type);
         Py_XDECREF(value);
         Py_XDECREF(tb);
@@ -2417,9 +2457,9 @@ pack_arg(module_state *st, PyObject *arg)
 PyDoc_STRVAR(begin_call_doc,
 "begin_call(engine, address, name, arg, provider_id, timeout_seconds, flags, into) -> Call | None\n\n"
 "What svcframe.calls.Calls._call_once (its Python twin) does before its ``await``, without a Python frame, in\n"
-"its common case: an open connection, a known RPC, untraced, untimed (monitoring off, or counted and not\n"
-"sampled), outside any handler, an into= buffer only to a peer without cross-memory attach; the request is\n"
-"sent and the Call returned. None for any other call, before anything is done (_call_once then makes it).");
+"its common case: an open connection, a known RPC, untraced (monitoring off, or counted, and timed when\n"
+"sampled: its values go to the record's buffer as _call_once's do), outside any handler, an into= buffer\n"
+"only to a peer without cross-memory attach; the request is sent and the Call returned. None for any other call, before anything is done (_call_once then makes it).");
 
 static PyObject *
 begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -2442,6 +2482,7 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     unsigned long long flags, pid, rpc, cp, limit;
     long long calls = 0;
     PyObject *into = args[7], *view = NULL, *pulls = NULL, *pull = NULL;
+    char timed = 0;
     if (!as_field(args[6], 0xFFFF, &flags) || !as_field(provider_id, 0xFFFF, &pid) ||
         !PyObject_TypeCheck(engine, (PyTypeObject *)st->engine_state))
         goto decline;
@@ -2482,16 +2523,17 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *enabled = field_of(monitor, st->monitor_state, M_ENABLED), *rec = NULL;
     if (enabled != Py_True && enabled != Py_False)
         goto decline;
-    if (enabled == Py_True) { /* counted, and untimed: the record exists (the first calls of a callpath are timed) */
+    if (enabled == Py_True) { /* counted, and perhaps timed: the record exists (made by the callpath's first call) */
         PyObject *origin = FIELD(monitor, M_ORIGIN);
         o = PyTuple_Pack(5, st->zero, st->no_parent, rid, provider_id, address);
         rec = o == NULL || origin == NULL || !PyDict_CheckExact(origin) ? NULL : PyDict_GetItemWithError(origin, o);
         Py_CLEAR(o);
         long long count = small_count(field_of(rec, st->record_state, R_CALLS));
         long long every = small_count(FIELD(monitor, M_SAMPLE_EVERY));
-        if (count < 0 || every <= 0 || count + 1 <= st->always_timed || !((count + 1) % every))
+        if (count < 0 || every <= 0 || st->fold_at <= 0)
             goto decline;
         calls = count + 1;
+        timed = calls <= st->always_timed || !(calls % every); /* (its values: Call.answered and failed) */
     }
     PyObject *borrowed[8] = {loop, conn, pending, rid, rec, progress, deadlines, timeout};
     for (int i = 0; i < 8; i++)
@@ -2528,6 +2570,9 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     call->provider_id = Py_NewRef(provider_id);
     call->address = Py_NewRef(address);
     call->timeout = Py_NewRef(timeout);
+    call->t0 = call->t1 = timed ? monotonic_ns() : 0; /* (t0 = perf_ns() if timed) */
+    call->body_bytes = PyBytes_GET_SIZE(body);
+    call->timed = 0;
     call->finished = 1; /* (not begun: nothing to clean up if this fails) */
     PyObject_GC_Track(call);
     if (rec != NULL) {
@@ -2595,6 +2640,8 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (PyList_Append(cork, frame) < 0)
             goto error;
     }
+    if (timed)
+        call->t1 = monotonic_ns(); /* (t1: the request sent) */
     if (progress_step(st, progress, 1) < 0)
         goto error;
     when = PyFloat_FromDouble(start + t);
@@ -2608,6 +2655,7 @@ begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     call->pulls = Py_XNewRef(pulls);
     call->pull = Py_XNewRef(pull);
     call->into = Py_XNewRef(view);
+    call->timed = timed;
     call->finished = 0;
     goto done;
 decline:
@@ -2639,20 +2687,21 @@ done:
 PyDoc_STRVAR(configure_calls_doc,
 "configure_calls(task_request, pack_body, nil_body, error_from_status, cancel_remote, no_response,\n"
 "                deadline_expired, cancelled_error, no_parent_provider, lent_status, as_byte_view,\n"
-"                incoming_pull, too_large, into_flag, cma_min_bytes, wire) -> None\n\n"
+"                incoming_pull, too_large, into_flag, cma_min_bytes, wire, fold_at) -> None\n\n"
 "What begin_call and Call use (svcframe.calls): the async handlers' request contextvar, wire.pack_body, the\n"
 "body of None, errors.error_from_status, transport.Connection.cancel (a CANCEL unless closed), calls'\n"
 "no_response, DeadlineExpired, asyncio.CancelledError, wire.NO_PARENT_PROVIDER, Status.LENT; for into= calls\n"
 "bulk.as_byte_view, protocol.IncomingPull, calls' too_large, wire.F_INTO and bulk.CMA_MIN_BYTES (an into= buffer this large may\n"
 "take its result by cross-memory attach: _call_once decides); svcframe.wire itself (its _packer's pack is\n"
-"called directly while DEBUG_WIRE is False). configure_serve() comes first (the sync handlers' thread-local).");
+"called directly while DEBUG_WIRE is False); monitoring.FOLD_AT (a timed call's record folds its values past it).\n"
+"configure_serve() comes first (the sync handlers' thread-local).");
 
 static PyObject *
 configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     module_state *st = (module_state *)PyModule_GetState(module);
-    if (nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "configure_calls takes 16 arguments");
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "configure_calls takes 17 arguments");
         return NULL;
     }
     PyObject *packer = PyObject_GetAttrString(args[15], "_packer");
@@ -2667,8 +2716,8 @@ configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     long lent = PyLong_AsLong(args[9]), into_flag = PyLong_AsLong(args[13]);
-    Py_ssize_t cma_min = PyLong_AsSsize_t(args[14]);
-    if ((lent == -1 || into_flag == -1 || cma_min == -1) && PyErr_Occurred())
+    Py_ssize_t cma_min = PyLong_AsSsize_t(args[14]), fold_at = PyLong_AsSsize_t(args[16]);
+    if ((lent == -1 || into_flag == -1 || cma_min == -1 || fold_at == -1) && PyErr_Occurred())
         return NULL;
     if (st->writable_kw == NULL && (st->writable_kw = Py_BuildValue("(s)", "writable")) == NULL)
         return NULL;
@@ -2687,6 +2736,7 @@ configure_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     st->lent_status = lent;
     st->into_flag = into_flag;
     st->cma_min = cma_min;
+    st->fold_at = fold_at;
     Py_RETURN_NONE;
 }
 
@@ -2886,15 +2936,6 @@ static const char *const READ_NAMES[READ_NAMES_N] = {
 };
 enum { RN_WRITELINES, RN_WRITE, RN_DEFER, RN_MORE, RN_HELD, RN_FAIL, RN_ABORT, RN_ON_FRAMES, RN_ON_ANSWERS,
        RN_DEFINITION, RN_SERVE_REQUEST, RN_LOOP };
-
-/* time.monotonic_ns() and time.perf_counter_ns(): CLOCK_MONOTONIC, as CPython reads both on Linux. */
-static long long
-monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 /* time.monotonic(): the same clock in seconds, converted as CPython converts it (_PyTime_AsSecondsDouble). */
 static double
@@ -3302,6 +3343,8 @@ speedups_exec(PyObject *module)
     st->s_pushes = PyUnicode_InternFromString("pushes");
     st->s_buffer = PyUnicode_InternFromString("buffer");
     st->s_served_push = PyUnicode_InternFromString("served_push");
+    if ((st->s_fold = PyUnicode_InternFromString("fold")) == NULL)
+        return -1;
     if (!st->s_bulk_cma || !st->s_push || !st->s_record_bulk || !st->s_pushes || !st->s_buffer || !st->s_served_push)
         return -1;
     st->s_arm = PyUnicode_InternFromString("_arm");
@@ -3328,7 +3371,8 @@ speedups_exec(PyObject *module)
     X(pack_body) X(nil_body) X(error_from_status) X(cancel_remote) X(no_response) X(deadline_expired) \
     X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
     X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state) \
-    X(wire) X(packer_pack) X(on_frames_py) X(on_answers_py) X(protocol_error) X(no_frames) X(engine_globals)
+    X(wire) X(packer_pack) X(on_frames_py) X(on_answers_py) X(protocol_error) X(no_frames) X(engine_globals) \
+    X(s_fold)
 
 static int
 speedups_traverse(PyObject *module, visitproc visit, void *arg)

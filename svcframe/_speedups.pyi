@@ -104,6 +104,7 @@ def configure_calls(
     into_flag: int,
     cma_min_bytes: int,
     wire: Any,
+    fold_at: int,
     /,
 ) -> None: ...
 def begin_call(

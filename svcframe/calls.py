@@ -346,5 +346,5 @@ if not PURE:
     configure_calls(
         _task_request, pack_body, _NIL, error_from_status, Connection.cancel, no_response, DeadlineExpired,
         asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT), as_byte_view, IncomingPull, too_large, F_INTO,
-        CMA_MIN_BYTES, wire,
+        CMA_MIN_BYTES, wire, FOLD_AT,
     )  # fmt: skip

@@ -220,6 +220,57 @@ async def test_begin_call_makes_the_common_call_and_declines_the_others_untouche
 
 
 @pytest.mark.asyncio
+async def test_begin_call_times_a_sampled_call_as_its_definition(
+    make_engine: Callable[..., Awaitable[Engine]],
+) -> None:
+    """A sampled call (the first ALWAYS_TIMED of a callpath, then one in sample_every) is made by begin_call too:
+    its record takes the four values Calls._call_once gives it (the round trip and the sending of the request
+    in ns, the argument's and the answer's sizes), read from the record's buffer when the call ends (a fold
+    meanwhile gave it a new one), and is folded past FOLD_AT; an unsampled call adds nothing."""
+    from svcframe._speedups import begin_call
+    from svcframe.monitoring import FOLD_AT
+
+    server = await make_engine("tcp://127.0.0.1:0")
+    server.register(1, "small", lambda req, arg: arg)
+    client = await make_engine(None)
+    address = server.address or ""
+    assert await client.call(address, "small", b"first", provider_id=1) == b"first"  # (makes the record)
+    ((_, rec),) = client.monitor.origin.items()
+
+    async def compiled(arg: bytes) -> list[int]:
+        before = list(rec.buffer)
+        call = begin_call(client, address, "small", arg, 1, None, 0, None)
+        assert call is not None
+        assert call.answered(await call.future) == arg
+        return rec.buffer[len(before) :] if rec.buffer[: len(before)] == before else rec.buffer
+
+    async def definition(arg: bytes) -> list[int]:
+        before = len(rec.buffer)
+        assert await client._call_once(address, "small", arg, 1, None, 0) == arg
+        return rec.buffer[before:]
+
+    for make in (compiled, definition):  # (the first calls of a callpath: always timed)
+        total, sent, arg_bytes, answer_bytes = await make(b"abc")
+        assert 0 < sent < total and arg_bytes == answer_bytes == 5, make  # (b"abc" packs as a bin 8: 5 bytes)
+
+    async def next_sampled() -> None:
+        while (rec.calls + 1) <= ALWAYS_TIMED or (rec.calls + 1) % client.monitor.sample_every:
+            await client.call(address, "small", b"warm", provider_id=1)
+
+    await next_sampled()
+    assert len(await compiled(b"sampled")) == 4
+    assert await compiled(b"not sampled") == []
+    await next_sampled()
+    call = begin_call(client, address, "small", b"folded", 1, None, 0, None)
+    assert call is not None
+    old = rec.buffer
+    rec.fold()  # (while the call is under way: the record gets a new buffer, which fills up to FOLD_AT)
+    rec.buffer.extend([1000, 10, 3, 3] * (FOLD_AT // 4))
+    assert call.answered(await call.future) == b"folded"
+    assert rec.buffer == [] and old is not rec.buffer and len(old) % 4 == 0  # (folded, with the call's values)
+
+
+@pytest.mark.asyncio
 async def test_calls_begun_while_others_are_in_flight_leave_in_one_write(
     make_engine: Callable[..., Awaitable[Engine]],
 ) -> None:

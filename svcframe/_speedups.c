@@ -2459,7 +2459,8 @@ PyDoc_STRVAR(begin_call_doc,
 "What svcframe.calls.Calls._call_once (its Python twin) does before its ``await``, without a Python frame, in\n"
 "its common case: an open connection, a known RPC, untraced (monitoring off, or counted, and timed when\n"
 "sampled: its values go to the record's buffer as _call_once's do), outside any handler, an into= buffer\n"
-"only to a peer without cross-memory attach; the request is sent and the Call returned. None for any other call, before anything is done (_call_once then makes it).");
+"only to a peer without cross-memory attach; the request is sent and the Call returned. None for any other\n"
+"call, before anything is done (_call_once then makes it).");
 
 static PyObject *
 begin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -3012,8 +3013,10 @@ dispatch_frames(module_state *st, PyObject *owner, PyObject *conn, PyObject *fra
     requests = requests && FIELD(owner, E_LOOP) != NULL;
     for (Py_ssize_t i = 0; requests && i < n; i++) {
         PyObject *frame = PyList_GET_ITEM(frames, i);
+        int overflow = 0;
         requests = PyTuple_Check(frame) && PyTuple_GET_SIZE(frame) == FRAME_FIELDS &&
-                   PyLong_CheckExact(PyTuple_GET_ITEM(frame, 0)) && PyLong_AsLong(PyTuple_GET_ITEM(frame, 0)) == K_REQUEST;
+                   PyLong_CheckExact(PyTuple_GET_ITEM(frame, 0)) &&
+                   PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(frame, 0), &overflow) == K_REQUEST;
     }
     PyObject *serve = requests ? PyDict_GetItemWithError(st->engine_globals, st->rn[RN_SERVE_REQUEST]) : NULL;
     if (serve == NULL) {
@@ -3128,6 +3131,8 @@ read_open(module_state *st, PyObject *conn, PyObject *core, PyObject *owner, PyO
             Py_SETREF(frames, PyObject_VectorcallMethod(st->rn[RN_DEFER], call_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                                         NULL));
             if (frames == NULL || !PyList_Check(frames)) {
+                if (frames != NULL)
+                    PyErr_SetString(PyExc_TypeError, "Connection._defer must return a list");
                 failed = 1;
                 break;
             }
@@ -3155,7 +3160,8 @@ read_open(module_state *st, PyObject *conn, PyObject *core, PyObject *owner, PyO
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         Py_XSETREF(FIELD(conn, CN_BATCH), Py_NewRef(Py_None));
-        int closed = PyList_GET_SIZE(batch) ? (FIELD(conn, CN_CLOSED) == NULL ? -1 : PyObject_IsTrue(FIELD(conn, CN_CLOSED))) : 1;
+        PyObject *now_closed = FIELD(conn, CN_CLOSED);
+        int closed = !PyList_GET_SIZE(batch) ? 1 : now_closed == NULL ? -1 : PyObject_IsTrue(now_closed);
         if (closed < 0 && !PyErr_Occurred())
             PyErr_SetString(PyExc_AttributeError, "closed");
         if (closed < 0 || (!closed && write_batch(st, conn, batch) < 0)) {

@@ -6,6 +6,7 @@ engines' statistics and leave nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -691,9 +692,27 @@ async def _read_outcomes(make_engine: Callable[..., Awaitable[Engine]], transpor
         (conn,) = [c for c in server._all_conns if c.peer_engine_id == "raw-peer"]
         return conn
 
-    async def case(name: str, data: bytes, frames: int | None, *, drip: bool = False) -> Any:
+    async def case(name: str, data: bytes, frames: int | None, *, drip: bool = False) -> None:
         reader, writer = await _raw_peer(address)
-        await wait_until(lambda: len(server._all_conns) == 1, what="the server's connection")
+        try:
+            await wait_until(
+                lambda: any(c.peer_engine_id == "raw-peer" for c in server._all_conns), what="the server's handshake"
+            )
+            await exchange(name, data, frames, reader, writer, drip)
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+        await wait_until(lambda: not server._all_conns, what="the connection closed")
+
+    async def exchange(
+        name: str,
+        data: bytes,
+        frames: int | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        drip: bool,
+    ) -> None:
         conn = server_conn()
         writes = conn.writes
         if drip:  # one byte per write: a frame under way is timed from its first byte
@@ -713,8 +732,6 @@ async def _read_outcomes(make_engine: Callable[..., Awaitable[Engine]], transpor
             out[f"{name}: frame under way"] = conn.frame_started != 0.0
             assert conn.last_activity > 0
         out[name] = got
-        writer.close()
-        await wait_until(lambda: not server._all_conns, what="the connection closed")
 
     await case("one request", request(7, b"abc"), 1)
     await case("dripped", request(8, b"one byte at a time"), 1, drip=True)

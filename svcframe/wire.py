@@ -435,8 +435,9 @@ class BinBody:
 def _unpack_body_py(body: bytes | bytearray | memoryview | BinBody) -> object:
     """Decode a msgpack body strictly (no extension types, str map keys). Container and string sizes
     are bounded by the body's length (msgpack's default), and the body by the frame size limit. The
-    definition of ``unpack_body``, whose compiled twin (svcframe._speedups) decodes a simple body (nil, a bool,
-    a fixint, a bin 8) without a call, and calls this for any body the decoder refuses.
+    definition of ``unpack_body``, whose compiled twin (svcframe._speedups) decodes a small body without a call
+    (nil, a bool, any int or float, a str or bin up to 255 bytes, fixarrays and fixmaps of them two levels
+    deep), others by msgpack's own call, and calls this for any body the decoder refuses.
 
     Raises RemoteProtocolError for anything malformed.
     """

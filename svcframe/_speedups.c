@@ -345,8 +345,9 @@ small_item(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end, int depth)
         if (c == 0xc4) {
             v = PyBytes_FromStringAndSize((const char *)b + p, n);
         } else if ((v = PyUnicode_DecodeUTF8((const char *)b + p, n, NULL)) == NULL) {
-            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-                PyErr_Clear(); /* (the decoder's own call raises it) */
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                return NULL;
+            PyErr_Clear(); /* (the decoder's own call raises it) */
             return NULL;
         }
         p += n;
@@ -2300,24 +2301,6 @@ call_dealloc(Call *self)
     Py_DECREF(type);
 }
 
-/* ``if not progress.blocking: progress.activity()`` (the progress loop told of work); 0, or -1 on error. */
-static int
-activity_unless_blocking(module_state *st, PyObject *progress)
-{
-    PyObject *blocking = field_of(progress, st->progress_state, P_BLOCKING), *r;
-    int is_blocking = blocking == Py_True ? 1 : blocking == Py_False ? 0 : -2;
-    if (is_blocking == -2) { /* (not a ProgressState, or not a bool: as Python reads it) */
-        PyObject *b = PyObject_GetAttrString(progress, "blocking");
-        is_blocking = b == NULL ? -1 : PyObject_IsTrue(b);
-        Py_XDECREF(b);
-    }
-    if (is_blocking != 0)
-        return is_blocking < 0 ? -1 : 0;
-    r = PyObject_CallMethodNoArgs(progress, st->cn[C_ACTIVITY]);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
 /* ``progress.inflight += delta`` and ``if not progress.blocking: progress.activity()``; -1 on error. */
 static int
 progress_step(module_state *st, PyObject *progress, long delta)
@@ -2331,7 +2314,15 @@ progress_step(module_state *st, PyObject *progress, long delta)
         return -1;
     }
     Py_XSETREF(FIELD(progress, P_INFLIGHT), sum);
-    return activity_unless_blocking(st, progress);
+    PyObject *blocking = FIELD(progress, P_BLOCKING);
+    int is_blocking = blocking == Py_True ? 1 : blocking == Py_False ? 0 : blocking == NULL ? -1 : PyObject_IsTrue(blocking);
+    if (blocking == NULL)
+        PyErr_SetString(PyExc_AttributeError, "blocking");
+    if (is_blocking != 0)
+        return is_blocking < 0 ? -1 : 0;
+    PyObject *r = PyObject_CallMethodNoArgs(progress, st->cn[C_ACTIVITY]);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 /* _call_once's ``finally:``: the call leaves its connection's table and the progress loop's count; when it
@@ -3066,18 +3057,31 @@ engine_method(module_state *st, PyObject *owner, int name, PyObject *method)
     return bound == NULL && !may_decline() ? -1 : kept; /* (an Exception: the definition's call meets it again) */
 }
 
-/* Engine.on_frames' and on_answers' first line: ``if not self.progress.blocking: self.progress.activity()``. */
+/* progress.activity() unless progress.blocking (Engine.on_frames' and on_answers' first line). 0, or -1. */
 static int
 progress_activity(module_state *st, PyObject *engine)
 {
-    PyObject *progress = Py_XNewRef(FIELD(engine, E_PROGRESS));
+    PyObject *progress = Py_XNewRef(FIELD(engine, E_PROGRESS)), *r;
     if (progress == NULL) {
         PyErr_SetString(PyExc_AttributeError, "progress");
         return -1;
     }
-    int rc = activity_unless_blocking(st, progress);
+    PyObject *blocking = field_of(progress, st->progress_state, P_BLOCKING);
+    int busy = blocking == Py_True ? 0 : blocking == Py_False ? 1 : -2;
+    if (busy == -2) { /* (not a ProgressState, or not a bool: as Python reads it) */
+        PyObject *b = PyObject_GetAttrString(progress, "blocking");
+        busy = b == NULL ? -1 : !PyObject_IsTrue(b);
+        Py_XDECREF(b);
+        if (busy == -1 || PyErr_Occurred())
+            busy = -1;
+    }
+    if (busy == 1) {
+        r = PyObject_CallMethodNoArgs(progress, st->cn[C_ACTIVITY]);
+        busy = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
     Py_DECREF(progress);
-    return rc;
+    return busy < 0 ? -1 : 0;
 }
 
 /* Engine.on_frames(conn, frames) for a batch of requests only (the server's common read): arrival read once,

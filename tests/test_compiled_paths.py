@@ -6,6 +6,7 @@ engines' statistics and leave nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -638,16 +639,34 @@ async def test_place_ahead_places_as_its_definition(make_engine: Callable[..., A
     assert view is not None and bytes(view) == bytes(buf[:4]) and not client.monitor.bulk
 
 
-async def _received(peer: Any, frames: int | None) -> list[tuple[int, int, int, bytes]]:
+async def _raw_peer(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A peer that speaks the wire by hand: connected, its HELLO sent and the server's read."""
+    from svcframe.wire import HEADER, HEADER_SIZE, Kind, encode_frame, pack_body
+
+    if address.startswith("unix://"):
+        reader, writer = await asyncio.open_unix_connection(address[len("unix://") :])
+    else:
+        host, _, port = address[len("tcp://") :].rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "raw-peer", "address": None})))
+    header = await asyncio.wait_for(reader.readexactly(HEADER_SIZE), 10)
+    await reader.readexactly(HEADER.unpack(header)[6])
+    return reader, writer
+
+
+async def _received(reader: asyncio.StreamReader, frames: int | None) -> list[tuple[int, int, int, bytes]]:
     """``frames`` frames from the server (kind, request id, status, body), or all until it closes (None)."""
-    out: list[tuple[int, int, int, bytes]] = []
+    from svcframe.wire import HEADER, HEADER_SIZE
+
+    out = []
     while frames is None or len(out) < frames:
         try:
-            f = await peer.read_frame()
+            header = await asyncio.wait_for(reader.readexactly(HEADER_SIZE), 10)
         except (asyncio.IncompleteReadError, ConnectionResetError):
             assert frames is None, f"closed after {len(out)} of {frames} frames"
             return out
-        out.append((f.kind, f.request_id, f.status, f.body))
+        fields = HEADER.unpack(header)
+        out.append((fields[2], fields[7], fields[4], await reader.readexactly(fields[6])))
     return out
 
 
@@ -656,7 +675,6 @@ async def _read_outcomes(make_engine: Callable[..., Awaitable[Engine]], transpor
     the server's connection records of them."""
     from conftest import short_socket_path
 
-    from svcframe.testing import RawPeer
     from svcframe.transport import FRAMES_PER_TURN
     from svcframe.wire import Kind, encode_frame, encode_header, pack_body, rpc_id
 
@@ -675,27 +693,39 @@ async def _read_outcomes(make_engine: Callable[..., Awaitable[Engine]], transpor
         return conn
 
     async def case(name: str, data: bytes, frames: int | None, *, drip: bool = False) -> None:
-        async with await RawPeer.connect(address) as peer:
+        reader, writer = await _raw_peer(address)
+        try:
             await wait_until(
                 lambda: any(c.peer_engine_id == "raw-peer" for c in server._all_conns), what="the server's handshake"
             )
-            await exchange(name, data, frames, peer, drip)
+            await exchange(name, data, frames, reader, writer, drip)
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
         await wait_until(lambda: not server._all_conns, what="the connection closed")
 
-    async def exchange(name: str, data: bytes, frames: int | None, peer: RawPeer, drip: bool) -> None:
+    async def exchange(
+        name: str,
+        data: bytes,
+        frames: int | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        drip: bool,
+    ) -> None:
         conn = server_conn()
         writes = conn.writes
         if drip:  # one byte per write: a frame under way is timed from its first byte
             for i in range(len(data) - 1):
-                peer.send(data[i : i + 1])
-                await peer.writer.drain()
+                writer.write(data[i : i + 1])
+                await writer.drain()
             await wait_until(lambda: conn.protocol.decoder._end > 0, what="all but the last byte received")
             started = conn.frame_started
             assert started > 0 and conn.last_activity < started
-            peer.send(data[-1:])
+            writer.write(data[-1:])
         else:
-            peer.send(data)
-        got = await _received(peer, frames)
+            writer.write(data)
+        got = await _received(reader, frames)
         if frames is not None:  # (the server's read is over: it runs in this process's loop, as this test does)
             if name != "pipelined":  # (how a flood splits into reads is the kernel's)
                 out[f"{name}: writes"] = conn.writes - writes
@@ -728,7 +758,7 @@ async def test_the_compiled_read_serves_as_its_definition(
     replies over the batch's flush size, a frame left under way; and a bad frame, an announced body over the
     limit and a GOODBYE behind requests end the connection the same way."""
     definition = Connection._buffer_updated_definition
-    assert Connection.buffer_updated is not definition
+    assert Connection.buffer_updated is not definition  # type: ignore[comparison-overlap]
     handed: list[int] = []
 
     def counted(conn: Connection, nbytes: int) -> None:

@@ -59,27 +59,33 @@ class Probe:
         self.failures: list[str] = []
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._engine = Engine(None)
 
     async def __aenter__(self) -> Probe:
+        await self._engine.__aenter__()
+        # The dial and handshake happen here, before the attack: what is measured is a call's answer.
+        await self._engine.call(self.address, "noop", 1, provider_id=RELTEST_ID, timeout_seconds=2.0)
         self._task = asyncio.create_task(self._run())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()
         assert self._task is not None
-        await self._task
+        try:
+            await self._task
+        finally:
+            await self._engine.__aexit__(None, None, None)
 
     async def _run(self) -> None:
-        async with Engine(None) as engine:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    await engine.call(self.address, "noop", 1, provider_id=RELTEST_ID, timeout_seconds=2.0)
-                except Exception as exc:
-                    self.failures.append(repr(exc))
-                self.latencies.append(time.perf_counter() - t0)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), 0.01)
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                await self._engine.call(self.address, "noop", 1, provider_id=RELTEST_ID, timeout_seconds=2.0)
+            except Exception as exc:
+                self.failures.append(repr(exc))
+            self.latencies.append(time.perf_counter() - t0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.01)
 
 
 async def _announce_4mib(address: str) -> asyncio.StreamWriter:

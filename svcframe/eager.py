@@ -21,9 +21,10 @@ import sys
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-__all__ = ["DONE", "Done", "start_eagerly"]
+__all__ = ["DONE", "FINISHED", "RAISED", "SUSPENDED", "Done", "first_step", "start_eagerly"]
 
 _FINISHED, _RAISED, _SUSPENDED = 0, 1, 2
+FINISHED, RAISED, SUSPENDED = _FINISHED, _RAISED, _SUSPENDED  # what first_step's outcome says
 
 
 def _first_step(coro: Coroutine[Any, Any, Any]) -> tuple[int, Any]:
@@ -151,40 +152,113 @@ DONE = Done()
 
 if sys.version_info >= (3, 12):
 
-    def _eager_task(
+    def _first_step_task(
         loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
-    ) -> asyncio.Task[Any] | None:
+    ) -> tuple[int, Any]:
         task = asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg,unused-ignore]
-        return None if task.done() else task
+        if not task.done():
+            return _SUSPENDED, task
+        if task.cancelled():
+            return _RAISED, asyncio.CancelledError()
+        exc = task.exception()  # (retrieved: a failed first step is its caller's to report, not the loop's)
+        return (_FINISHED, task.result()) if exc is None else (_RAISED, exc)
 
 else:
     from asyncio.tasks import _enter_task, _leave_task
 
-    def _eager_task(
+    _C_TASK = asyncio.Task is getattr(asyncio.tasks, "_CTask", None)  # (the pure-Python Task: fields from __init__)
+    _task_coro = asyncio.Task._coro.__get__  # type: ignore[attr-defined]  # (the C getter: None before __init__)
+
+    class _StepTask(asyncio.Task):  # type: ignore[type-arg]
+        """The current task of a coroutine's first step on 3.11: made, but initialised as a Task (scheduled,
+        registered, named) only if the step suspends; a pending future until then, nothing to undo when the
+        step finishes. A Task made for the step and dropped after it cost 20,000 of the 48,000 instructions
+        of a call to an ``async def`` handler (its scheduled first turn, the WeakSet of all tasks, its name):
+        ``bash tools/instructions_per_call.sh --async-handler``. Until then it gives the step's coroutine to
+        ``get_coro`` and ``repr`` (the C Task's ``get_coro`` reads a field ``__init__`` sets)."""
+
+        __slots__ = ("step_coro",)
+        step_coro: Coroutine[Any, Any, Any]
+
+        def get_coro(self) -> Any:
+            coro = _task_coro(self)
+            return self.step_coro if coro is None else coro
+
+        _coro = property(get_coro)
+
+    _new_task, _init_future, _init_task = _StepTask.__new__, asyncio.Future.__init__, asyncio.Task.__init__
+    _future_done = (asyncio.Future.set_result, asyncio.Future.set_exception, asyncio.Future.cancel)
+
+    def _first_step_task(
         loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
-    ) -> asyncio.Task[Any] | None:
-        if asyncio.current_task(loop) is not None:  # inside a task (3.11 cannot swap it out): started as usual
-            return loop.create_task(coro, context=context)
-        carry = _CarryOn(coro)
-        task = loop.create_task(carry, context=context)  # its first turn takes what the first step left
+    ) -> tuple[int, Any]:
+        if asyncio.current_task(loop) is not None or not _C_TASK:  # inside a task (3.11 cannot swap it out), or
+            return _SUSPENDED, loop.create_task(coro, context=context)  # no C Task: started as usual
+        task = _new_task(_StepTask)
+        _init_future(task, loop=loop)
+        task.step_coro = coro
         _enter_task(loop, task)
         try:
-            carry.first = context.run(_first_step, coro)
+            first = context.run(_first_step, coro)
         finally:
             _leave_task(loop, task)
-        kind, outcome = carry.first
-        if kind == _RAISED and isinstance(outcome, (KeyboardInterrupt, SystemExit)):
-            carry.first = (_FINISHED, None)  # raised here, once, as a Task's step raises them
-            raise outcome
-        return task if kind == _SUSPENDED else None
+        kind, outcome = first
+        if kind != _SUSPENDED:
+            if kind == _RAISED and isinstance(outcome, (KeyboardInterrupt, SystemExit)):
+                raise outcome
+            # (a step that cancelled itself and returned is cancelled, as a Task's step ends)
+            if task._must_cancel:  # type: ignore[attr-defined]
+                kind, outcome = _RAISED, asyncio.CancelledError()
+            if task._callbacks is not None:  # (the step asked to hear when its task is done: it is, now)
+                set_result, set_exception, cancel = _future_done
+                if kind == _FINISHED:
+                    set_result(task, outcome)
+                elif isinstance(outcome, asyncio.CancelledError):
+                    cancel(task)
+                else:
+                    set_exception(task, outcome)
+                    task.exception()  # (retrieved: the caller reports it)
+            return kind, outcome
+        # It suspended: this object becomes its Task (what the step saw as its current task, which an
+        # asyncio.timeout or a TaskGroup may hold), keeping what the step asked of it: cancellations, callbacks.
+        cancelling, callbacks = task.cancelling(), task._callbacks
+        carry = _CarryOn(coro)
+        carry.first = first  # its first turn waits on what the step yielded
+        _init_task(task, carry, loop=loop, context=context)
+        for callback, callback_context in callbacks or ():
+            task.add_done_callback(callback, context=callback_context)
+        for _ in range(cancelling):
+            task.cancel()
+        return _SUSPENDED, task
+
+
+def first_step(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
+) -> tuple[int, Any]:
+    """Run ``coro``'s first step now, in ``context``, as the current task of a Task of its own (as
+    ``start_eagerly`` does), and give its outcome to the caller rather than to that Task: ``(FINISHED,
+    result)``, ``(RAISED, exception)`` (a CancelledError for a step that cancelled itself), or ``(SUSPENDED,
+    task)``, the Task that carries it on (started as usual, not eagerly, inside another task on 3.11 or with a
+    loop's task factory). The engine runs ``async def`` handlers this way: one that finishes in its first step
+    costs its Task and no wrapper coroutine (``bash tools/instructions_per_call.sh --async-handler``)."""
+    if loop.get_task_factory() is not None:
+        return _SUSPENDED, loop.create_task(coro, context=context)
+    return _first_step_task(loop, coro, context)
+
+
+def _eager_task(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
+) -> asyncio.Task[Any] | None:
+    kind, outcome = _first_step_task(loop, coro, context)
+    return outcome if kind == _SUSPENDED else None
 
 
 def start_eagerly(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
 ) -> asyncio.Task[Any] | None:
     """Run ``coro``'s first step now, in ``context``, as ``loop``'s current task. Returns None when it finished
-    in that step (its result or exception stays with its Task, which nobody awaits: give the outcome
-    elsewhere, as the engine's handler runner does), else the running Task. A loop with a task factory of
+    in that step (its result or exception is dropped: give the outcome elsewhere, as the engine's handler
+    runner does), else the running Task. A loop with a task factory of
     its own makes the task instead, started as usual (returned). The loop must be running (we are in one
     of its callbacks)."""
     if loop.get_task_factory() is not None:

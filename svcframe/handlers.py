@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
-from .eager import DONE, Done, start_eagerly
+from .eager import DONE, FINISHED, SUSPENDED, Done, first_step, start_eagerly
 from .errors import (
     AppError,
     BulkUsageError,
@@ -295,17 +295,27 @@ class Handlers:
                 frame = frame._replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
         req = _new_tuple(Request, (self, conn, reg, frame, arrival))
         if reg.is_coroutine:  # its context is a copy of this one: the request travels in the contextvar
+            answer: tuple[int, int, Any] | None = None
             token = _task_request.set(req)
             try:
                 coro = reg.handler(req, arg)
-                task = self._start(conn, frame, reg, req, arrival_ns, start_ns, rec, coro)
+                if not self._runs_now(conn, frame, arrival_ns):  # started as usual: it may never run
+                    task: asyncio.Task[Any] | None = self._loop.create_task(  # type: ignore[union-attr]
+                        self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, coro)
+                    )
+                else:  # its first step now, in a Task of its own (no wrapper coroutine): svcframe.eager.first_step
+                    kind, outcome = first_step(self._loop, coro, contextvars.copy_context())  # type: ignore[arg-type]
+                    if kind != SUSPENDED:
+                        self._answer_first_step(conn, frame, reg, arrival_ns, start_ns, rec, kind, outcome, coro)
+                        return
+                    task, answer = outcome, (arrival_ns, start_ns, rec)  # answered by _task_done
             except Exception as exc:
                 self._finish_error(conn, frame, reg, exc)
                 return
             finally:
                 _task_request.reset(token)
             if task is not None:
-                self._track_task(conn, frame, reg, req, task, coro)
+                self._track_task(conn, frame, reg, req, task, coro, answer)
             return
         sync = _sync
         sync.request = req
@@ -324,6 +334,29 @@ class Handlers:
             sync.request = None
         if task is not None:
             self._track_task(conn, frame, reg, req, task, result)
+
+    def _answer_first_step(
+        self,
+        conn: Connection,
+        frame: Frame,
+        reg: Registration,
+        arrival_ns: int,
+        start_ns: int,
+        rec: Any,
+        kind: int,
+        outcome: Any,
+        coro: Any,
+    ) -> None:
+        """Answer an async handler that finished in its first step (``first_step``: FINISHED with its result, or
+        RAISED), as ``_run_async`` answers one that finished later."""
+        if kind != FINISHED:
+            self._answer_failure(conn, frame, reg, outcome, coro, None)
+        elif (outcome is None or (type(outcome) is bytes and len(outcome) <= _SMALL_RESULT_BYTES)) and not (
+            start_ns or frame[1] & _NOT_FAST
+        ):  # the common case, untimed and untraced (as a sync handler's)
+            conn.send(ok_response(frame[4], outcome))
+        else:
+            self._finish(conn, frame, reg, arrival_ns, start_ns, rec, outcome)
 
     def _handled(
         self,
@@ -371,19 +404,36 @@ class Handlers:
         loop = self._loop
         assert loop is not None
         runner = self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, aw)
-        request_id, usec = frame[4], frame[5]  # (usec: the deadline after arrival, checked by the clock: the
-        cancels = self._dispatching_cancels  # loop's time stands still during a turn)
+        if self._runs_now(conn, frame, arrival_ns):
+            return start_eagerly(loop, runner, contextvars.copy_context())
+        return loop.create_task(runner)
+
+    def _runs_now(self, conn: Connection, frame: Frame, arrival_ns: int) -> bool:
+        """Whether a handler's first step may run now: False when its batch also cancels it (it then never runs),
+        its request id is still being served (``_track_task`` refuses it), or its deadline has passed
+        (``_track_task`` drops it unrun). Its deadline (``usec`` after arrival) is checked by the clock: the
+        loop's time stands still during a turn."""
+        request_id, usec = frame[4], frame[5]
+        cancels = self._dispatching_cancels
         if cancels is None:  # the requests its batch cancels (a request read with its CANCEL never runs)
             cancels = self._dispatching_cancels = {f[4] for f in self._dispatching if f[0] == K_CANCEL}
-        late = usec and perf_ns() - arrival_ns >= usec * 1000
-        if late or request_id in cancels or request_id in conn.serving:
-            return loop.create_task(runner)
-        return start_eagerly(loop, runner, contextvars.copy_context())
+        return not (
+            (usec and perf_ns() - arrival_ns >= usec * 1000) or request_id in cancels or request_id in conn.serving
+        )
 
     def _track_task(
-        self, conn: Connection, frame: Frame, reg: Registration, req: Request, task: asyncio.Task[Any], result: Any
+        self,
+        conn: Connection,
+        frame: Frame,
+        reg: Registration,
+        req: Request,
+        task: asyncio.Task[Any],
+        result: Any,
+        answer: tuple[int, int, Any] | None = None,
     ) -> None:
-        """Bookkeeping of a handler running as a task: cancellation by CANCEL or its deadline, backpressure."""
+        """Bookkeeping of a handler running as a task: cancellation by CANCEL or its deadline, backpressure.
+        With ``answer`` (arrival_ns, start_ns, rec), the task runs the handler's coroutine itself (not
+        ``_run_async``): ``_task_done`` answers from its outcome."""
         loop = self._loop
         assert loop is not None
         task.svcframe_provider_id = reg.provider_id  # type: ignore[attr-defined]
@@ -403,7 +453,10 @@ class Handlers:
         if deadline is not None and deadline <= loop.time():  # it waited past its deadline (behind a blocking
             _expire_handler(task)  # handler): dropped before its first step, answered DROPPED by _task_done
         timer = loop.call_at(deadline, _expire_handler, task) if deadline is not None else None
-        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result))
+        if answer is None:
+            task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result))
+        else:
+            task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result, reg, answer))
 
     def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError:
         """A well-framed request or bulk request whose body a conforming peer never sends (malformed or
@@ -439,15 +492,16 @@ class Handlers:
         task: asyncio.Task[Any],
         deadline: asyncio.TimerHandle | None,
         handler_result: Any,
+        reg: Registration | None = None,
+        answer: tuple[int, int, Any] | None = None,
     ) -> None:
         if deadline is not None:
             deadline.cancel()
+        unrun = False
         if inspect.iscoroutine(handler_result):
+            unrun = task.cancelled() and inspect.getcoroutinestate(handler_result) == inspect.CORO_CREATED
             if (
-                task.cancelled()
-                and inspect.getcoroutinestate(handler_result) == inspect.CORO_CREATED
-                and not conn.closed
-                and conn.serving.get(request_id) is task
+                unrun and not conn.closed and conn.serving.get(request_id) is task
             ):  # cancelled before its first step: nothing ran and nothing answered yet
                 frame = task.svcframe_frame
                 self._count_error(conn, frame, self._rows.get((frame[2], frame[3])))
@@ -466,6 +520,18 @@ class Handlers:
         self.progress.inflight -= 1
         if not self.progress.blocking:
             self.progress.activity()
+        if answer is not None and not unrun:  # the handler's own coroutine (not _run_async): answer its outcome
+            assert reg is not None
+            frame = task.svcframe_frame  # type: ignore[attr-defined]
+            try:
+                if task.cancelled():
+                    self._answer_failure(conn, frame, reg, asyncio.CancelledError(), handler_result, task)
+                elif (exc := task.exception()) is not None:
+                    self._answer_failure(conn, frame, reg, exc, handler_result, task)
+                else:
+                    self._finish(conn, frame, reg, *answer, task.result())
+            except Exception as exc:
+                self._finish_error(conn, frame, reg, exc)
 
     async def _run_async(
         self,
@@ -479,25 +545,40 @@ class Handlers:
     ) -> None:
         try:
             result = await aw
-        except asyncio.CancelledError:
-            self._count_error(conn, frame, reg)  # no result: by its deadline, its caller's CANCEL or a shutdown
-            if not conn.closed:
-                if self._closing:
-                    self._reply_error(
-                        conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished"
-                    )
-                elif getattr(asyncio.current_task(), "svcframe_deadline_passed", False):
-                    if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
-                        self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
-                    else:  # it ran: whatever it changed may have been applied
-                        self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, "the deadline passed as it ran")
-                else:
-                    self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
+        except asyncio.CancelledError as exc:
+            self._answer_failure(conn, frame, reg, exc, aw, asyncio.current_task())
             raise
         except Exception as exc:
             self._finish_error(conn, frame, reg, exc)
         else:
             self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
+
+    def _answer_failure(
+        self,
+        conn: Connection,
+        frame: Frame,
+        reg: Registration,
+        exc: BaseException,
+        aw: Any,
+        task: asyncio.Task[Any] | None,
+    ) -> None:
+        """Answer a handler that raised ``exc`` (``_finish_error``), or was cancelled (a CancelledError): by its
+        ``task``'s deadline, its caller's CANCEL or a shutdown; no result."""
+        if not isinstance(exc, asyncio.CancelledError):
+            self._finish_error(conn, frame, reg, exc)
+            return
+        self._count_error(conn, frame, reg)
+        if conn.closed:
+            return
+        if self._closing:
+            self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished")
+        elif getattr(task, "svcframe_deadline_passed", False):
+            if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
+                self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
+            else:  # it ran: whatever it changed may have been applied
+                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, "the deadline passed as it ran")
+        else:
+            self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
 
     def _finish(
         self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, rec: Any, result: Any

@@ -15,6 +15,7 @@ from reliability_kit import open_raw, raw_handshake, secret
 
 from svcframe import Engine, Request
 from svcframe.eager import start_eagerly
+from svcframe.errors import Cancelled, RemoteError
 from svcframe.wire import HEADER, HEADER_SIZE, Kind, Status, encode_frame, pack_body, rpc_id, unpack_body
 
 pytestmark = pytest.mark.asyncio
@@ -80,6 +81,93 @@ async def test_a_handler_that_suspends_carries_on_as_a_task(server: Engine, clie
     assert not call.done()
     release.set()
     assert await asyncio.wait_for(call, WAIT_SECONDS) == "done"
+
+
+async def test_what_a_first_step_asks_of_its_task_holds_once_it_suspends(server: Engine, client: Engine) -> None:
+    """The task a handler's first step sees is the task that carries it on (on 3.11 it is made a Task only
+    when the step suspends): the same object after the suspension, with the done callback, the timeout and
+    the task group the step set up on it; and a handler that cancels itself in its first step is cancelled
+    at its first await and answered CANCELLED."""
+    seen: dict[str, Any] = {}
+    called_back = asyncio.Event()
+
+    async def suspends(req: Request, arg: Any) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        task.add_done_callback(lambda t: called_back.set())
+        async with asyncio.TaskGroup() as group:
+            child = group.create_task(asyncio.sleep(0, result="child"))
+        try:
+            async with asyncio.timeout(0.05):
+                await asyncio.Event().wait()  # only the timeout ends it
+        except TimeoutError:
+            seen["timed out"] = True
+        seen["same task"] = asyncio.current_task() is task
+        return child.result()
+
+    async def cancels_itself(req: Request, arg: Any) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+        seen["ran on"] = True
+
+    server.register(1, "suspends", suspends)
+    server.register(1, "cancels_itself", cancels_itself)
+    assert await client.call(server.address, "suspends", None, provider_id=1) == "child"
+    await asyncio.wait_for(called_back.wait(), WAIT_SECONDS)
+    assert seen == {"timed out": True, "same task": True}
+    with pytest.raises(Cancelled):
+        await client.call(server.address, "cancels_itself", None, provider_id=1)
+    assert "ran on" not in seen
+    assert await client.call(server.address, "echo", 1, provider_id=1) == 1
+
+
+async def test_what_a_first_step_asks_of_its_task_holds_when_it_finishes(server: Engine, client: Engine) -> None:
+    """A handler that finishes in its first step sees a whole task there (its coroutine, its repr), and what
+    it asked of that task happens: its done callback runs; having cancelled itself, it is answered
+    CANCELLED (as a Task whose step cancels it and returns ends cancelled)."""
+    seen: dict[str, Any] = {}
+    called_back = asyncio.Event()
+
+    async def looks(req: Request, arg: Any) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        seen["coro"] = task.get_coro().__qualname__  # type: ignore[union-attr]
+        seen["repr"] = "looks" in repr(task)
+        task.add_done_callback(lambda t: called_back.set())
+        return arg
+
+    async def cancels_and_returns(req: Request, arg: Any) -> Any:
+        asyncio.current_task().cancel()  # type: ignore[union-attr]
+        return "returned"
+
+    server.register(1, "looks", looks)
+    server.register(1, "cancels_and_returns", cancels_and_returns)
+    assert await client.call(server.address, "looks", 3, provider_id=1) == 3
+    await asyncio.wait_for(called_back.wait(), WAIT_SECONDS)
+    assert seen["coro"].endswith("looks") and seen["repr"]
+    with pytest.raises(Cancelled):
+        await client.call(server.address, "cancels_and_returns", None, provider_id=1)
+
+
+async def test_a_handler_failing_or_cancelled_in_its_first_step_is_answered_so(server: Engine, client: Engine) -> None:
+    """An async handler that raises before it suspends is answered with its error, one that raises
+    CancelledError with CANCELLED; the server serves on."""
+
+    async def fails(req: Request, arg: Any) -> Any:
+        raise ValueError(f"bad {arg}")
+
+    async def cancelled(req: Request, arg: Any) -> Any:
+        raise asyncio.CancelledError
+
+    server.register(1, "fails", fails)
+    server.register(1, "cancelled", cancelled)
+    with pytest.raises(RemoteError, match="bad 7"):
+        await client.call(server.address, "fails", 7, provider_id=1)
+    with pytest.raises(Cancelled):
+        await client.call(server.address, "cancelled", None, provider_id=1)
+    assert await client.call(server.address, "echo", 2, provider_id=1) == 2
 
 
 async def test_a_request_read_with_its_cancel_never_runs(server: Engine) -> None:

@@ -9,7 +9,7 @@ ratios on / off.
 
     python tools/paired_ab.py [--method into|pull|push] [--transport unix|tcp]
                               [--toggle vm|address|offers|split-push|push-ahead|eager|place-ahead|
-                                        compiled-push]
+                                        compiled-push|inline]
                               [--size BYTES] [--batch N] [--rounds N]
 
 Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
@@ -22,7 +22,9 @@ each set in both processes: ``vm`` svcframe.cma.read/write by their compiled twi
 started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the engine did before);
 ``place-ahead`` a push ahead placed by the caller's decoder (FrameDecoder.place_ahead) or dispatched as frames;
 ``compiled-push`` a push ahead written and placed by the compiled twins (svcframe._speedups.push_ahead_now and
-place_ahead) or by their Python definitions (Engine.push, BulkServing._place_ahead).
+place_ahead) or by their Python definitions (Engine.push, BulkServing._place_ahead); ``inline`` the method
+("on") or the same bytes returned as the call's ``bytes`` result ("off"): issue 14's "a bulk read >= the inline
+result".
 """
 
 from __future__ import annotations
@@ -41,18 +43,23 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 METHODS = ("into", "pull", "push")
-TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager", "place-ahead", "compiled-push")
+TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager", "place-ahead", "compiled-push", "inline")
 
 
 def set_toggle(engine: Any, toggle: str, on: bool) -> None:
-    """Switch ``toggle`` in this process (its engine's connections, or svcframe.cma's twins)."""
+    """Switch ``toggle`` in this process (its engine's connections, or svcframe.cma's twins; ``inline`` switches
+    the client's operation, in ``measure``)."""
     from svcframe import _speedups, cma
 
     if toggle == "eager":
         from svcframe import eager, handlers
 
         started = eager.start_eagerly if on else lambda loop, coro, context: loop.create_task(coro, context=context)
-        setattr(handlers, "start_eagerly", started)  # noqa: B010  (the name the engine calls, in this process)
+        stepped = (
+            eager.first_step if on else lambda loop, coro, ctx: (eager.SUSPENDED, loop.create_task(coro, context=ctx))
+        )
+        setattr(handlers, "start_eagerly", started)  # noqa: B010  (the names the engine calls, in this process)
+        setattr(handlers, "first_step", stepped)  # noqa: B010
     if toggle == "vm":
         cma.read = _speedups.vm_read if on else cma._read_py
         cma.write = _speedups.vm_write if on else cma._write_py
@@ -85,8 +92,8 @@ async def serve(address: str, size: int, toggle: str) -> None:
     data = os.urandom(size)
     exposed = engine.expose(data, "r").to_wire()
 
-    async def push(req: Any, wire: Any) -> None:
-        await engine.push(BulkHandle.from_wire(wire), data)
+    def push(req: Any, wire: Any) -> Any:  # as the self-test provider's read: done at once, or a coroutine
+        return engine.push(BulkHandle.from_wire(wire), data)
 
     engine.register(1, "push", push)
     engine.register(1, "read", lambda req, arg: data)
@@ -112,16 +119,18 @@ async def measure(address: str, args: argparse.Namespace) -> None:
         op = lambda: call(address, "read", None, provider_id=1, into=buf)  # noqa: E731
     else:
         op = lambda: engine.pull(source, buf)  # noqa: E731
+    inline = lambda: call(address, "read", None, provider_id=1)  # noqa: E731
     rates: dict[bool, list[float]] = {True: [], False: []}
     for r in range(args.rounds):
         for on in (bool(r % 2), not r % 2):
             await call(address, "toggle", on, provider_id=1)
             set_toggle(engine, args.toggle, on)
+            read = inline if args.toggle == "inline" and not on else op
             for _ in range(max(args.batch // 10, 5)):  # warm up this variant
-                await op()
+                await read()
             start = time.perf_counter()
             for _ in range(args.batch):
-                await op()
+                await read()
             rates[on].append(args.batch * args.size / (time.perf_counter() - start) / 2**30)
     ratios = [a / b for a, b in zip(rates[True], rates[False], strict=True)]
     print(f"{args.method}, {args.size} bytes over {args.transport}, {args.toggle} on/off, "

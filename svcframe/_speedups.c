@@ -56,6 +56,7 @@
 #define MAGIC_INT 0x4653u /* b"SF" little-endian */
 #define WIRE_VERSION 1
 #define K_REQUEST 2
+#define K_CANCEL 4
 #define K_RESPONSE 3
 #define UNPACK_KWARGS_MAX 8
 #define K_BULK_PUSH 6
@@ -285,7 +286,11 @@ typedef struct {
     PyObject *handle_type, *s_bulk_cma, *s_push, *s_record_bulk;
     PyObject *s_pushes, *s_buffer, *s_served_push; /* place_ahead's and record_bulk_now's */
     long long not_fast, small_result, always_timed;
-    PyObject *sn[8];
+    PyObject *sn[11];
+    /* an async def handler's first step (configure_serve()): svcframe.handlers' globals (its first_step, looked
+     * up per request, so that a patched one is honoured) and svcframe.eager's SUSPENDED and FINISHED */
+    PyObject *handler_globals;
+    long suspended, finished;
     /* begin_call and Call (configure_calls()): what Calls._call_once uses, and the names it reads (cn) */
     PyObject *call_type, *task_request, *pack_body, *nil_body, *error_from_status, *cancel_remote, *no_response;
     PyObject *deadline_expired, *cancelled_error, *no_parent, *zero;
@@ -1562,11 +1567,14 @@ new_state_type(PyObject *module, const char *name, const char *const *names, int
 /* ---- serve_request: the common case of svcframe.handlers.Handlers._on_request ---------------------------- */
 
 /* The attribute and method names serve_request uses, interned once (module_state.sn, in this order). */
-#define SERVE_NAMES_N 8
+#define SERVE_NAMES_N 11
+_Static_assert(sizeof(((module_state *)0)->sn) / sizeof(PyObject *) == SERVE_NAMES_N, "module_state.sn: SERVE_NAMES_N");
 static const char *const SERVE_NAMES[SERVE_NAMES_N] = {
     "is_coroutine", "handler", "request", "send", "_handled", "_finish_error", "_track_task", "send_many",
+    "serving", "first_step", "_answer_first_step",
 };
-enum { N_IS_COROUTINE, N_HANDLER, N_REQUEST, N_SEND, N_HANDLED, N_FINISH_ERROR, N_TRACK_TASK, N_SEND_MANY };
+enum { N_IS_COROUTINE, N_HANDLER, N_REQUEST, N_SEND, N_HANDLED, N_FINISH_ERROR, N_TRACK_TASK, N_SEND_MANY,
+       N_SERVING, N_FIRST_STEP, N_ANSWER_FIRST_STEP };
 
 /* The method names begin_call and conn_send use, interned once (module_state.cn, in this order). */
 #define CALL_NAMES_N 17
@@ -1723,13 +1731,50 @@ may_decline(void)
     return 1;
 }
 
+/* Handlers._runs_now: an async def handler's first step may run now (its deadline, usec after its arrival, has
+ * not passed by the clock; its batch does not cancel it; its request id is not being served). 1, or 0 (perhaps
+ * with an exception set). It makes the set of the batch's CANCELs when _runs_now would, the same set. */
+static int
+runs_now(module_state *st, PyObject *engine, PyObject *conn, PyObject *frame, long long arrival_ns)
+{
+    PyObject *usec = PyTuple_GET_ITEM(frame, 5), *request_id = PyTuple_GET_ITEM(frame, 4);
+    long long us = PyLong_CheckExact(usec) ? PyLong_AsLongLong(usec) : -1;
+    if (us < 0 || arrival_ns < 0 || us > LLONG_MAX / 1000 || (us && monotonic_ns() - arrival_ns >= us * 1000))
+        return 0;
+    PyObject *cancels = FIELD(engine, E_DISPATCHING_CANCELS), *batch = FIELD(engine, E_DISPATCHING);
+    if (cancels == Py_None) { /* {f[4] for f in self._dispatching if f[0] == K_CANCEL} */
+        if (batch == NULL || !(PyList_CheckExact(batch) || PyTuple_CheckExact(batch)))
+            return 0;
+        PyObject *made = PySet_New(NULL);
+        for (Py_ssize_t i = 0; made != NULL && i < PySequence_Fast_GET_SIZE(batch); i++) {
+            PyObject *f = PySequence_Fast_GET_ITEM(batch, i), *kind;
+            if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != FRAME_FIELDS)
+                Py_CLEAR(made);
+            else if (PyLong_CheckExact(kind = PyTuple_GET_ITEM(f, 0)) && PyLong_AsLong(kind) == K_CANCEL &&
+                     PySet_Add(made, PyTuple_GET_ITEM(f, 4)) < 0)
+                Py_CLEAR(made);
+        }
+        if (made == NULL)
+            return 0;
+        Py_XSETREF(FIELD(engine, E_DISPATCHING_CANCELS), made);
+        cancels = made;
+    }
+    if (cancels == NULL || !PyAnySet_CheckExact(cancels) || PySet_Contains(cancels, request_id) != 0)
+        return 0;
+    PyObject *serving = PyObject_GetAttr(conn, st->sn[N_SERVING]);
+    int served = serving != NULL && PyDict_CheckExact(serving) ? PyDict_Contains(serving, request_id) : -1;
+    Py_XDECREF(serving);
+    return served == 0;
+}
+
 /* A request that _on_request would answer in its common case: its registration, its decoded argument (*arg)
- * and, when monitored, its statistics record (*rec) and the count it reaches (*calls), all new references; NULL
- * when it is not that case, perhaps with an exception set (serve_request decides what becomes of it). Nothing is
- * changed here: the decision precedes every effect. */
+ * and, when monitored, its statistics record (*rec) and the count it reaches (*calls), all new references, and
+ * whether its handler is an async def (*coroutine: one whose first step may run now); NULL when it is not that
+ * case, perhaps with an exception set (serve_request decides what becomes of it). Nothing is changed here (but
+ * the batch's set of CANCELs, made as _runs_now makes it): the decision precedes every effect. */
 static PyObject *
 common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *conn, PyObject *frame,
-               PyObject **arg, PyObject **rec, long long *calls)
+               PyObject *arrival_ns, PyObject **arg, PyObject **rec, long long *calls, int *coroutine)
 {
     *arg = *rec = NULL;
     if (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) != FRAME_FIELDS ||
@@ -1748,8 +1793,10 @@ common_request(module_state *st, PyObject *module, PyObject *engine, PyObject *c
     PyObject *key = PyTuple_Pack(2, PyTuple_GET_ITEM(frame, 2), PyTuple_GET_ITEM(frame, 3));
     PyObject *reg = key == NULL ? NULL : PyDict_GetItemWithError(rows, key);
     Py_XDECREF(key);
-    if (reg == NULL || attr_true(reg, st->sn[N_IS_COROUTINE]) != 0) {
-        return NULL;
+    *coroutine = reg == NULL ? -1 : attr_true(reg, st->sn[N_IS_COROUTINE]);
+    if (*coroutine < 0 || (*coroutine && (st->handler_globals == NULL || !PyLong_CheckExact(arrival_ns) ||
+                                          !runs_now(st, engine, conn, frame, PyLong_AsLongLong(arrival_ns))))) {
+        return NULL; /* (an async def handler that may not run now: started as usual, by _on_request) */
     }
     Py_INCREF(reg); /* (held: decoding the body may run Python code, a collection's finalizers) */
     PyObject *monitor = FIELD(engine, E_MONITOR);
@@ -1799,11 +1846,119 @@ take_exception(void)
     return value;
 }
 
+/* except Exception as exc: self._finish_error(conn, frame, reg, exc), when the exception set is an Exception:
+ * 0 once answered; -1 with the exception (another kind, or _finish_error's own) set. */
+static int
+finish_error(module_state *st, PyObject *engine, PyObject *conn, PyObject *frame, PyObject *reg)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyObject *exc = take_exception();
+    PyObject *error_args[5] = {engine, conn, frame, reg, exc};
+    PyObject *r = exc == NULL ? NULL : PyObject_VectorcallMethod(st->sn[N_FINISH_ERROR], error_args,
+                                                                 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_XDECREF(exc);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* _on_request's async def branch, for a handler whose first step may run now (common_request): the request in
+ * the task-request context variable while the handler makes its coroutine and the coroutine's context is
+ * copied; its first step by svcframe.handlers' first_step (svcframe.eager.first_step: in a Task of its own);
+ * finished with None or small bytes (not into=), answered here as a sync handler's common result; otherwise
+ * the engine's _answer_first_step answers it, or _track_task tracks the Task it goes on in (answered by
+ * _task_done). An Exception goes to _finish_error, as the twin's try does. 0, or -1 with an exception set. */
+static int
+serve_coroutine(module_state *st, PyObject *module, PyObject *engine, PyObject *conn, PyObject *frame, PyObject *reg,
+                PyObject *req, PyObject *arg, PyObject *arrival_ns, int into)
+{
+    PyObject *token = PyContextVar_Set(st->task_request, req); /* token = _task_request.set(req) */
+    if (token == NULL)
+        return -1;
+    PyObject *handler = NULL, *coro = NULL, *ctx = NULL, *stepped = NULL, *task = NULL, *answer = NULL;
+    int failed = 0;
+    /* try: */
+    handler = PyObject_GetAttr(reg, st->sn[N_HANDLER]);
+    PyObject *call_args[2] = {req, arg};
+    coro = handler == NULL ? NULL : PyObject_Vectorcall(handler, call_args, 2, NULL);
+    PyObject *first_step = coro == NULL ? NULL : PyDict_GetItemWithError(st->handler_globals, st->sn[N_FIRST_STEP]);
+    if (coro != NULL && first_step == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "svcframe.handlers has no first_step");
+    ctx = first_step == NULL ? NULL : PyContext_CopyCurrent();
+    if (ctx != NULL) {
+        PyObject *step_args[3] = {FIELD(engine, E_LOOP), coro, ctx};
+        stepped = step_args[0] == NULL ? NULL : PyObject_Vectorcall(first_step, step_args, 3, NULL);
+        if (step_args[0] == NULL)
+            PyErr_SetString(PyExc_RuntimeError, "the engine has no loop");
+    }
+    long kind = -1;
+    if (stepped != NULL && (!PyTuple_CheckExact(stepped) || PyTuple_GET_SIZE(stepped) != 2 ||
+                            !PyLong_CheckExact(PyTuple_GET_ITEM(stepped, 0)))) {
+        PyErr_SetString(PyExc_TypeError, "first_step returned something other than (kind, outcome)");
+    } else if (stepped != NULL) {
+        kind = PyLong_AsLong(PyTuple_GET_ITEM(stepped, 0));
+    }
+    PyObject *outcome = kind < 0 ? NULL : PyTuple_GET_ITEM(stepped, 1);
+    if (outcome == NULL) {
+        failed = 1;
+    } else if (kind == st->suspended) { /* task, answer = outcome, (arrival_ns, start_ns, rec) */
+        task = Py_NewRef(outcome);
+        answer = PyTuple_Pack(3, arrival_ns, st->zero, Py_None);
+        failed = answer == NULL;
+    } else if (kind == st->finished && !into &&
+               (outcome == Py_None || (PyBytes_CheckExact(outcome) && PyBytes_GET_SIZE(outcome) <= st->small_result))) {
+        PyObject *answer_args[2] = {PyTuple_GET_ITEM(frame, 4), outcome}; /* (untimed, untraced: checked) */
+        PyObject *reply = ok_response(module, answer_args, 2);
+        failed = reply == NULL || conn_send(st, conn, reply) < 0;
+        Py_XDECREF(reply);
+    } else { /* self._answer_first_step(conn, frame, reg, arrival_ns, start_ns, rec, kind, outcome, coro) */
+        PyObject *answer_args[10] = {engine, conn, frame, reg, arrival_ns, st->zero, Py_None,
+                                     PyTuple_GET_ITEM(stepped, 0), outcome, coro};
+        PyObject *r = PyObject_VectorcallMethod(st->sn[N_ANSWER_FIRST_STEP], answer_args,
+                                                10 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        failed = r == NULL;
+        Py_XDECREF(r);
+    }
+    if (failed && finish_error(st, engine, conn, frame, reg) == 0) { /* except Exception as exc: */
+        failed = 0;
+        Py_CLEAR(task);
+    }
+    { /* finally: _task_request.reset(token) */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyContextVar_Reset(st->task_request, token) < 0) {
+            if (type != NULL)
+                PyErr_Clear(); /* (the first error wins) */
+            else
+                failed = 1;
+        }
+        if (type != NULL)
+            PyErr_Restore(type, value, tb);
+    }
+    if (!failed && task != NULL) { /* self._track_task(conn, frame, reg, req, task, coro, answer) */
+        PyObject *track_args[8] = {engine, conn, frame, reg, req, task, coro, answer};
+        PyObject *r = PyObject_VectorcallMethod(st->sn[N_TRACK_TASK], track_args,
+                                                8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        failed = r == NULL;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(answer);
+    Py_XDECREF(task);
+    Py_XDECREF(stepped);
+    Py_XDECREF(ctx);
+    Py_XDECREF(coro);
+    Py_XDECREF(handler);
+    Py_DECREF(token);
+    return failed ? -1 : 0;
+}
+
 PyDoc_STRVAR(serve_request_doc,
 "serve_request(engine, conn, frame, arrival_ns, arrival) -> None\n\n"
 "svcframe.handlers.Handlers._on_request (its Python twin, configure_serve()), without a Python frame in its\n"
-"common case: a sync handler of a known target, untraced, untimed (monitoring off, or counted and not\n"
-"sampled), whose result is None or small bytes, or, for a call taking its result into its own buffer (into=),\n"
+"common case: a handler of a known target (sync, or async def whose first step may run now), untraced,\n"
+"untimed (monitoring off, or counted and not sampled), whose result is None or small bytes, or, for a call taking its result into its own buffer (into=),\n"
 "bytes that fit one frame (sent as one data frame flagged INTO, as _reply_into sends them). Any other request\n"
 "is handed to the twin before anything is done; a handler's other results and its exceptions go to the\n"
 "engine's _handled and _finish_error, as the twin's do.");
@@ -1822,7 +1977,8 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *engine = args[0], *conn = args[1], *frame = args[2], *arg, *rec;
     long long calls = 0;
-    PyObject *reg = common_request(st, module, engine, conn, frame, &arg, &rec, &calls);
+    int coroutine = 0;
+    PyObject *reg = common_request(st, module, engine, conn, frame, args[3], &arg, &rec, &calls, &coroutine);
     if (reg == NULL) {
         if (!may_decline())
             return NULL;
@@ -1850,6 +2006,10 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (int i = 0; i < 5; i++) {
         Py_INCREF(items[i]);
         PyTuple_SET_ITEM(req, i, items[i]);
+    }
+    if (coroutine) {
+        failed = serve_coroutine(st, module, engine, conn, frame, reg, req, arg, args[3], into) < 0;
+        goto done;
     }
     if (PyObject_SetAttr(st->sync, st->sn[N_REQUEST], req) < 0) { /* sync.request = req */
         failed = 1;
@@ -1884,14 +2044,8 @@ serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     } else {
         failed = 1;
     }
-    if (failed && PyErr_ExceptionMatches(PyExc_Exception)) { /* except Exception as exc: */
-        PyObject *exc = take_exception();
-        PyObject *error_args[5] = {engine, conn, frame, reg, exc};
-        PyObject *r = exc == NULL ? NULL : PyObject_VectorcallMethod(st->sn[N_FINISH_ERROR], error_args,
-                                                                     5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        Py_XDECREF(exc);
-        failed = r == NULL;
-        Py_XDECREF(r);
+    if (failed && finish_error(st, engine, conn, frame, reg) == 0) { /* except Exception as exc: */
+        failed = 0;
         Py_CLEAR(task);
     }
     { /* finally: sync.request = None */
@@ -1927,20 +2081,26 @@ done:
 
 PyDoc_STRVAR(configure_serve_doc,
 "configure_serve(on_request_py, request_type, sync, not_fast_flags, into_flag, small_result_bytes,\n"
-"                always_timed, batch_flush_bytes, done) -> None\n\n"
+"                always_timed, batch_flush_bytes, done, handler_globals, suspended, finished) -> None\n\n"
 "What serve_request serves with: svcframe.handlers' Handlers._on_request (its twin), Request (a tuple\n"
 "subclass of 5 items), the sync handlers' thread-local, the request flags it leaves to the twin (no reply;\n"
 "a result lent by address), wire.F_INTO (the result taken into the caller's buffer: answered here when it is\n"
-"bytes that fit one frame), _SMALL_RESULT_BYTES, monitoring.ALWAYS_TIMED, transport.BATCH_FLUSH_BYTES and svcframe.eager.DONE\n"
-"(answered as None: a push ahead written at once).");
+"bytes that fit one frame), _SMALL_RESULT_BYTES, monitoring.ALWAYS_TIMED, transport.BATCH_FLUSH_BYTES, svcframe.eager.DONE\n"
+"(answered as None: a push ahead written at once), and for async def handlers svcframe.handlers' globals (its\n"
+"first_step, looked up per request) and svcframe.eager's SUSPENDED and FINISHED.");
 
 static PyObject *
 configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "configure_serve takes 9 arguments");
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "configure_serve takes 12 arguments");
         return NULL;
     }
+    if (!PyDict_Check(args[9])) {
+        PyErr_SetString(PyExc_TypeError, "configure_serve: handler_globals must be a dict");
+        return NULL;
+    }
+    long suspended = PyLong_AsLong(args[10]), finished = PyLong_AsLong(args[11]);
     if (!PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure_serve: request_type must be a tuple subclass");
         return NULL;
@@ -1959,6 +2119,9 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(st->sync, args[2]);
     Py_INCREF(args[8]);
     Py_XSETREF(st->done, args[8]);
+    Py_XSETREF(st->handler_globals, Py_NewRef(args[9]));
+    st->suspended = suspended;
+    st->finished = finished;
     st->not_fast = not_fast;
     st->into_flag = (long)into_flag; /* (the same flag configure_calls() gives) */
     st->small_result = small;
@@ -3463,7 +3626,7 @@ speedups_exec(PyObject *module)
     X(cancelled_error) X(no_parent) X(zero) X(engine_state) X(as_byte_view) X(incoming_pull) X(too_large) \
     X(writable_kw) X(overflow_ok_kw) X(connection_state) X(monitor_state) X(progress_state) X(record_state) \
     X(wire) X(packer_pack) X(on_frames_py) X(on_answers_py) X(protocol_error) X(no_frames) X(engine_globals) \
-    X(s_fold)
+    X(s_fold) X(handler_globals)
 
 static int
 speedups_traverse(PyObject *module, visitproc visit, void *arg)

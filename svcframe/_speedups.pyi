@@ -85,6 +85,9 @@ def configure_serve(
     always_timed: int,
     batch_flush_bytes: int,
     done: Any,
+    handler_globals: dict[str, Any],
+    suspended: int,
+    finished: int,
     /,
 ) -> None: ...
 def configure_calls(

@@ -11,6 +11,11 @@ other answers of its batch in one write, where a Task's answer was written alone
 ``python tools/profile_server.py --async-handler`` (a noop ``async def`` handler, 64 requests in flight),
 server CPU per call: Python 3.13 11.3-11.7 µs before, 5.7-7.0 after; Python 3.11 16.2-18.9 before, 7.9-12.5
 after (the Task is still made there: the step needs it as the current task). A sync handler: 2.2-3.2.
+
+``first_step`` then gave the step's outcome to the engine instead of a wrapper coroutine's, and on 3.11 made
+the step's current task a Task only if the step suspends (``_StepTask``): with the compiled request path
+starting it, server instructions per call of that handler (``bash tools/instructions_per_call.sh
+--async-handler``) went from 50,182 to 20,874 on 3.11 and from 31,651 to 20,031 on 3.13.
 """
 
 from __future__ import annotations

@@ -747,6 +747,6 @@ if not PURE:
 
     configure_serve(  # (it answers an into= call's bytes itself, as _reply_into does; not one lent by address)
         Handlers._on_request, Request, _sync, F_NO_REPLY | F_CMA, F_INTO, _SMALL_RESULT_BYTES, ALWAYS_TIMED,
-        BATCH_FLUSH_BYTES, DONE,
+        BATCH_FLUSH_BYTES, DONE, globals(), SUSPENDED, FINISHED,
     )  # fmt: skip
     serve_request = _serve_request_c

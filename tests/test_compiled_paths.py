@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,7 +57,23 @@ def _register(server: Engine) -> None:
     async def slow(req: Request, arg: Any) -> Any:
         await asyncio.sleep(30)
 
-    for name, fn in [*sync.items(), ("app_error", app_error), ("fails", fails), ("aecho", aecho), ("slow", slow)]:
+    async def acancelled(req: Request, arg: Any) -> Any:
+        raise asyncio.CancelledError
+
+    async def asuspends(req: Request, arg: Any) -> Any:
+        await asyncio.sleep(0)
+        return [arg, current_request.get() is req]
+
+    def as_async(fn: Callable[[Request, Any], Any]) -> Callable[[Request, Any], Any]:
+        async def handler(req: Request, arg: Any) -> Any:  # the same result from an async def's first step
+            result = fn(req, arg)
+            return await result if inspect.isawaitable(result) else result
+
+        return handler
+
+    plain = {**sync, "app_error": app_error, "fails": fails}
+    for name, fn in [*plain.items(), ("aecho", aecho), ("slow", slow), ("acancelled", acancelled),
+                     ("asuspends", asuspends), *((f"async {n}", as_async(f)) for n, f in plain.items())]:  # fmt: skip
         server.register(1, name, fn)
 
 
@@ -93,9 +110,12 @@ async def _outcomes(make_engine: Callable[..., Awaitable[Engine]], compiled: boo
 
     for _ in range(REPEAT):
         for name in ("none", "over_small", "large", "obj", "text", "awaitable", "whoami", "nested", "app_error",
-                     "fails", "aecho"):  # fmt: skip
+                     "fails", "aecho", "acancelled", "asuspends"):  # fmt: skip
             await outcome(name, client.call(address, name, None, provider_id=1))
+            if name not in ("aecho", "acancelled", "asuspends"):  # (and the same from an async def handler)
+                await outcome(f"async {name}", client.call(address, f"async {name}", None, provider_id=1))
         await outcome("small", client.call(address, "small", b"abc", provider_id=1))
+        await outcome("async small", client.call(address, "async small", b"abc", provider_id=1))
         await outcome("dict arg", client.call(address, "obj", {"x": 1}, provider_id=1))
         await outcome("no such rpc", client.call(address, "nope", provider_id=1))
         await outcome("no such provider", client.call(address, "small", provider_id=9))
@@ -106,7 +126,7 @@ async def _outcomes(make_engine: Callable[..., Awaitable[Engine]], compiled: boo
         await into("into, over the buffer", "large", None, 100)
         await into("into, chunked", "huge", None, 300_000)
         await into("into, empty", "small", b"", 8)
-        for name in ("none", "text", "awaitable", "fails"):
+        for name in ("none", "text", "awaitable", "fails", "async none", "async small"):
             await into(f"into, {name}", name, None, 16)
         assert current_request.get() is None
     for _ in range(3):
@@ -153,6 +173,9 @@ async def test_the_compiled_paths_end_every_call_as_their_definitions(
     assert compiled["server"] == definitions["server"]
     seen = compiled["seen"]
     assert seen["small"] == [b"abc"] and seen["whoami"] == [["whoami", True, 1]] and seen["nested"] == [b"n"]
+    assert seen["async small"] == [b"abc"] and seen["async whoami"] == [["async whoami", True, 1]]
+    assert seen["asuspends"] == [[None, True]] and [s[0] for s in seen["acancelled"]] == ["Cancelled"]
+    assert [s[0] for s in seen["async fails"]] == ["RemoteError"] and seen["async nested"] == [b"n"]
     assert seen["cancelled"] == [True] * 3
     assert [s[0] for s in seen["app_error"]] == ["AppError"] and [s[0] for s in seen["into"]] == [4]
     assert [s[0] for s in seen["into, one frame"]] == [200_000] and [s[0] for s in seen["into, chunked"]] == [300_000]

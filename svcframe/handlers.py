@@ -371,7 +371,7 @@ class Handlers:
     ) -> asyncio.Task[Any] | None:
         """A sync handler's result other than the common one: sent (``_finish``), or, an awaitable, run as a
         task, returned for ``_track_task``. (Called from ``_on_request`` and its compiled twin.)"""
-        if type(result) is Done:  # finished when made (a push ahead written at once): answered now, no task
+        if isinstance(result, Done):  # finished when made (a push ahead written at once): answered now, no task
             result = result.value
             if result is None and not (start_ns or frame[1] & _NOT_FAST):  # (as _on_request's common case)
                 conn.send(ok_response(frame[4], None))

@@ -14,7 +14,7 @@ from conftest import WAIT_SECONDS
 from reliability_kit import open_raw, raw_handshake, secret
 
 from svcframe import Engine, Request
-from svcframe.eager import start_eagerly
+from svcframe.eager import DONE, Done, start_eagerly
 from svcframe.errors import Cancelled, RemoteError
 from svcframe.wire import HEADER, HEADER_SIZE, Kind, Status, encode_frame, pack_body, rpc_id, unpack_body
 
@@ -260,3 +260,12 @@ async def test_no_batch_is_kept_once_dispatched(server: Engine, client: Engine) 
     frame of it, nor the buffer a large body lives in, stays referenced from the engine."""
     assert await client.call(server.address, "echo", b"x" * 100_000, provider_id=1) == b"x" * 100_000
     assert len(server._dispatching) == 0
+
+
+async def test_done_is_a_finished_coroutine_however_it_is_awaited() -> None:
+    """``DONE`` (and any ``Done``): awaited, twice, it gives its value at once; a Task, ``gather`` and
+    ``ensure_future`` take it as the coroutine it is."""
+    for done, value in ((DONE, None), (Done(7), 7)):
+        assert await done == value and await done == value
+        assert await asyncio.create_task(done) == value  # type: ignore[arg-type]
+        assert list(await asyncio.gather(done, asyncio.ensure_future(done))) == [value, value]

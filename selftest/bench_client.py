@@ -19,9 +19,10 @@ Workloads (``CLIENT_WORKLOADS``):
   ``spindown`` with its window, ``busy``); the msgpack peer blocks, as asyncio does.
 * ``client-read``: one client reading ``size`` bytes per call (64 KiB, 4 MiB), tcp and unix: GiB/s. svcframe
   by inline ``bytes`` result, by the same result received into the client's buffer (``into``: one round
-  trip), by bulk push (the server pushes into a buffer the client exposed once) and by bulk pull (the server
-  returns a handle on a region it exposes, the client pulls it into a reused buffer); both bulk methods take
-  two round trips. The raw peer's pull (the data comes with the reply) and
+  trip), by bulk push (the server pushes into a buffer the client exposed once: ahead of its answer, one round
+  trip, except over unix at sizes moved by cross-memory attach, where the client reads the server's source
+  when asked, a second) and by bulk pull (the server returns a handle on a region it exposes, the client
+  pulls it into a reused buffer: two round trips). The raw peer's pull (the data comes with the reply) and
   the msgpack peer's inline result beside them; over unix, at sizes read by cross-memory attach, also
   ``cma copy``: one ``process_vm_readv`` of another process's buffer per read and no message, the most a
   read by one copy between processes gets on this machine (Margo's ``na+sm`` bulk transfers are one such

@@ -10,7 +10,7 @@ ratios on / off.
     python tools/paired_ab.py [--method into|pull|push] [--transport unix|tcp]
                               [--toggle vm|address|offers|split-push|push-ahead|eager|place-ahead|
                                         compiled-push|inline]
-                              [--size BYTES] [--batch N] [--rounds N]
+                              [--size BYTES] [--batch N] [--rounds N] [--async-handler]
 
 Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
 region the server exposed once), ``push`` (a handler pushes into the caller's exposed buffer). Toggles,
@@ -24,7 +24,8 @@ started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the eng
 ``compiled-push`` a push ahead written and placed by the compiled twins (svcframe._speedups.push_ahead_now and
 place_ahead) or by their Python definitions (Engine.push, BulkServing._place_ahead); ``inline`` the method
 ("on") or the same bytes returned as the call's ``bytes`` result ("off"): issue 14's "a bulk read >= the inline
-result".
+result". ``--async-handler``: the server's push handler written ``async def ... await
+req.engine.push(...)`` instead of a sync one returning ``req.engine.push(...)``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
             conn.protocol.decoder.place_ahead = placer
 
 
-async def serve(address: str, size: int, toggle: str) -> None:
+async def serve(address: str, size: int, toggle: str, async_handler: bool) -> None:
     from svcframe.bulk import BulkHandle
     from svcframe.engine import Engine
 
@@ -95,7 +96,10 @@ async def serve(address: str, size: int, toggle: str) -> None:
     def push(req: Any, wire: Any) -> Any:  # as the self-test provider's read: done at once, or a coroutine
         return engine.push(BulkHandle.from_wire(wire), data)
 
-    engine.register(1, "push", push)
+    async def push_awaited(req: Any, wire: Any) -> None:  # the same written the Mochi way (--async-handler)
+        await req.engine.push(BulkHandle.from_wire(wire), data)
+
+    engine.register(1, "push", push_awaited if async_handler else push)
     engine.register(1, "read", lambda req, arg: data)
     engine.register(1, "handle", lambda req, arg: exposed)
     engine.register(1, "toggle", lambda req, on: set_toggle(engine, toggle, bool(on)))
@@ -149,6 +153,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4 << 20)
     parser.add_argument("--batch", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--async-handler", action="store_true", help="the server's push handler as async def")
     parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -166,7 +171,7 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if args.role == "server":
         os.sched_setaffinity(0, {cores[0]})
-        run(serve(args.address, args.size, args.toggle))
+        run(serve(args.address, args.size, args.toggle, args.async_handler))
     elif args.role == "client":
         os.sched_setaffinity(0, {cores[-1]})
         run(measure(args.address, args))
@@ -174,6 +179,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="sfab", dir="/tmp") as tmp:
             listen = f"unix://{tmp}/s.sock" if args.transport == "unix" else "tcp://127.0.0.1:0"
             common = ["--size", str(args.size), "--toggle", args.toggle, "--transport", args.transport]
+            common += ["--async-handler"] if args.async_handler else []
             server = subprocess.Popen(
                 [sys.executable, __file__, "--role", "server", "--address", listen, *common],
                 stdout=subprocess.PIPE,

@@ -28,19 +28,18 @@ from typing import Any
 
 __all__ = ["DONE", "FINISHED", "RAISED", "SUSPENDED", "Done", "first_step", "start_eagerly"]
 
-_FINISHED, _RAISED, _SUSPENDED = 0, 1, 2
-FINISHED, RAISED, SUSPENDED = _FINISHED, _RAISED, _SUSPENDED  # what first_step's outcome says
+FINISHED, RAISED, SUSPENDED = 0, 1, 2  # what first_step's outcome says
 
 
 def _first_step(coro: Coroutine[Any, Any, Any]) -> tuple[int, Any]:
-    """Run ``coro`` to its first suspension: (_SUSPENDED, what it yielded), (_FINISHED, its result) or
-    (_RAISED, its exception)."""
+    """Run ``coro`` to its first suspension: (SUSPENDED, what it yielded), (FINISHED, its result) or
+    (RAISED, its exception)."""
     try:
-        return _SUSPENDED, coro.send(None)
+        return SUSPENDED, coro.send(None)
     except StopIteration as stop:
-        return _FINISHED, stop.value
+        return FINISHED, stop.value
     except BaseException as exc:  # (its Task raises it at its first turn: as a Task's own step would)
-        return _RAISED, exc
+        return RAISED, exc
 
 
 class _CarryOn(Coroutine[Any, Any, Any]):
@@ -66,9 +65,9 @@ class _CarryOn(Coroutine[Any, Any, Any]):
         self.first = None
         kind, outcome = first
         first = None
-        if kind == _SUSPENDED:
+        if kind == SUSPENDED:
             return outcome
-        if kind == _FINISHED:
+        if kind == FINISHED:
             raise StopIteration(outcome)
         try:
             raise outcome
@@ -84,7 +83,7 @@ class _CarryOn(Coroutine[Any, Any, Any]):
         first, self.first = self.first, None
         try:
             if first is not None:
-                if first[0] != _SUSPENDED:  # it finished already: the exception is the Task's alone
+                if first[0] != SUSPENDED:  # it finished already: the exception is the Task's alone
                     first = None
                     raise exc
                 if isinstance(first[1], asyncio.Future):
@@ -171,11 +170,11 @@ if sys.version_info >= (3, 12):
     ) -> tuple[int, Any]:
         task = asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg,unused-ignore]
         if not task.done():
-            return _SUSPENDED, task
+            return SUSPENDED, task
         if task.cancelled():
-            return _RAISED, asyncio.CancelledError()
+            return RAISED, asyncio.CancelledError()
         exc = task.exception()  # (retrieved: a failed first step is its caller's to report, not the loop's)
-        return (_FINISHED, task.result()) if exc is None else (_RAISED, exc)
+        return (FINISHED, task.result()) if exc is None else (RAISED, exc)
 
 else:
     from asyncio.tasks import _enter_task, _leave_task
@@ -201,13 +200,12 @@ else:
         _coro = property(get_coro)
 
     _new_task, _init_future, _init_task = _StepTask.__new__, asyncio.Future.__init__, asyncio.Task.__init__
-    _future_done = (asyncio.Future.set_result, asyncio.Future.set_exception, asyncio.Future.cancel)
 
     def _first_step_task(
         loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
     ) -> tuple[int, Any]:
         if asyncio.current_task(loop) is not None or not _C_TASK:  # inside a task (3.11 cannot swap it out), or
-            return _SUSPENDED, loop.create_task(coro, context=context)  # no C Task: started as usual
+            return SUSPENDED, loop.create_task(coro, context=context)  # no C Task: started as usual
         task = _new_task(_StepTask)
         _init_future(task, loop=loop)
         task.step_coro = coro
@@ -217,20 +215,19 @@ else:
         finally:
             _leave_task(loop, task)
         kind, outcome = first
-        if kind != _SUSPENDED:
-            if kind == _RAISED and isinstance(outcome, (KeyboardInterrupt, SystemExit)):
+        if kind != SUSPENDED:
+            if kind == RAISED and isinstance(outcome, (KeyboardInterrupt, SystemExit)):
                 raise outcome
             # (a step that cancelled itself and returned is cancelled, as a Task's step ends)
             if task._must_cancel:  # type: ignore[attr-defined]
-                kind, outcome = _RAISED, asyncio.CancelledError()
-            if task._callbacks is not None:  # (the step asked to hear when its task is done: it is, now)
-                set_result, set_exception, cancel = _future_done
-                if kind == _FINISHED:
-                    set_result(task, outcome)
+                kind, outcome = RAISED, asyncio.CancelledError()
+            if task._callbacks is not None:  # (the step asked to hear when its task is done: it is, now; a
+                if kind == FINISHED:  # Task refuses set_result and set_exception: Future's own are called)
+                    asyncio.Future.set_result(task, outcome)
                 elif isinstance(outcome, asyncio.CancelledError):
-                    cancel(task)
+                    asyncio.Future.cancel(task)
                 else:
-                    set_exception(task, outcome)
+                    asyncio.Future.set_exception(task, outcome)
                     task.exception()  # (retrieved: the caller reports it)
             return kind, outcome
         # It suspended: this object becomes its Task (what the step saw as its current task, which an
@@ -243,7 +240,7 @@ else:
             task.add_done_callback(callback, context=callback_context)
         for _ in range(cancelling):
             task.cancel()
-        return _SUSPENDED, task
+        return SUSPENDED, task
 
 
 def first_step(
@@ -256,15 +253,8 @@ def first_step(
     loop's task factory). The engine runs ``async def`` handlers this way: one that finishes in its first step
     costs its Task and no wrapper coroutine (``bash tools/instructions_per_call.sh --async-handler``)."""
     if loop.get_task_factory() is not None:
-        return _SUSPENDED, loop.create_task(coro, context=context)
+        return SUSPENDED, loop.create_task(coro, context=context)
     return _first_step_task(loop, coro, context)
-
-
-def _eager_task(
-    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
-) -> asyncio.Task[Any] | None:
-    kind, outcome = _first_step_task(loop, coro, context)
-    return outcome if kind == _SUSPENDED else None
 
 
 def start_eagerly(
@@ -272,9 +262,8 @@ def start_eagerly(
 ) -> asyncio.Task[Any] | None:
     """Run ``coro``'s first step now, in ``context``, as ``loop``'s current task. Returns None when it finished
     in that step (its result or exception is dropped: give the outcome elsewhere, as the engine's handler
-    runner does), else the running Task. A loop with a task factory of
+    runner does), else the running Task: ``first_step`` without the outcome. A loop with a task factory of
     its own makes the task instead, started as usual (returned). The loop must be running (we are in one
     of its callbacks)."""
-    if loop.get_task_factory() is not None:
-        return loop.create_task(coro, context=context)
-    return _eager_task(loop, coro, context)
+    kind, outcome = first_step(loop, coro, context)
+    return outcome if kind == SUSPENDED else None

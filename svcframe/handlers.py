@@ -300,9 +300,7 @@ class Handlers:
             try:
                 coro = reg.handler(req, arg)
                 if not self._runs_now(conn, frame, arrival_ns):  # started as usual: it may never run
-                    task: asyncio.Task[Any] | None = self._loop.create_task(  # type: ignore[union-attr]
-                        self._run_async(conn, frame, reg, arrival_ns, start_ns, rec, coro)
-                    )
+                    task = self._start(conn, frame, reg, req, arrival_ns, start_ns, rec, coro)
                 else:  # its first step now, in a Task of its own (no wrapper coroutine): svcframe.eager.first_step
                     kind, outcome = first_step(self._loop, coro, contextvars.copy_context())  # type: ignore[arg-type]
                     if kind != SUSPENDED:
@@ -349,14 +347,10 @@ class Handlers:
     ) -> None:
         """Answer an async handler that finished in its first step (``first_step``: FINISHED with its result, or
         RAISED), as ``_run_async`` answers one that finished later."""
-        if kind != FINISHED:
-            self._answer_failure(conn, frame, reg, outcome, coro, None)
-        elif (outcome is None or (type(outcome) is bytes and len(outcome) <= _SMALL_RESULT_BYTES)) and not (
-            start_ns or frame[1] & _NOT_FAST
-        ):  # the common case, untimed and untraced (as a sync handler's)
-            conn.send(ok_response(frame[4], outcome))
-        else:
+        if kind == FINISHED:
             self._finish(conn, frame, reg, arrival_ns, start_ns, rec, outcome)
+        else:
+            self._answer_failure(conn, frame, reg, outcome, coro, None)
 
     def _handled(
         self,
@@ -453,10 +447,7 @@ class Handlers:
         if deadline is not None and deadline <= loop.time():  # it waited past its deadline (behind a blocking
             _expire_handler(task)  # handler): dropped before its first step, answered DROPPED by _task_done
         timer = loop.call_at(deadline, _expire_handler, task) if deadline is not None else None
-        if answer is None:
-            task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result))
-        else:
-            task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result, reg, answer))
+        task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result, reg, answer))
 
     def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError:
         """A well-framed request or bulk request whose body a conforming peer never sends (malformed or

@@ -1,7 +1,8 @@
 """``svcframe bench --workload client``: what the CLIENT costs, beside the raw uvloop limit, in one run.
 
 Three client implementations (``IMPLS``), each against its own server (every server pinned to the server
-core, loopback):
+core and in a session of its own, so in the same kind of scheduling group: ``bench_peers.PeerServer``;
+loopback):
 
 * ``raw uvloop``: the raw peer of ``bench_peers`` (length-prefixed frames consumed in place): the limit;
 * ``asyncio+msgpack``: the hand-written msgpack RPC of ``bench_peers``, what an afternoon's work gives;

@@ -120,6 +120,9 @@ def test_peers_serve_bulk(transport: str, spin: float, tmp_path: Any) -> None:
     for kind in ("raw", "block"):
         unix = str(tmp_path / f"{kind}.sock") if transport == "unix" else None
         with PeerServer(kind, core, unix=unix, spindown_msec=spin) as peer:
+            # its own session, as a svcframe server launched by svcframe.launch: the same scheduling group
+            # placement (autogroups), so that the bench compares like with like
+            assert os.getsid(peer.pid) == peer.pid != os.getsid(0)
             for size in (65536, SIZE):
                 for op in ("pull", "push"):
                     if kind == "raw":

@@ -85,11 +85,17 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
             conn.protocol.decoder.place_ahead = placer
 
 
+def body_limit(size: int) -> int:
+    """Both engines' max_body_bytes: the default (4 MiB), or room for a result of ``size`` bytes returned inline
+    (``--toggle inline``: a 4 MiB result and its header are over the default)."""
+    return max(4 << 20, size + (64 << 10))
+
+
 async def serve(address: str, size: int, toggle: str, async_handler: bool) -> None:
     from svcframe.bulk import BulkHandle
     from svcframe.engine import Engine
 
-    engine = await Engine(address).start()
+    engine = await Engine(address, max_body_bytes=body_limit(size)).start()
     data = os.urandom(size)
     exposed = engine.expose(data, "r").to_wire()
 
@@ -111,7 +117,7 @@ async def measure(address: str, args: argparse.Namespace) -> None:
     from svcframe.bulk import BulkHandle
     from svcframe.engine import Engine
 
-    engine = await Engine(None).start()
+    engine = await Engine(None, max_body_bytes=body_limit(args.size)).start()
     await engine.connection(address)
     buf = bytearray(args.size)
     sink = engine.expose(buf, "w", peer=address).to_wire()

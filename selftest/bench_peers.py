@@ -241,7 +241,9 @@ class PeerServer:
     a server in another group is scheduled differently (``sched_yield`` gives the core only to tasks of its own
     group). The peers were in the bench's session while svcframe's server was in its own: client and server on
     one core, both busy, a svcframe server cost 6 µs more per call in its own session than in the client's
-    (server polls per call 4.2 against 2.0), blocking 1.6 µs more; the peers now run as svcframe's does."""
+    (server polls per call 4.2 against 2.0), blocking 1.6 µs more; the peers now run as svcframe's does. Out of
+    the terminal's reach, it is killed when the thread that started it ends (``svcframe.testing.die_with_parent``):
+    a busy peer left behind by a killed bench would spin on."""
 
     def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:
         r, w = os.pipe()
@@ -250,7 +252,11 @@ class PeerServer:
             cmd += ["--unix", unix]
         if spindown_msec:
             cmd += ["--spindown-msec", str(spindown_msec)]
-        self.proc = subprocess.Popen(cmd, pass_fds=(w,), stderr=subprocess.PIPE, start_new_session=True)
+        from svcframe.testing import die_with_parent  # (here: a peer's own process imports no more than it runs)
+
+        self.proc = subprocess.Popen(
+            cmd, pass_fds=(w,), stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent
+        )  # fmt: skip
         os.close(w)
         with os.fdopen(r) as f:
             line = f.readline()

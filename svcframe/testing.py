@@ -55,7 +55,7 @@ from .provider import ProviderHandle
 from .server import Server
 from .wire import HEADER, HEADER_SIZE, Frame, Kind, Status, auth_mac, encode_frame, pack_body, rpc_id, unpack_body
 
-__all__ = ["ProviderFor", "RawPeer", "ServerProcess", "short_socket_path"]
+__all__ = ["ProviderFor", "RawPeer", "ServerProcess", "die_with_parent", "short_socket_path"]
 
 
 def short_socket_path(name: str = "s.sock") -> str:
@@ -458,9 +458,16 @@ class RawPeer:
         await self.close()
 
 
-def _die_with_parent() -> None:  # in the child, between fork and exec
+def _die_with_parent() -> None:
+    """A ``preexec_fn`` (it runs in the child, between fork and exec): the child is killed when the thread that
+    started it ends (``PR_SET_PDEATHSIG``, Linux; elsewhere nothing), so a test or a bench killed outright leaves
+    no server behind, even one in a session of its own, which a terminal's Ctrl-C does not reach."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+#: ``_die_with_parent`` by its public name (``ServerProcess.start``'s argument of that name hides it there).
+die_with_parent = _die_with_parent
 
 
 def _endpoint(name: Any) -> str:

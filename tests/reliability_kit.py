@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -114,11 +112,6 @@ def journal_counts(workdir: Path) -> dict[str, int]:
             if line:
                 counts[line] = counts.get(line, 0) + 1
     return counts
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec: no orphaned servers
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 _STANDBY = """
@@ -227,7 +220,7 @@ def spawn_server(
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             cmd, pass_fds=(w,), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, env=env or server_env(),
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True, preexec_fn=testing.die_with_parent,
         )  # fmt: skip
     os.close(w)
     server = ServerProcess(proc, config_path, log_path, ready_fd=r, started=time.monotonic())
@@ -760,7 +753,7 @@ def run_peer(mode: str, args: dict[str, Any], timeout_seconds: float = 120.0) ->
 def start_peer(mode: str, args: dict[str, Any], prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*prefix, sys.executable, __file__, mode, json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        stdin=subprocess.PIPE, text=True, env=server_env(), start_new_session=True, preexec_fn=_die_with_parent,
+        stdin=subprocess.PIPE, text=True, env=server_env(), start_new_session=True, preexec_fn=testing.die_with_parent,
     )  # fmt: skip
 
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 from typing import Any
 
+import psutil
 import pytest
+from conftest import poll_until
 
 from selftest.bench import PeerServer, _raw_bulk, add_ratios
 from selftest.bench_peers import (
@@ -130,6 +135,40 @@ def test_peers_serve_bulk(transport: str, spin: float, tmp_path: Any) -> None:
                     else:
                         gib = block_bulk(peer.address, size, op, 0.02, warmup=2, poll=spin > 0)
                     assert gib > 0
+
+
+_STARTS_A_BUSY_PEER = """
+import os, sys
+from selftest.bench_peers import PeerServer
+peer = PeerServer("raw", sorted(os.sched_getaffinity(0))[0], spindown_msec=float("inf"))
+print(peer.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_peer_dies_with_the_process_that_started_it() -> None:
+    """A peer has a session of its own (no Ctrl-C reaches it from the terminal): a bench killed outright must not
+    leave it behind, spinning (here a busy raw peer)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _STARTS_A_BUSY_PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    ) as starter:  # fmt: skip
+        try:
+            assert starter.stdout is not None
+            peer = psutil.Process(int(starter.stdout.readline()))
+            assert peer.is_running() and peer.status() != psutil.STATUS_ZOMBIE
+            starter.send_signal(signal.SIGKILL)
+            starter.wait()
+
+            def gone() -> bool:
+                try:
+                    return peer.status() == psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:
+                    return True
+
+            poll_until(gone, what="the peer to end after its starter was killed")
+        finally:
+            starter.kill()
 
 
 def test_spindown_keeps_the_loop_polling_until_its_window_ends() -> None:

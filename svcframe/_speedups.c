@@ -1958,10 +1958,10 @@ PyDoc_STRVAR(serve_request_doc,
 "serve_request(engine, conn, frame, arrival_ns, arrival) -> None\n\n"
 "svcframe.handlers.Handlers._on_request (its Python twin, configure_serve()), without a Python frame in its\n"
 "common case: a handler of a known target (sync, or async def whose first step may run now), untraced,\n"
-"untimed (monitoring off, or counted and not sampled), whose result is None or small bytes, or, for a call taking its result into its own buffer (into=),\n"
-"bytes that fit one frame (sent as one data frame flagged INTO, as _reply_into sends them). Any other request\n"
-"is handed to the twin before anything is done; a handler's other results and its exceptions go to the\n"
-"engine's _handled and _finish_error, as the twin's do.");
+"untimed (monitoring off, or counted and not sampled), whose result is None or small bytes, or, for a call\n"
+"taking its result into its own buffer (into=), bytes that fit one frame (sent as one data frame flagged\n"
+"INTO, as _reply_into sends them). Any other request is handed to the twin before anything is done; a\n"
+"handler's other results and its exceptions go to the engine's _handled and _finish_error, as the twin's do.");
 
 static PyObject *
 serve_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -2101,6 +2101,8 @@ configure_serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     long suspended = PyLong_AsLong(args[10]), finished = PyLong_AsLong(args[11]);
+    if ((suspended == -1 || finished == -1) && PyErr_Occurred())
+        return NULL;
     if (!PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure_serve: request_type must be a tuple subclass");
         return NULL;

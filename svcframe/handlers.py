@@ -515,10 +515,9 @@ class Handlers:
             assert reg is not None
             frame = task.svcframe_frame  # type: ignore[attr-defined]
             try:
-                if task.cancelled():
-                    self._answer_failure(conn, frame, reg, asyncio.CancelledError(), handler_result, task)
-                elif (exc := task.exception()) is not None:
-                    self._answer_failure(conn, frame, reg, exc, handler_result, task)
+                failure = asyncio.CancelledError() if task.cancelled() else task.exception()
+                if failure is not None:
+                    self._answer_failure(conn, frame, reg, failure, handler_result, task)
                 else:
                     self._finish(conn, frame, reg, *answer, task.result())
             except Exception as exc:

@@ -551,10 +551,10 @@ def print_table(result: dict[str, Any]) -> None:
     from svcframe.cli.common import print_table as table
 
     console = output_console()
-    decoder = result.get("environment", {}).get("svcframe_decoder")  # (not in results of before it was recorded)
+    build = result.get("environment", {}).get("svcframe_build")  # (not in results of before it was recorded)
     print_lines("svcframe bench: server on one core, clients on the others, loopback", console=console)
-    if decoder:
-        print_lines(f"svcframe's frame decoder loop: {decoder}", console=console)
+    if build:
+        print_lines(f"svcframe's hot paths: {build}", console=console)
     for workload in WORKLOADS:
         rows = [r for r in result["rows"] if r["workload"] == workload]
         if not rows:

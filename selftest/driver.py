@@ -327,7 +327,7 @@ def environment() -> dict[str, Any]:
     import msgpack
 
     import svcframe
-    from svcframe import wire
+    from svcframe import compiled
 
     uv: str | None
     try:
@@ -350,8 +350,8 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "svcframe": svcframe.__version__,
-        # the frame decoder's loop: compiled (svcframe/_speedups.c) or the pure-Python definition (SVCFRAME_PURE)
-        "svcframe_decoder": "pure Python" if wire.PURE else "compiled",
+        # the hot paths: compiled, or the same source interpreted (svcframe.compiled)
+        "svcframe_build": compiled.build(),
         "uvloop": uv,
         "msgpack": ".".join(map(str, msgpack.version)),
         "time": time.time(),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import compiled as _compiled  # noqa: F401  (first: SVCFRAME_PURE applies to every module imported after it)
+
 if TYPE_CHECKING:
     from .admin import ServiceGroupHandle, ServiceHandle
     from .bulk import BulkHandle

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import cma
@@ -53,7 +53,6 @@ from .split_read import (
 from .wire import (
     F_CMA,
     F_NO_REPLY,
-    PURE,
     Frame,
     Kind,
     encode_frame,
@@ -121,24 +120,6 @@ class BulkHandle(NamedTuple):
 
 
 _new_tuple = tuple.__new__
-
-
-def _push_ahead_definition(engine: Any, handle: BulkHandle, offset: int, src: bytes) -> bool:
-    """``_push_ahead_compiled``'s pure-Python build: False (``push``'s definition decides everything)."""
-    return False
-
-
-#: ``(engine, handle, offset, src) -> bool``: a handler's push of bytes ahead of its answer, in one write, by
-#: svcframe._speedups.push_ahead_now where it was built (and SVCFRAME_PURE is unset): ``push``'s checks and
-#: ``_push_ahead_now``'s in one C call; True once written, False (nothing done) to leave every other case to
-#: ``push``'s definition (tests/test_compiled_paths.py checks they agree). Measured: 64 KiB push reads, the
-#: server's bytecodes per read (README, "Reading large results").
-_push_ahead_compiled: Callable[[Any, BulkHandle, int, bytes], bool] = _push_ahead_definition
-if not PURE:
-    from ._speedups import configure_push
-    from ._speedups import push_ahead_now as _push_ahead_compiled
-
-    configure_push(BulkHandle)
 
 
 def as_byte_view(buf: object, *, writable: bool) -> memoryview:
@@ -325,8 +306,6 @@ class BulkTransfers:
         Raises (when called): BulkUsageError (bad range or mode, checked locally).
         Raises (when awaited): BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
         """
-        if type(src) is bytes and ahead and _push_ahead_compiled(self, handle, offset, src):
-            return DONE  # (the common read, compiled: the checks below and _push_ahead_now's, in one call)
         view = as_byte_view(src, writable=False)
         size = len(view)
         _check_range(handle, offset, size, WRITE)
@@ -337,7 +316,7 @@ class BulkTransfers:
             req = self._request_here()
             if (
                 req is not None
-                and (size < CMA_MIN_BYTES or not (self.bulk_cma and req[1].peer_cma))
+                and (size < CMA_MIN_BYTES or not (self.bulk_cma and req.conn.peer_cma))
                 and self._push_ahead_now(req, handle, offset, view)
             ):
                 return DONE
@@ -367,15 +346,15 @@ class BulkTransfers:
         answer in one write (see ``_push_ahead``): True when written; False when it goes ahead but not now
         (over one frame, the socket paused or closed: ``_push_ahead``'s chunks); None when it does not go
         ahead: the handle is not the caller's, the caller does not take pushes ahead, or the request takes no
-        answer. (``_push_ahead_compiled`` does the same for a source of bytes, with ``push``'s checks.)"""
-        conn: Connection = req[1]  # Request.conn
-        frame: Frame = req[3]  # Request.frame
-        if conn.peer_engine_id != handle.engine_id or not conn.peer_push_ahead or frame[1] & F_NO_REPLY:
+        answer."""
+        conn: Connection = req.conn
+        frame: Frame = req.frame
+        if conn.peer_engine_id != handle.engine_id or not conn.peer_push_ahead or frame.flags & F_NO_REPLY:
             return None
         size = len(src)
         if size > conn.whole_frame_bytes or conn.writing_paused or conn.closed:
             return False
-        frames = push_ahead_frames(conn.next_request_id(), handle.bulk_id, offset, size, frame[4])
+        frames = push_ahead_frames(conn.next_request_id(), handle.bulk_id, offset, size, frame.request_id)
         if size:  # (a mutable source is copied: the caller may change it once we return, before it is written)
             conn.send_many((frames, src if type(src.obj) is bytes else bytes(src)))
         else:  # (announced only: no data frame follows)
@@ -399,7 +378,7 @@ class BulkTransfers:
         now = None if req is None else self._push_ahead_now(req, handle, offset, src)
         if now is None or now:  # not ahead (pushed as usual), or written
             return now is not None
-        conn: Connection = req[1]  # Request.conn
+        conn: Connection = req.conn
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
         loop = self._loop or asyncio.get_running_loop()
@@ -407,7 +386,7 @@ class BulkTransfers:
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         size = len(src)
         request_id = conn.next_request_id()
-        header = push_ahead_frames(request_id, handle.bulk_id, offset, size, req[3][4], data=False)
+        header = push_ahead_frames(request_id, handle.bulk_id, offset, size, req.frame.request_id, data=False)
         try:
             async with asyncio.timeout(timeout):
                 await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)
@@ -596,7 +575,7 @@ class BulkTransfers:
         else the handle's address is dialled and the engine found there must be the owner."""
         req = self._request_here()  # the handler's request, if we run inside one (svcframe.handlers)
         if req is not None:
-            caller: Connection = req[1]  # Request.conn
+            caller: Connection = req.conn
             if caller.peer_engine_id == handle.engine_id and not caller.closed:
                 return caller
             if not self.allow_third_party_bulk:  # no confused deputy: a caller cannot aim us at another engine

@@ -49,7 +49,7 @@ from .wire import (
     F_NO_REPLY,
     K_BULK_PUSH,
     K_RESPONSE,
-    PURE,
+    BinBody,
     Frame,
     Kind,
     encode_frame,
@@ -59,14 +59,6 @@ from .wire import (
 )
 
 _AHEAD_FLAGS = F_NO_REPLY | F_CMA  # a push flagged NO_REPLY alone goes ahead of an answer (``_on_push_ahead``)
-
-#: ``BulkServing._place_ahead``'s compiled twin, svcframe._speedups.place_ahead(engine, conn, request id, bulk
-#: id, offset, size), where it was built and SVCFRAME_PURE is unset (tests/test_compiled_paths.py checks they
-#: agree); None: the definition. Measured: 64 KiB push reads, the client's bytecodes per read (README,
-#: "Reading large results").
-_place_ahead_compiled: Callable[..., memoryview | None] | None = None
-if not PURE:
-    from ._speedups import place_ahead as _place_ahead_compiled
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -167,8 +159,8 @@ class BulkServing:
         split read of it: ``_serve_cma_push``); a pull may add ``[destination, expires_ns, mark address]``,
         asking us to write the range into the puller's memory (the first part of a split read,
         ``_serve_cma_write``)."""
-        by_cma = bool(frame[1] & F_CMA)
-        push = frame[0] == K_BULK_PUSH
+        by_cma = bool(frame.flags & F_CMA)
+        push = frame.kind == K_BULK_PUSH
         extra = (1, 2) if by_cma and push else (0, 3) if by_cma else (0,)  # (a push ahead: _on_push_ahead)
         try:
             fields = unpack_body(frame.body or b"")
@@ -208,7 +200,7 @@ class BulkServing:
         return view[offset : offset + size], None
 
     def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
-        if frame[1] & F_INTO:  # (flagged CMA too) not a pull: an offer for a request of the peer's
+        if frame.flags & F_INTO:  # (flagged CMA too) not a pull: an offer for a request of the peer's
             self._on_write_offer(conn, frame)
             return
         bulk_id, view, error, size, more = self._bulk_request(conn, frame, READ)
@@ -218,8 +210,8 @@ class BulkServing:
         if more is not None:
             self._serve_cma_write(conn, frame, view, *more, own=self._push_sources.get(bulk_id, 0))
             return
-        if frame[1] & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
-            offer = conn.protocol.offers.pop(frame[4], None) if conn.protocol.offers else None
+        if frame.flags & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
+            offer = conn.protocol.offers.pop(frame.request_id, None) if conn.protocol.offers else None
             if conn.peer_pid is None or not self.bulk_cma:
                 self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
             elif offer is None:
@@ -251,11 +243,11 @@ class BulkServing:
         self._reply(conn, frame, Status.OK, b"")
 
     def _on_push_request(self, conn: Connection, frame: Frame) -> None:
-        if frame[1] & _AHEAD_FLAGS == F_NO_REPLY:
+        if frame.flags & _AHEAD_FLAGS == F_NO_REPLY:
             self._on_push_ahead(conn, frame)
             return
         _, view, error, size, more = self._bulk_request(conn, frame, WRITE)
-        if more is not None and frame[1] & F_CMA:
+        if more is not None and frame.flags & F_CMA:
             self._serve_cma_push(conn, frame, view, error, *more)
             return
         incoming = conn.protocol.expect_push(frame, view, size, error)
@@ -269,7 +261,7 @@ class BulkServing:
         ``[bulk id, offset, size, the call's request id]``; its data frames follow; never answered. Refused
         (not exposed, out of range), its data is discarded and that call fails with BulkError. (Most are placed
         by the decoder instead: ``_place_ahead``.)"""
-        fields = _push_ahead_fields(frame[13] or b"")
+        fields = _push_ahead_fields(frame.body or b"")
         if isinstance(fields, str):
             raise self._bad_body(conn, frame, f"malformed bulk request: {fields}")
         bulk_id, offset, size, call_id = fields
@@ -283,10 +275,8 @@ class BulkServing:
             waiter.set_exception(BulkError(f"the server's push into our buffer was refused here: {error}"))
 
     def _placer(self, conn: Connection) -> Callable[[int, bytes, int, int], memoryview | None]:
-        """``conn``'s decoder's ``place_ahead``: ``_place_ahead`` for ``conn``, or its compiled twin."""
-        if _place_ahead_compiled is None:
-            return functools.partial(self._place_ahead, conn)
-        return functools.partial(_place_ahead_compiled, self, conn)
+        """``conn``'s decoder's ``place_ahead``: ``_place_ahead`` for ``conn``."""
+        return functools.partial(self._place_ahead, conn)
 
     def _place_ahead(
         self, conn: Connection, request_id: int, bulk_id: bytes, offset: int, size: int
@@ -296,8 +286,7 @@ class BulkServing:
         ``offset`` and ``size``, its data's length), or None, when the frames are to be dispatched
         (``_on_push_ahead``, which has the errors: a request id of a push under way, a range we refuse). The
         read then costs no Frame, no dispatch and no sink: a 64 KiB push read's client side, ``python
-        tools/profile_client.py --read 65536 --method push``, in the README. Its compiled twin is
-        svcframe._speedups.place_ahead (``_placer``)."""
+        tools/profile_client.py --read 65536 --method push``, in the README."""
         if request_id in conn.protocol.pushes:
             return None
         view, _ = self._exposed_range(conn, bulk_id, offset, size, WRITE)
@@ -322,7 +311,7 @@ class BulkServing:
         puller then copies the range itself)."""
         why = self._split_write_declined(conn, len(view), expires_ns, own)
         if why is None:
-            self._split_write(conn, frame[4], dest, view, mark_address)
+            self._split_write(conn, frame.request_id, dest, view, mark_address)
         else:
             self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: write declined: {why}")
 
@@ -361,8 +350,10 @@ class BulkServing:
         ``mark_address`` (unless 0), in one ``process_vm_writev``, and answer ``request_id`` (OK, or BULK_ERROR
         "cma: ..." when the kernel refused). Its time counts against the peer's allowance."""
         start = time.monotonic()
+        pid = conn.peer_pid
+        assert pid is not None  # (peers on this node alone, whose pid the kernel told, take split writes)
         try:
-            cma.write(conn.peer_pid, dest, view, mark_address, request_id.to_bytes(8, "little"))
+            cma.write(pid, dest, view, mark_address, request_id.to_bytes(8, "little"))
         except OSError as exc:
             conn.send(encode_frame(K_RESPONSE, request_id, pack_body(f"cma: {exc}"), status=Status.BULK_ERROR))
             return
@@ -404,7 +395,7 @@ class BulkServing:
         if len(offers) >= MAX_LENT_PER_CONNECTION or fields[0] in offers:
             self._reply_error(conn, frame, Status.BULK_ERROR, "cma: write declined: too many offers")
             return
-        offers[fields[0]] = WriteOffer(frame[4], *fields[1:])
+        offers[fields[0]] = WriteOffer(frame.request_id, *fields[1:])
 
     def _offered_part(self, conn: Connection, offer: WriteOffer, size: int, own: int) -> int:
         """The bytes of a ``size``-byte answer we write ourselves on ``offer`` (its share of them, on a
@@ -464,7 +455,7 @@ class BulkServing:
             return
         loop = self._loop or asyncio.get_running_loop()
 
-        deadline = loop.time() + frame[5] / 1e6 if frame[5] else None
+        deadline = loop.time() + frame.deadline_usec / 1e6 if frame.deadline_usec else None
 
         async def serve() -> None:
             try:
@@ -497,8 +488,8 @@ class BulkServing:
         task.add_done_callback(self._tasks.discard)
 
     def _on_push_data(self, conn: Connection, frame: Frame) -> None:
-        incoming = conn.protocol.push_complete(frame[4])
-        if incoming is not None and not incoming.frame[1] & F_NO_REPLY:  # (a push ahead is not answered)
+        incoming = conn.protocol.push_complete(frame.request_id)
+        if incoming is not None and not incoming.frame.flags & F_NO_REPLY:  # (a push ahead is not answered)
             self._reply_push(conn, incoming.frame, incoming.error)
 
     def _reply_push(self, conn: Connection, frame: Frame, error: str | None) -> None:
@@ -508,7 +499,7 @@ class BulkServing:
             self._reply(conn, frame, Status.OK, b"")
 
 
-def _push_ahead_fields(body: bytes | bytearray | memoryview) -> tuple[bytes, int, int, int] | str:
+def _push_ahead_fields(body: bytes | bytearray | memoryview | BinBody) -> tuple[bytes, int, int, int] | str:
     """A push ahead's BULK_PUSH body, ``[bulk id, offset >= 0, size >= 0, call id >= 0]``, decoded: the four
     fields, or what is wrong with it."""
     try:

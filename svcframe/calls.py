@@ -18,7 +18,6 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from . import wire
 from .bulk import CMA_MIN_BYTES, as_byte_view
 from .deadlines import DeadlineExpired, Deadlines
 from .errors import (
@@ -43,7 +42,6 @@ from .wire import (
     F_INTO,
     F_TRACED,
     NO_PARENT_PROVIDER,
-    PURE,
     S_OK,
     ZERO_TRACE_ID,
     callpath_extend,
@@ -54,9 +52,6 @@ from .wire import (
 if TYPE_CHECKING:
     from .progress import Progress
     from .split_read import SplitWrite
-
-if TYPE_CHECKING or not PURE:  # (without the compiled module, _call is _call_once)
-    from ._speedups import begin_call, configure_calls
 
 perf_ns = time.perf_counter_ns
 _S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk_serving._lend): not an error
@@ -296,33 +291,7 @@ class Calls:
             return payload  # decoded by the engine's dispatch (Engine.on_frames)
         raise error_from_status(status, payload, name, provider_id, address)
 
-    async def _call_compiled(
-        self,
-        address: str,
-        name: str,
-        arg: Any,
-        provider_id: int,
-        timeout_seconds: float | None,
-        flags: int,
-        into: Any = None,
-    ) -> Any:
-        """``_call_once`` with its work before and after the ``await`` compiled (svcframe._speedups.begin_call,
-        which makes the common call, and hands every other one to ``_call_once`` before doing anything)."""
-        call = begin_call(self, address, name, arg, provider_id, timeout_seconds, flags, into)
-        if call is None:
-            return await self._call_once(address, name, arg, provider_id, timeout_seconds, flags, into)
-        try:
-            answer = await call.future
-        except BaseException as exc:
-            error = call.failed(exc)  # (_call_once's except clauses and finally)
-            if error is exc:
-                raise
-            raise error from None
-        return call.answered(answer)
-
-    #: How a call is made: ``_call_once`` (the definition), or ``_call_compiled`` where svcframe._speedups was
-    #: built and SVCFRAME_PURE is unset (tests/test_speedups.py checks they agree). Measured: README "Performance".
-    _call = _call_once if PURE else _call_compiled
+    _call = _call_once
 
     def _root_callpath(self, rid: int, provider_id: int) -> int:
         cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)
@@ -340,11 +309,3 @@ def too_large(name: str, provider_id: int, address: str, size: int, room: int) -
         f"{name!r} (provider {provider_id}) at {address}: the result is {size} bytes; the buffer given as into= "
         f"holds {room} (it may hold the result's first bytes)"
     )
-
-
-if not PURE:
-    configure_calls(
-        _task_request, pack_body, _NIL, error_from_status, Connection.cancel, no_response, DeadlineExpired,
-        asyncio.CancelledError, NO_PARENT_PROVIDER, int(Status.LENT), as_byte_view, IncomingPull, too_large, F_INTO,
-        CMA_MIN_BYTES, wire, FOLD_AT,
-    )  # fmt: skip

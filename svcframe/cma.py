@@ -39,9 +39,6 @@ import select
 import socket
 import struct
 import sys
-from collections.abc import Callable
-
-from .wire import PURE
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _MAX_ADDRESS = (1 << 64) - 1
@@ -164,7 +161,7 @@ _release_buffer.restype = None
 _PyBUF_SIMPLE = 0  # a contiguous buffer, read-only allowed
 
 
-def _buffer_address_py(view: memoryview) -> int:
+def buffer_address(view: memoryview) -> int:
     """The virtual address of the first byte of a C-contiguous byte view (read-only views included), 0 when
     it is empty, from the buffer protocol itself (``PyObject_GetBuffer``); the caller keeps ``view`` alive
     while the address is used.
@@ -182,17 +179,7 @@ def _buffer_address_py(view: memoryview) -> int:
         _release_buffer(ctypes.byref(buffer))
 
 
-#: ``_buffer_address_py``, or its compiled twin (svcframe._speedups, unless svcframe.wire.PURE): the ctypes
-#: calls cost 2.5-3 µs an address, the twin 0.1, and a split read by offer takes three (the buffer, the mark,
-#: the lent result).
-buffer_address: Callable[[memoryview], int] = _buffer_address_py
-if not PURE:
-    from . import _speedups
-
-    buffer_address = getattr(_speedups, "buffer_address", _buffer_address_py)  # (a build of an older source)
-
-
-def _read_py(pid: int, address: int, dest: memoryview) -> None:
+def read(pid: int, address: int, dest: memoryview) -> None:
     """Copy ``len(dest)`` bytes at ``address`` in process ``pid`` into ``dest`` (one kernel copy).
 
     The call releases the GIL (ctypes), so large copies may run in a worker thread.
@@ -207,7 +194,7 @@ def _read_py(pid: int, address: int, dest: memoryview) -> None:
     _transfer(_process_vm_readv, "process_vm_readv", pid, address, dest)
 
 
-def _write_py(pid: int, address: int, src: memoryview, mark_address: int = 0, mark: bytes = b"") -> None:
+def write(pid: int, address: int, src: memoryview, mark_address: int = 0, mark: bytes = b"") -> None:
     """Copy ``src`` to ``address`` in process ``pid`` (one kernel copy): only where that process asked for
     it (the module's rules). With ``mark_address``, ``mark`` is written there after the data, in the same
     system call: the peer sees the mark only once the data is all there (the kernel copies the ranges in
@@ -232,16 +219,6 @@ def _write_py(pid: int, address: int, src: memoryview, mark_address: int = 0, ma
     if got != total:
         err = ctypes.get_errno() if got < 0 else 14  # cut short: the mark was not written
         raise OSError(err, f"process_vm_writev with pid {pid}: {os.strerror(err)}")
-
-
-#: ``_read_py`` and ``_write_py``, or their compiled twins (svcframe._speedups, unless svcframe.wire.PURE, on
-#: Linux): the same system calls without ctypes, whose structures and call cost several µs a copy, and a split
-#: read makes two (the reader's read, the owner's write).
-read: Callable[[int, int, memoryview], None] = _read_py
-write: Callable[..., None] = _write_py
-if not PURE and _process_vm_readv is not None:
-    read = getattr(_speedups, "vm_read", _read_py)  # (a build of an older source)
-    write = getattr(_speedups, "vm_write", _write_py)
 
 
 def _transfer(fn: object | None, name: str, pid: int, address: int, local_view: memoryview) -> None:

@@ -9,25 +9,33 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from typing import TYPE_CHECKING, Any
-
-from .wire import PURE
+from typing import Any
 
 
-class _PyDeadlinesCore:
-    """The heap of ``Deadlines`` and its ``add``, in Python: the definition, whose compiled twin is
-    svcframe._speedups.DeadlinesCore (a client's sequential call 1,600 instructions fewer:
-    tools/instructions_per_client_call.sh)."""
+class Deadlines:
+    """The deadlines of one engine's outgoing calls and bulk transfers, behind ONE loop timer.
 
-    __slots__ = ("_heap", "_seq", "_timer_at")
+    A loop timer per call (``loop.call_at`` + ``cancel``) costs about 2 µs on uvloop (measured), as much as
+    the rest of a call's Python work; here a call costs a heap push. An entry names its call by the
+    connection's table of waiting futures and the request id, never by the future itself: a finished call's
+    future (and its result, perhaps megabytes) is not kept alive by the heap. Finished calls (gone from
+    their table) are not removed; the timer skips them, and the heap is compacted when it holds more than
+    twice the unfinished calls, so its memory stays in proportion to the calls in flight.
 
-    if TYPE_CHECKING:
-        _heap: list[tuple[float, int, dict[int, asyncio.Future[Any]], int]]
-        _seq: int
-        _timer_at: float
+    On expiry, a waiting future gets ``DeadlineExpired`` (its caller raises DeadlineExceeded).
+    """
 
-        def _arm(self, deadline: float) -> None: ...
-        def _idle(self) -> None: ...
+    __slots__ = ("_heap", "_loop", "_seq", "_timer", "_timer_at")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, dict[int, asyncio.Future[Any]], int]] = []
+        self._seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
 
     def add(self, deadline: float, waiting: dict[int, asyncio.Future[Any]], request_id: int) -> None:
         """Expire the future ``waiting[request_id]`` at ``deadline`` (loop time, seconds) unless by then it is
@@ -50,39 +58,6 @@ class _PyDeadlinesCore:
             self._heap = live
             if not live:
                 self._idle()
-
-
-if TYPE_CHECKING or PURE:  # (mypy reads the pure core as the type)
-    _Core = _PyDeadlinesCore
-else:
-    from ._speedups import DeadlinesCore as _Core
-
-
-class Deadlines(_Core):
-    """The deadlines of one engine's outgoing calls and bulk transfers, behind ONE loop timer.
-
-    A loop timer per call (``loop.call_at`` + ``cancel``) costs about 2 µs on uvloop (measured), as much as
-    the rest of a call's Python work; here a call costs a heap push (compiled, where svcframe._speedups was
-    built: ``_PyDeadlinesCore`` is the definition). An entry names its call by the connection's table of
-    waiting futures and the request id, never by the future itself: a finished call's
-    future (and its result, perhaps megabytes) is not kept alive by the heap. Finished calls (gone from
-    their table) are not removed; the timer skips them, and the heap is compacted when it holds more than
-    twice the unfinished calls, so its memory stays in proportion to the calls in flight.
-
-    On expiry, a waiting future gets ``DeadlineExpired`` (its caller raises DeadlineExceeded).
-    """
-
-    __slots__ = ("_loop", "_timer")
-
-    def __init__(self) -> None:
-        self._heap = []
-        self._seq = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
 
     def _arm(self, deadline: float) -> None:
         if self._timer is not None:

@@ -49,17 +49,15 @@ from .bulk import BulkTransfers
 from .bulk_serving import BulkServing
 from .calls import Calls
 from .deadlines import Deadlines
-from .errors import ConfigError, ConnectionLost, DeadlineExceeded, ProtocolError, RemoteProtocolError, RPCError
-from .handlers import Handlers, Request, current_callpath, current_request, serve_request
+from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
+from .handlers import Handlers, Request, current_callpath, current_request
 from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
 from .protocol import Identity
 from .registration import Handler, Registration, RegistrationTable
 from .settings import EngineConfig, MonitoringConfig, format_validation_error
-from .slots import EngineState
 from .tracing import Tracer
 from .transport import (
-    FRAMES_PER_TURN,
     Address,
     Connection,
     dial,
@@ -76,7 +74,6 @@ from .wire import (
     K_GOODBYE,
     K_REQUEST,
     K_RESPONSE,
-    PURE,
     Frame,
     Status,
     answer_call,
@@ -95,7 +92,7 @@ FROM_ENVIRONMENT = object()
 _NIL = b"\xc0"  # msgpack's nil: the body of a None result
 
 
-class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
+class Engine(Calls, Handlers, BulkTransfers, BulkServing):
     """One process's RPC engine: the facade over its parts (calls, handlers, bulk) and what they share.
 
     Args:
@@ -537,24 +534,24 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
             self.progress.activity()
         arrival_ns, arrival = 0, 0.0  # the batch's arrival (ns; loop time, for deadlines), read at its first request
         for frame in frames:
-            kind = frame[0]
+            kind = frame.kind
             if kind == K_REQUEST:  # (first: the compiled decoder answers most responses itself)
                 if not arrival_ns:  # (a batch of responses reads no clock: two C calls per call saved on a client)
                     arrival_ns, arrival = perf_ns(), self._loop.time()  # type: ignore[union-attr]
                     self._dispatching, self._dispatching_cancels = frames, None  # (see Handlers._start)
-                serve_request(self, conn, frame, arrival_ns, arrival)
+                self._on_request(conn, frame, arrival_ns, arrival)
             elif kind == K_RESPONSE:
-                waiter = conn.pending.get(frame[4])
+                waiter = conn.pending.get(frame.request_id)
                 if waiter is None:
-                    conn.protocol.check_late_answer(frame[4])
+                    conn.protocol.check_late_answer(frame.request_id)
                 elif not waiter.done():
                     # decoded here, while the body's buffer is this frame's (the decoder reuses large ones)
-                    answer_call(waiter, frame[6], frame[13])  # type: ignore[arg-type]  # None: bulk data only
+                    answer_call(waiter, frame.status, frame.body)  # type: ignore[arg-type]  # None: bulk data only
             elif kind == K_BULK_DATA_PUSH:
                 self._on_push_data(conn, frame)
             elif kind == K_BULK_DATA_REPLY:  # already written into the destination by the protocol's bulk sink
-                if frame[1] & F_INTO:  # the whole result of an into= call, and its answer
-                    self._into_answered(conn, frame[4])
+                if frame.flags & F_INTO:  # the whole result of an into= call, and its answer
+                    self._into_answered(conn, frame.request_id)
             elif kind == K_BULK_PULL:
                 self._on_pull_request(conn, frame)
             elif kind == K_BULK_PUSH:
@@ -622,9 +619,3 @@ def default_max_connections() -> int:
 def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # a dial nobody awaited any more: its error is not "never retrieved"
-
-
-if not PURE:  # Connection.buffer_updated's compiled twin: on_frames' and on_answers' work for an Engine
-    from ._speedups import configure_read
-
-    configure_read(Engine.on_frames, Engine.on_answers, ProtocolError, FRAMES_PER_TURN, _NO_FRAMES, globals())

@@ -24,11 +24,11 @@ import operator
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import as_byte_view
-from .eager import DONE, FINISHED, SUSPENDED, Done, first_step, start_eagerly
+from .eager import FINISHED, SUSPENDED, Done, first_step, start_eagerly
 from .errors import (
     AppError,
     BulkUsageError,
@@ -52,11 +52,9 @@ from .wire import (
     K_CANCEL,
     K_GOODBYE,
     K_RESPONSE,
-    PURE,
     ZERO_COPY_BYTES,
     Frame,
     Kind,
-    _new_tuple,
     bin_header,
     encode_frame,
     ok_response,
@@ -72,6 +70,7 @@ if TYPE_CHECKING:
     from .progress import Progress
     from .transport import Address, Connection
 
+_new_tuple = tuple.__new__  # builds a Request without running its Python-level __new__
 log = logging.getLogger("svcframe.engine")
 
 perf_ns = time.perf_counter_ns
@@ -267,19 +266,21 @@ class Handlers:
         self._reply(conn, frame, status, pack_body(message))
 
     def _on_request(self, conn: Connection, frame: Frame, arrival_ns: int, arrival: float) -> None:
-        reg = self._rows.get((frame[2], frame[3]))
+        reg = self._rows.get((frame.provider_id, frame.rpc_id))
         if reg is None or self._closing or self._refused:
             if self._refuse(conn, frame, reg):
                 return
             assert reg is not None
         try:
-            arg = unpack_body(frame[13])  # type: ignore[arg-type]  # a request's body is bytes (None: bulk data)
+            arg = unpack_body(frame.body)  # type: ignore[arg-type]  # a request's body is bytes (None: bulk data)
         except ProtocolError as exc:
             raise self._bad_body(conn, frame, str(exc)) from None
         rec = None
         monitor = self.monitor
         if monitor.enabled:
-            rec = conn.records.get(reg) if not frame[8] else None  # calls from outside any handler: no key tuple
+            rec = (
+                conn.records.get(reg) if not frame.parent_rpc_id else None
+            )  # calls from outside any handler: no key tuple
             if rec is None:
                 rec = self._target_record(frame, reg, conn)
             n = rec.calls = rec.calls + 1
@@ -288,11 +289,11 @@ class Handlers:
         tracer = self.tracer
         start_ns = perf_ns() if rec is not None or tracer is not None else 0
         if tracer is not None:
-            if frame[1] & F_TRACED:
+            if frame.flags & F_TRACED:
                 tracer.tick(frame.lamport)
             else:  # a tracing server starts the trace of an untraced call: its handler's calls join it (issue 15)
-                flags = frame[1] | F_TRACED | F_TRACE_STARTED_HERE  # (its server span has no remote parent)
-                frame = frame._replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
+                flags = frame.flags | F_TRACED | F_TRACE_STARTED_HERE  # (its server span has no remote parent)
+                frame = frame.replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
         req = _new_tuple(Request, (self, conn, reg, frame, arrival))
         if reg.is_coroutine:  # its context is a copy of this one: the request travels in the contextvar
             answer: tuple[int, int, Any] | None = None
@@ -320,9 +321,9 @@ class Handlers:
         try:
             result = reg.handler(req, arg)
             if (result is None or (type(result) is bytes and len(result) <= _SMALL_RESULT_BYTES)) and not (
-                start_ns or frame[1] & _NOT_FAST
+                start_ns or frame.flags & _NOT_FAST
             ):  # the common case, untimed and untraced: None or small bytes, answered here
-                conn.send(ok_response(frame[4], result))
+                conn.send(ok_response(frame.request_id, result))
                 return
             task = self._handled(conn, frame, reg, req, arrival_ns, start_ns, rec, result)
         except Exception as exc:
@@ -367,8 +368,8 @@ class Handlers:
         task, returned for ``_track_task``. (Called from ``_on_request`` and its compiled twin.)"""
         if isinstance(result, Done):  # finished when made (a push ahead written at once): answered now, no task
             result = result.value
-            if result is None and not (start_ns or frame[1] & _NOT_FAST):  # (as _on_request's common case)
-                conn.send(ok_response(frame[4], None))
+            if result is None and not (start_ns or frame.flags & _NOT_FAST):  # (as _on_request's common case)
+                conn.send(ok_response(frame.request_id, None))
                 return None
         if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
             self._finish(conn, frame, reg, arrival_ns, start_ns, rec, result)
@@ -407,10 +408,10 @@ class Handlers:
         its request id is still being served (``_track_task`` refuses it), or its deadline has passed
         (``_track_task`` drops it unrun). Its deadline (``usec`` after arrival) is checked by the clock: the
         loop's time stands still during a turn."""
-        request_id, usec = frame[4], frame[5]
+        request_id, usec = frame.request_id, frame.deadline_usec
         cancels = self._dispatching_cancels
         if cancels is None:  # the requests its batch cancels (a request read with its CANCEL never runs)
-            cancels = self._dispatching_cancels = {f[4] for f in self._dispatching if f[0] == K_CANCEL}
+            cancels = self._dispatching_cancels = {f.request_id for f in self._dispatching if f.kind == K_CANCEL}
         return not (
             (usec and perf_ns() - arrival_ns >= usec * 1000) or request_id in cancels or request_id in conn.serving
         )
@@ -460,7 +461,7 @@ class Handlers:
         if problem.startswith("map key "):  # the log names the problem, never the body (the key's repr)
             problem = "map key is a " + problem.rpartition(" is a ")[2]
         return RemoteProtocolError(
-            f"bad {Kind(frame[0]).name} body ({len(frame[13] or b'')} bytes, request {frame[4]}): {problem}"
+            f"bad {Kind(frame.kind).name} body ({len(frame.body or b'')} bytes, request {frame.request_id}): {problem}"
         )
 
     def _refuse(self, conn: Connection, frame: Frame, reg: Registration | None) -> bool:
@@ -495,7 +496,7 @@ class Handlers:
                 unrun and not conn.closed and conn.serving.get(request_id) is task
             ):  # cancelled before its first step: nothing ran and nothing answered yet
                 frame = task.svcframe_frame
-                self._count_error(conn, frame, self._rows.get((frame[2], frame[3])))
+                self._count_error(conn, frame, self._rows.get((frame.provider_id, frame.rpc_id)))
                 if self._closing:
                     self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
                 elif getattr(task, "svcframe_deadline_passed", False):
@@ -577,12 +578,12 @@ class Handlers:
         end_ns = perf_ns() if start_ns else 0
         large = False
         try:
-            if frame[1] & F_INTO and self._reply_into(conn, frame, reg, result):
+            if frame.flags & F_INTO and self._reply_into(conn, frame, reg, result):
                 body_len = 0  # sent as data: its statistics count the header's body only
             else:
                 reply = None  # the whole frame, when its body is built with it
                 if result is None or (type(result) is bytes and len(result) < ZERO_COPY_BYTES):
-                    reply = ok_response(frame[4], result)  # (msgpack cannot fail on bytes: nothing to verify)
+                    reply = ok_response(frame.request_id, result)  # (msgpack cannot fail on bytes: nothing to verify)
                     body_len = len(reply) - HEADER_SIZE
                 elif type(result) is bytes:
                     large = True  # sent as it is, not copied
@@ -598,29 +599,29 @@ class Handlers:
                         "...)): the caller can raise that limit, or take the result into its own buffer "
                         "(Engine.call(..., into=buffer))"
                     )
-                if not frame[1] & F_NO_REPLY:
+                if not frame.flags & F_NO_REPLY:
                     if reply is not None:
                         conn.send(reply)
                     elif large:
-                        conn.send_many((pack_ok_response_header(body_len, frame[4]) + body, result))
+                        conn.send_many((pack_ok_response_header(body_len, frame.request_id) + body, result))
                     else:
-                        conn.send(pack_ok_response_header(body_len, frame[4]) + body)
+                        conn.send(pack_ok_response_header(body_len, frame.request_id) + body)
         except (ProtocolError, ResultTooLarge) as exc:  # the caller's error, not a handler failure: not logged
             self._finish_error(conn, frame, reg, exc)
             return
         if rec is not None:
             buf = rec.buffer
             sent_ns = perf_ns()
-            buf.extend((start_ns - arrival_ns, end_ns - start_ns, sent_ns - end_ns, len(frame[13] or b""), body_len))
+            buf.extend((start_ns - arrival_ns, end_ns - start_ns, sent_ns - end_ns, len(frame.body or b""), body_len))
             if len(buf) > FOLD_AT:
                 rec.fold()
         tracer = self.tracer
         if tracer is not None:  # the trace and span of an untraced call were started in _on_request
-            traced = frame[1] & F_TRACED
+            traced = frame.flags & F_TRACED
             tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
                           frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
                           tracer.lamport, conn.peer_label, reg, self._bound,
-                          root=bool(frame[1] & F_TRACE_STARTED_HERE))  # fmt: skip
+                          root=bool(frame.flags & F_TRACE_STARTED_HERE))  # fmt: skip
 
     def _reply_into(self, conn: Connection, frame: Frame, reg: Registration, result: Any) -> bool:
         """The caller takes the result as data into its own buffer (``Engine.call(..., into=...)``): a bytes-like
@@ -644,10 +645,10 @@ class Handlers:
             except BulkUsageError:
                 return False
         size = len(view)
-        if frame[1] & F_NO_REPLY:
+        if frame.flags & F_NO_REPLY:
             return True
         # the caller can copy it from our memory (same node, unix://): lend an immutable result by address
-        if frame[1] & F_CMA and type(result) is bytes and self._lend(conn, frame[4], memoryview(result)):
+        if frame.flags & F_CMA and type(result) is bytes and self._lend(conn, frame.request_id, memoryview(result)):
             return True
         # A result that fits one frame (Connection.whole_frame_bytes: the caller's limit, half our output cap)
         # leaves as one data frame flagged INTO, which is also the answer (its length the count), with no task
@@ -655,10 +656,10 @@ class Handlers:
         # 64 KiB: a RESPONSE after the data, a third buffer in the write, cost the server 2.5 µs and the read
         # 4 µs: svcframe bench --workload client-read); larger ones are chunked, then answered by a RESPONSE.
         if 0 < size <= conn.whole_frame_bytes:
-            conn.send_many((pack_data_reply_header_flags(F_INTO, size, frame[4]), view))
+            conn.send_many((pack_data_reply_header_flags(F_INTO, size, frame.request_id), view))
             return True
         body = pack_body(size)
-        answer = pack_ok_response_header_flags(F_INTO, len(body), frame[4]) + body  # (fast encoders: wire.py)
+        answer = pack_ok_response_header_flags(F_INTO, len(body), frame.request_id) + body  # (fast encoders: wire.py)
         if not size:
             conn.send(answer)
         else:
@@ -669,7 +670,7 @@ class Handlers:
 
     async def _send_into(self, conn: Connection, frame: Frame, view: memoryview, answer: bytes) -> None:
         try:
-            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame[4], view, None, None)
+            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame.request_id, view, None, None)
         except ConnectionLost:
             return
         conn.send(answer)
@@ -722,21 +723,3 @@ def _expire_handler(task: asyncio.Task[Any]) -> None:
     """The caller's deadline passed: stop its handler, answered as DEADLINE_EXCEEDED."""
     task.svcframe_deadline_passed = True  # type: ignore[attr-defined]
     task.cancel()
-
-
-#: How the engine's dispatch runs a request: ``Handlers._on_request`` (the definition), or its compiled twin
-#: (svcframe._speedups.serve_request, where it was built and SVCFRAME_PURE is unset), which serves the common
-#: case (a sync handler, untraced and untimed, answering None or small bytes, or an into= call's bytes that fit
-#: one frame) without a Python frame and hands every other request to ``_on_request`` before doing anything
-#: (tests/test_compiled_paths.py checks they agree). Measured: see README "Performance".
-serve_request: Callable[[Any, Connection, Frame, int, float], None] = Handlers._on_request
-if not PURE:
-    from ._speedups import configure_serve
-    from ._speedups import serve_request as _serve_request_c
-    from .transport import BATCH_FLUSH_BYTES
-
-    configure_serve(  # (it answers an into= call's bytes itself, as _reply_into does; not one lent by address)
-        Handlers._on_request, Request, _sync, F_NO_REPLY | F_CMA, F_INTO, _SMALL_RESULT_BYTES, ALWAYS_TIMED,
-        BATCH_FLUSH_BYTES, DONE, globals(), SUSPENDED, FINISHED,
-    )  # fmt: skip
-    serve_request = _serve_request_c

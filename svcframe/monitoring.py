@@ -33,8 +33,6 @@ from bisect import bisect_left, bisect_right
 from itertools import pairwise, repeat
 from typing import Any
 
-from .slots import MonitorState, RecordState
-
 ORIGIN_STEPS = ("total", "serialize", "request_bytes", "response_bytes")
 TARGET_STEPS = ("queue", "handler", "respond", "request_bytes", "response_bytes")
 BULK_STEPS = ("bytes", "duration")
@@ -145,10 +143,10 @@ class Summary:
         }
 
 
-class Record(RecordState):
+class Record:
     """One key's buffered samples and folded summaries."""
 
-    __slots__ = ("_shown", "_shown_at", "buffer", "steps", "summaries")  # and calls, errors: RecordState's
+    __slots__ = ("_shown", "_shown_at", "buffer", "calls", "errors", "steps", "summaries")
 
     def __init__(self, steps: tuple[str, ...]) -> None:
         self.steps = steps
@@ -195,7 +193,7 @@ class Record(RecordState):
         return out
 
 
-class Monitor(MonitorState):
+class Monitor:
     """All statistics of one engine. ``enabled`` false makes every record call a no-op at the call site."""
 
     def __init__(self, enabled: bool = True, sample_every: int = 16) -> None:

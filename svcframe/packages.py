@@ -3,14 +3,14 @@
 The repository keeps the application beside the framework (``svcframe/``, ``providers/``, ``selftest/``); the
 wheel installs the application under names of its own, so that it never takes a name another distribution
 owns (the package index has projects named ``providers`` and ``selftest``). pyproject.toml maps them when the
-wheel is built (hatchling's ``sources``)::
+wheel is built (setuptools' ``package-dir``)::
 
     repository     installed (wheel)
     providers      svcframe_providers
     selftest       svcframe_selftest
 
-An editable install (``pip install -e .``, the tests) puts the repository on ``sys.path``: there only the
-repository's names exist (hatchling cannot map a prefix in dev mode: editables issue 20). Whatever names a
+An editable install (``pip install -e . --config-settings editable_mode=compat``, the tests: tools/env.sh) puts
+the repository on ``sys.path``: there only the repository's names exist. Whatever names a
 module, a config's ``libraries`` (``"providers.kv"``, ``"selftest.provider"``), an entry point of
 pyproject.toml (``svcframe_selftest.cli.roofline:roofline``) or ``--arg-generator
 selftest.generators:kv_put``, is imported through :func:`import_module`, which tries the installed name first,
@@ -27,7 +27,7 @@ import importlib
 from types import ModuleType
 
 #: Top-level packages of the svcframe distribution whose installed name differs from the repository's:
-#: repository name -> installed name (pyproject.toml's ``[tool.hatch.build.targets.wheel.sources]``).
+#: repository name -> installed name (pyproject.toml's ``[tool.setuptools] package-dir``).
 INSTALLED_NAMES = {"providers": "svcframe_providers", "selftest": "svcframe_selftest"}
 _REPOSITORY_NAMES = {installed: repository for repository, installed in INSTALLED_NAMES.items()}
 

@@ -51,8 +51,6 @@ import os
 import resource
 import time
 
-from .slots import ProgressState
-
 _yield_cpu = os.sched_yield
 _clock = time.perf_counter
 
@@ -79,7 +77,7 @@ def _involuntary_switches() -> int:
 PROGRESS_MODES = ("block", "busy", "spindown")
 
 
-class Progress(ProgressState):
+class Progress:
     """Drives polling vs blocking for one engine's loop.
 
     The engine calls ``activity()`` whenever work starts or completes (unless ``blocking``) and keeps

@@ -61,6 +61,7 @@ from .wire import (
     K_GOODBYE,
     K_HELLO,
     MIN_MAX_BODY_BYTES,
+    BinBody,
     Frame,
     Kind,
     auth_mac,
@@ -412,7 +413,7 @@ class Protocol:
             if self.phase is Phase.OPEN:  # frames the peer sent right after its HELLO (the caller dispatches
                 rest = [f for f in frames[i:] if self._legal_after_open(f)]  # them, then calls more())
                 return [Opened(self.peer), *rest]  # type: ignore[arg-type]
-            kind = frame[0]
+            kind = frame.kind
             if kind == K_GOODBYE:
                 return [Closed(self.goodbye_received(frame))]
             if kind != K_HELLO:
@@ -433,7 +434,7 @@ class Protocol:
         return []
 
     def _legal_after_open(self, frame: Frame) -> bool:
-        if frame[0] == K_HELLO:
+        if frame.kind == K_HELLO:
             raise RemoteProtocolError("a second HELLO after the handshake completed")
         return True
 
@@ -579,7 +580,7 @@ class Protocol:
         Raises:
             RemoteProtocolError: more than ``max_pushes`` pushes announced and not finished.
         """
-        request_id = frame[4]
+        request_id = frame.request_id
         if error is not None:
             if size:  # only its byte count is kept, to discard its data
                 refused = self._refused_pushes
@@ -653,7 +654,7 @@ class Protocol:
         self.phase = Phase.CLOSED
         self.decoder.legal_kinds = 0
         reason = _safe_text(frame.body)
-        if frame[6] == Status.UNAUTHENTICATED:
+        if frame.status == Status.UNAUTHENTICATED:
             return AuthenticationFailed(f"{self._remote_endpoint} refused the connection: {reason}")
         return ConnectionLost(f"{self._remote_endpoint} closed the connection: {reason}")
 
@@ -684,7 +685,7 @@ def _decode_small(frame: Frame, what: str) -> object:
     return unpack_body(body)
 
 
-def _safe_text(body: bytes | bytearray | memoryview | None) -> str:
+def _safe_text(body: bytes | bytearray | memoryview | BinBody | None) -> str:
     if body is not None and len(body) > MAX_HANDSHAKE_BODY_BYTES:
         return f"(a {len(body)}-byte reason, not shown)"
     try:

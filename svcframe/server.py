@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
 import json
 import logging
 import os
+import platform
 import signal
 import stat
 import threading
@@ -27,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import compiled
 from .composition import (
     ADMIN,
     CheckedProvider,
@@ -544,6 +547,7 @@ def run_server(
     in it is logged and shuts the server down). ``lifeline_fd``: the read end of a pipe whose write end
     only the launcher holds; when it closes (the launcher exited, even by SIGKILL) the server shuts down.
     ``source``: what start-up errors name the config by (its file)."""
+    _log_build()
     if config.engine.cpu_affinity:
         os.sched_setaffinity(0, config.engine.cpu_affinity)
     try:
@@ -554,6 +558,18 @@ def run_server(
             log.error("server failed to start: %s", line)
         return 1
     return 0 if ok else 1
+
+
+def _log_build() -> None:
+    """Say at start-up whether the hot paths run compiled (svcframe.compiled): a build without a C compiler is
+    pure Python, which works and costs more CPU per call, worth a warning unless asked for."""
+    build = compiled.build()
+    version = f"svcframe {importlib.metadata.version('svcframe')}, Python {platform.python_version()}"
+    if build == "compiled" or compiled.pure_requested():
+        log.info("%s: %s build%s", version, build, f" ({compiled.PURE_ENV}=1)" if compiled.pure_requested() else "")
+    else:
+        log.warning("%s: %s build: the hot paths run interpreted, at more CPU per call (reinstall where a C "
+                    "compiler is found: svcframe --version tells)", version, build)  # fmt: skip
 
 
 class _StartWatchdog:

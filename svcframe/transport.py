@@ -23,8 +23,7 @@ from . import cma
 from .errors import ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError, Status
 from .protocol import Closed, Identity, Opened, Role
 from .protocol import Protocol as ProtocolState
-from .slots import ConnectionState
-from .wire import DEFAULT_MAX_BODY_BYTES, PURE, Frame, Kind, encode_frame
+from .wire import DEFAULT_MAX_BODY_BYTES, Frame, Kind, encode_frame
 
 log = logging.getLogger("svcframe.transport")
 
@@ -103,7 +102,7 @@ class ConnectionOwner(Protocol):
     def admit(self, conn: Connection) -> str | None: ...
 
 
-class Connection(asyncio.BufferedProtocol, ConnectionState):
+class Connection(asyncio.BufferedProtocol):
     """The asyncio pump around one connection's sans-IO ``svcframe.protocol.Protocol``: it receives into
     the protocol's buffers, writes what the protocol and the owner produce, reports the handshake's outcome
     and hands the frames of each received batch to its *owner* (the engine). Everything sent while a
@@ -264,14 +263,6 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         except ProtocolError as exc:
             proto.fail(exc)
             self.abort(exc)
-
-    if not PURE:
-        # The compiled twin (svcframe._speedups: ConnectionState.buffer_updated), configured by svcframe.engine:
-        # an open connection's read without a Python frame, and an engine's batch of requests served and
-        # answered in one write without on_frames' and _write's (about 180 bytecodes per sequential call on the
-        # server, tools/profile_client.py --in-process --bytecodes). It sends everything else here.
-        _buffer_updated_definition = buffer_updated
-        buffer_updated = ConnectionState.buffer_updated  # type: ignore[attr-defined]
 
     def _dispatch(self, frames: list[Frame] | None) -> None:
         """Hand received frames to the owner, at most FRAMES_PER_TURN in this turn of the loop (the rest wait,

@@ -59,8 +59,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
@@ -129,23 +128,6 @@ _KIND_MAX = int(max(Kind))
 #: Every kind set: what a decoder accepts unless its connection's phase says otherwise.
 ALL_KINDS_MASK = sum(1 << k for k in Kind)
 
-#: svcframe._speedups (svcframe/_speedups.c): the compiled twins of the per-call hot paths, built by ``pip install``
-#: where a C compiler is found. PURE when it was not, or when the environment has ``SVCFRAME_PURE=1`` as this
-#: module is imported: the Python definitions then run everywhere (CI runs the suite both ways).
-PURE = os.environ.get("SVCFRAME_PURE", "") not in ("", "0")
-if not PURE:
-    try:
-        from ._speedups import configure
-        from ._speedups import ok_response as _ok_response_c
-        from ._speedups import receive_bytes as _receive_bytes_c
-        from ._speedups import request_frame as _request_frame_c
-        from ._speedups import unpack_body as _unpack_body_c
-    except ImportError:
-        PURE = True
-#: A new bytes object and a writable view of it (svcframe.decoder receives a large bytes result into it);
-#: None in the pure-Python build, which has no writable view of a bytes.
-receive_bytes: Callable[[int], tuple[bytes, memoryview]] | None = None if PURE else _receive_bytes_c
-
 
 class Flag(enum.IntFlag):
     NONE = 0
@@ -159,9 +141,17 @@ class Flag(enum.IntFlag):
     TRACE_STARTED_HERE = 0x8000  # local, never sent: this server started the trace of a call that came untraced
 
 
-class Frame(NamedTuple):
-    """One decoded frame. ``body`` is ``bytes`` (msgpack or empty), or ``None`` for bulk data, which
-    was written into the buffer the bulk sink returned."""
+class Frame:
+    """One decoded frame: the header's fields (``HEADER``, without magic, version and the reserved word) and its
+    body: ``bytes`` (msgpack, or empty), a ``memoryview`` of a body received into a buffer of its own, a ``BinBody``,
+    or ``None`` for bulk data, which was written into the buffer the bulk sink returned. Immutable; equal to a
+    frame of equal fields. ``trace_id`` is 16 bytes; the other header fields are unsigned ints.
+    """
+
+    __slots__ = _FRAME_FIELDS = (
+        "kind", "flags", "provider_id", "rpc_id", "request_id", "deadline_usec", "status", "parent_provider_id",
+        "parent_rpc_id", "callpath", "trace_id", "span_id", "lamport", "body",
+    )  # fmt: skip
 
     kind: int
     flags: int
@@ -176,10 +166,58 @@ class Frame(NamedTuple):
     trace_id: bytes
     span_id: int
     lamport: int
-    body: bytes | bytearray | memoryview | None
+    body: bytes | bytearray | memoryview | BinBody | None
 
+    def __init__(
+        self, kind: int, flags: int, provider_id: int, rpc_id: int, request_id: int, deadline_usec: int,
+        status: int, parent_provider_id: int, parent_rpc_id: int, callpath: int, trace_id: bytes, span_id: int,
+        lamport: int, body: bytes | bytearray | memoryview | BinBody | None,
+    ) -> None:  # fmt: skip
+        self.kind = kind
+        self.flags = flags
+        self.provider_id = provider_id
+        self.rpc_id = rpc_id
+        self.request_id = request_id
+        self.deadline_usec = deadline_usec
+        self.status = status
+        self.parent_provider_id = parent_provider_id
+        self.parent_rpc_id = parent_rpc_id
+        self.callpath = callpath
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.lamport = lamport
+        self.body = body
 
-_new_tuple = tuple.__new__  # builds a Frame without running NamedTuple's Python-level __new__
+    def fields(self) -> tuple[Any, ...]:
+        """The fields, in the order of the constructor's arguments."""
+        return (self.kind, self.flags, self.provider_id, self.rpc_id, self.request_id, self.deadline_usec,
+                self.status, self.parent_provider_id, self.parent_rpc_id, self.callpath, self.trace_id, self.span_id,
+                self.lamport, self.body)  # fmt: skip
+
+    def replace(self, **changes: Any) -> Frame:
+        """A copy of this frame with the fields named by ``changes`` replaced (``flags=..., trace_id=...``).
+
+        Raises:
+            TypeError: a name that is not a field.
+        """
+        fields = dict(zip(Frame._FRAME_FIELDS, self.fields(), strict=True))
+        unknown = set(changes) - fields.keys()
+        if unknown:
+            raise TypeError(f"Frame has no field {sorted(unknown)[0]!r}")
+        fields.update(changes)
+        return Frame(**fields)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return self.fields() == other.fields()
+
+    __hash__ = None  # type: ignore[assignment]  # (compared by value; a body may be a buffer)
+
+    def __repr__(self) -> str:
+        named = ", ".join(f"{name}={value!r}" for name, value in zip(Frame._FRAME_FIELDS, self.fields(), strict=True))
+        return f"Frame({named})"
+
 
 # Plain-int copies of the kinds, flags and statuses for the hot paths (IntEnum/IntFlag operations run
 # Python code; comparisons with these ints do not).
@@ -291,7 +329,7 @@ def push_ahead_frames(
     return frames
 
 
-def _request_frame_py(
+def request_frame(
     flags: int,
     provider_id: int,
     rpc_id: int,
@@ -305,9 +343,7 @@ def _request_frame_py(
     lamport: int,
     body: bytes,
 ) -> bytes:
-    """A REQUEST frame, header and body in one bytes object (status and reserved bits 0). The definition of
-    ``request_frame``, whose compiled twin (svcframe._speedups) builds it in one allocation and calls this for
-    anything but in-range ints, a 16-byte trace id and a bytes body.
+    """A REQUEST frame, header and body in one bytes object (status and reserved bits 0).
 
     Raises:
         struct.error: a field out of its range (``HEADER``: 16, 32 or 64 bits, unsigned).
@@ -316,16 +352,9 @@ def _request_frame_py(
                                parent_provider_id, parent_rpc_id, 0, callpath, trace_id, span_id, lamport) + body  # fmt: skip
 
 
-#: ``request_frame(flags, provider_id, rpc_id, request_id, deadline_usec, parent_provider_id, parent_rpc_id,
-#: callpath, trace_id, span_id, lamport, body) -> bytes``: a REQUEST frame (``_request_frame_py``), compiled
-#: where it was built (a client's sequential call 1,436 instructions fewer: tools/instructions_per_client_call.sh).
-request_frame: Callable[..., bytes] = _request_frame_py if PURE else _request_frame_c
-
-
-def _ok_response_py(request_id: int, result: bytes | None) -> bytes:
+def ok_response(request_id: int, result: bytes | None) -> bytes:
     """An OK RESPONSE frame whose body is ``result`` (None or bytes) packed as msgpack (nil, or bin 8/16/32:
-    what ``pack_body`` makes of it). The definition of ``ok_response``, whose compiled twin builds it in one
-    allocation and calls this for anything else.
+    what ``pack_body`` makes of it).
 
     Raises:
         TypeError: ``result`` is neither None nor bytes. struct.error: a field out of its range.
@@ -335,10 +364,6 @@ def _ok_response_py(request_id: int, result: bytes | None) -> bytes:
     body = b"\xc0" if result is None else bin_header(len(result)) + result
     return pack_ok_response_header(len(body), request_id) + body
 
-
-#: ``ok_response(request_id, result) -> bytes``: an OK RESPONSE of None or bytes (``_ok_response_py``), compiled
-#: where it was built (the server's common answer: tools/instructions_per_call.sh).
-ok_response: Callable[[int, bytes | None], bytes] = _ok_response_py if PURE else _ok_response_c
 
 #: ``pack_ok_response_header(body_length, request_id) -> bytes``: the header of a RESPONSE with status OK.
 pack_ok_response_header = functools.partial(_RESPONSE_OK.pack, MAGIC + bytes([WIRE_VERSION, 3]))
@@ -432,12 +457,9 @@ class BinBody:
         return f"BinBody({len(self.value)} bytes)"
 
 
-def _unpack_body_py(body: bytes | bytearray | memoryview | BinBody) -> object:
+def unpack_body(body: bytes | bytearray | memoryview | BinBody) -> object:
     """Decode a msgpack body strictly (no extension types, str map keys). Container and string sizes
-    are bounded by the body's length (msgpack's default), and the body by the frame size limit. The
-    definition of ``unpack_body``, whose compiled twin (svcframe._speedups) decodes a small body without a call
-    (nil, a bool, any int or float, a str or bin up to 255 bytes, fixarrays and fixmaps of them two levels
-    deep), others by msgpack's own call, and calls this for any body the decoder refuses.
+    are bounded by the body's length (msgpack's default), and the body by the frame size limit.
 
     Raises RemoteProtocolError for anything malformed.
     """
@@ -447,7 +469,7 @@ def _unpack_body_py(body: bytes | bytearray | memoryview | BinBody) -> object:
         return None
     try:
         value = msgpack.unpackb(  # raw=False, strict_map_key=True, use_list=True are msgpack's defaults
-            body,  # (the keywords of _UNPACK_STRICT, spelt out: a ** call makes a dict per call)
+            body,
             ext_hook=_refuse_ext,
             max_ext_len=0,  # refuses every extension with data, including timestamps (ext -1, never hooked)
             object_pairs_hook=_str_keyed_dict,
@@ -502,16 +524,6 @@ def _str_keyed_dict(pairs: list[tuple[object, object]]) -> dict[str, object]:
     return dict(pairs)  # type: ignore[arg-type]
 
 
-#: unpack_body's decoder call itself, ``msgpack.unpackb(body, **_UNPACK_STRICT)``, for the compiled core
-#: (FrameDecoder.answers), which hands any body it refuses, and so its error, to the Python dispatch (which
-#: decodes it again with unpack_body).
-_UNPACK_STRICT = {"ext_hook": _refuse_ext, "max_ext_len": 0, "object_pairs_hook": _str_keyed_dict}
-
-
-#: ``unpack_body(body) -> object``: ``_unpack_body_py``, compiled where it was built (a server's noop call 540
-#: instructions fewer: tools/instructions_per_call.sh).
-unpack_body: Callable[[bytes | bytearray | memoryview | BinBody], object] = _unpack_body_py if PURE else _unpack_body_c
-
 #: The shortest shared secret accepted (bytes): 128 bits, as the nonces.
 MIN_SECRET_BYTES = 16
 
@@ -551,9 +563,3 @@ def lazy_buffer(size: int) -> mmap.mmap:
     the size a header declared nor the room a receive buffer offers. Slicing it gives ``bytes``; it is
     unmapped when the last reference goes."""
     return mmap.mmap(-1, size)
-
-
-if not PURE:
-    configure(
-        Frame, ZERO_TRACE_ID, msgpack.unpackb, _UNPACK_STRICT, _request_frame_py, _ok_response_py, _unpack_body_py
-    )

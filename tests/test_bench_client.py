@@ -193,11 +193,12 @@ def test_profile_client_counts_the_bytecodes_per_call() -> None:
         assert total, out
         return int(total[1]), out.split(total[0], 1)[1]
 
-    from svcframe.wire import PURE
+    from svcframe.compiled import compiled_modules
 
     ours, table = bytecodes("svcframe")
-    assert "calls.py" in table and len(table.splitlines()) == 6
-    assert ("(buffer_updated)" in table) == PURE  # (compiled, a read runs no Python frame: ConnectionState's)
+    assert len(table.splitlines()) == 6
+    # (compiled, a read runs no Python frame)
+    assert ("(buffer_updated)" in table) != compiled_modules().get("svcframe.transport", False)
     assert 50 < ours < 5000 and 50 < bytecodes("raw")[0] < 5000
 
 

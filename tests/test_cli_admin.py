@@ -247,7 +247,10 @@ def test_version_is_the_installed_one() -> None:
 
     import svcframe
 
-    assert cli("--version").stdout.strip() == f"svcframe {version('svcframe')}" == f"svcframe {svcframe.__version__}"
+    assert (
+        cli("--version").stdout.startswith(f"svcframe {version('svcframe')} (")
+        and version("svcframe") == svcframe.__version__
+    )
 
 
 def test_call_takes_bytes_and_a_group(group: tuple[str, list[Member]], tmp_path: Path) -> None:

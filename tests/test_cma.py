@@ -140,12 +140,10 @@ async def test_a_kernel_refusal_falls_back_to_the_socket(procs: Procs, tmp_path:
     assert "cross-memory pull from pid" in server.log()
 
 
-@pytest.mark.parametrize("twin", ["buffer_address", "_buffer_address_py"], ids=["in use", "pure"])
-def test_buffer_address_of_read_only_and_writable_views(twin: str) -> None:
+def test_buffer_address_of_read_only_and_writable_views() -> None:
     """The address cma sends for a view is where its first byte is: the kernel copies from a read-only
-    slice of bytes at that address; a writable slice's address is ctypes'; a strided view is refused. The
-    same from the definition and from the twin in use (compiled, where it was built)."""
-    address = getattr(cma, twin)
+    slice of bytes at that address; a writable slice's address is ctypes'; a strided view is refused."""
+    address = cma.buffer_address
     source = bytes(range(256)) * 16
     dest = bytearray(len(source) - 100)
     cma.read(os.getpid(), address(memoryview(source)[100:]), memoryview(dest))
@@ -158,16 +156,14 @@ def test_buffer_address_of_read_only_and_writable_views(twin: str) -> None:
         address(memoryview(source)[::2])
 
 
-@pytest.mark.parametrize("twins", [("read", "write"), ("_read_py", "_write_py")], ids=["in use", "pure"])
-def test_reads_and_writes_of_a_process_by_either_twin(twins: tuple[str, str]) -> None:
-    """cma.read and cma.write, from the definitions and from the twins in use (compiled, where they were
-    built), on this very process: the bytes land where asked, a write's mark after its data; an empty copy
+def test_reads_and_writes_of_a_process() -> None:
+    """cma.read and cma.write on this very process: the bytes land where asked, a write's mark after its data; an empty copy
     does nothing; a read-only destination is a ValueError; an address out of range (0, negative, past 64
     bits), or a range not mapped, is an OSError (EFAULT) that names the system call and the pid, and a write
     whose mark cannot be written is one too; a pid that is no process is ESRCH."""
     import errno
 
-    read, write = (getattr(cma, name) for name in twins)
+    read, write = cma.read, cma.write
     pid = os.getpid()
     source = pattern(3 * 4096 + 5, 41)
     at = cma.buffer_address(memoryview(source))

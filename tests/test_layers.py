@@ -15,7 +15,7 @@ LAYERS = ("svcframe", "providers", "selftest")
 
 
 def _modules() -> dict[str, Path]:
-    """Our modules: the Python ones, and the compiled ones by their stubs (svcframe/_speedups.pyi)."""
+    """Our modules, by their Python sources (a compiled module is built from its .py)."""
     found = {}
     for package in LAYERS:
         paths = [*(ROOT / package).rglob("*.py"), *(ROOT / package).rglob("*.pyi")]

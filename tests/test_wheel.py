@@ -26,7 +26,7 @@ PACKAGES = ("svcframe", *INSTALLED_NAMES)
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The sdist and the wheel of this checkout (hatchling from the venv: no download)."""
+    """The sdist and the wheel of this checkout (setuptools and Cython from the venv: no download)."""
     out = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
                    check=True, capture_output=True, timeout=120)  # fmt: skip

@@ -24,14 +24,16 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
   fi
 fi
-# A C compiler builds svcframe's compiled decoder loop at install (hatch_build.py; without one, pure Python).
+# A C compiler builds svcframe's compiled modules at install (setup.py; without one, pure Python).
 if ! command -v "$("$PY" -c 'import shlex, sysconfig; print(shlex.split(sysconfig.get_config_var("CC") or "cc")[0])')" \
     >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "no C compiler: installing gcc with apt-get (for svcframe's compiled decoder loop)" >&2
+  echo "no C compiler: installing gcc with apt-get (for svcframe's compiled modules)" >&2
   apt-get update -qq && apt-get install -y -qq gcc >/dev/null || echo "gcc unavailable: svcframe installs pure Python" >&2
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+# editable_mode=compat puts the repository on sys.path, where providers/ and selftest/ import by their own names
+# (the wheel installs them as svcframe_providers and svcframe_selftest: svcframe/packages.py)
+"$VENV/bin/python" -m pip install -q -e "$ROOT[test]" --config-settings editable_mode=compat
 # CI also exercises the hwloc topology backend: pyhwloc 3.x declares Python >= 3.12 but imports on 3.11.
 # The project's dependency keeps that honest marker (python_version >= '3.12'); only CI overrides it.
 if [ "${CI:-}" = "true" ] && ! "$VENV/bin/python" -c 'import pyhwloc' 2>/dev/null; then
@@ -40,7 +42,7 @@ fi
 # CI also installs the mpi-wheel extra (mpi4py + the MPICH wheel with its mpiexec; a cluster uses the mpi extra
 # and its own MPI): tests/test_ranks.py starts servers under a real mpiexec. Without it those tests skip.
 if [ "${CI:-}" = "true" ] && ! "$VENV/bin/python" -c 'import mpi4py' 2>/dev/null; then
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[test,mpi-wheel]" || echo "MPI wheels unavailable: the mpiexec tests skip"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[test,mpi-wheel]" --config-settings editable_mode=compat || echo "MPI wheels unavailable: the mpiexec tests skip"
 fi
 # Byte-compile the repository's packages (an editable install leaves them as source): where
 # PYTHONDONTWRITEBYTECODE is set, as on this project's CI machines, every process would compile them again

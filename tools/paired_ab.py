@@ -14,15 +14,13 @@ ratios on / off.
 
 Methods: ``into`` (a call whose bytes result lands in the caller's buffer), ``pull`` (the client pulls a
 region the server exposed once), ``push`` (a handler pushes into the caller's exposed buffer). Toggles,
-each set in both processes: ``vm`` svcframe.cma.read/write by their compiled twins or by ctypes;
-``address`` svcframe.cma.buffer_address likewise; ``offers`` the reader's write offers
+each set in both processes: ``offers`` the reader's write offers
 (Connection.peer_cma_offer); ``split-push`` a pusher naming its source for a split read
 (Connection.peer_cma_split_push); ``push-ahead`` a handler's push sent ahead of its answer
 (Connection.peer_push_ahead: over the socket, so over tcp, or over unix below 256 KiB); ``eager`` handlers
 started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the engine did before);
 ``place-ahead`` a push ahead placed by the caller's decoder (FrameDecoder.place_ahead) or dispatched as frames;
-``compiled-push`` a push ahead written and placed by the compiled twins (svcframe._speedups.push_ahead_now and
-place_ahead) or by their Python definitions (Engine.push, BulkServing._place_ahead); ``inline`` the method
+``inline`` the method
 ("on") or the same bytes returned as the call's ``bytes`` result ("off"): issue 14's "a bulk read >= the inline
 result". ``--async-handler``: the server's push handler written ``async def ... await
 req.engine.push(...)`` instead of a sync one returning ``req.engine.push(...)``.
@@ -32,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import os
 import statistics
 import subprocess
@@ -44,14 +41,12 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 METHODS = ("into", "pull", "push")
-TOGGLES = ("vm", "address", "offers", "split-push", "push-ahead", "eager", "place-ahead", "compiled-push", "inline")
+TOGGLES = ("offers", "split-push", "push-ahead", "eager", "place-ahead", "inline")
 
 
 def set_toggle(engine: Any, toggle: str, on: bool) -> None:
-    """Switch ``toggle`` in this process (its engine's connections, or svcframe.cma's twins; ``inline`` switches
-    the client's operation, in ``measure``)."""
-    from svcframe import _speedups, cma
-
+    """Switch ``toggle`` in this process (its engine's connections; ``inline`` switches the client's operation,
+    in ``measure``)."""
     if toggle == "eager":
         from svcframe import eager, handlers
 
@@ -61,16 +56,6 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
         )
         setattr(handlers, "start_eagerly", started)  # noqa: B010  (the names the engine calls, in this process)
         setattr(handlers, "first_step", stepped)  # noqa: B010
-    if toggle == "vm":
-        cma.read = _speedups.vm_read if on else cma._read_py
-        cma.write = _speedups.vm_write if on else cma._write_py
-    elif toggle == "address":
-        cma.buffer_address = _speedups.buffer_address if on else cma._buffer_address_py
-    elif toggle == "compiled-push":
-        from svcframe import bulk
-
-        compiled = _speedups.push_ahead_now if on else bulk._push_ahead_definition
-        setattr(bulk, "_push_ahead_compiled", compiled)  # noqa: B010  (the name push calls, in this process)
     for conn in engine._all_conns:
         if toggle == "offers":
             conn.peer_cma_offer = on
@@ -80,9 +65,6 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
             conn.peer_push_ahead = on
         elif toggle == "place-ahead":
             conn.protocol.decoder.place_ahead = engine._placer(conn) if on else None
-        elif toggle == "compiled-push":
-            placer = engine._placer(conn) if on else functools.partial(engine._place_ahead, conn)
-            conn.protocol.decoder.place_ahead = placer
 
 
 def body_limit(size: int) -> int:
@@ -155,7 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--method", choices=METHODS, default="into")
     parser.add_argument("--transport", choices=("unix", "tcp"), default="unix")
-    parser.add_argument("--toggle", choices=TOGGLES, default="vm")
+    parser.add_argument("--toggle", choices=TOGGLES, default="place-ahead")
     parser.add_argument("--size", type=int, default=4 << 20)
     parser.add_argument("--batch", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=10)
@@ -167,10 +149,6 @@ def main() -> None:
         parser.error("--size, --batch and --rounds must be positive")
     from svcframe import cma
     from svcframe.loops import run
-    from svcframe.wire import PURE
-
-    if args.toggle == "compiled-push" and PURE:
-        parser.error("--toggle compiled-push compares the compiled build with the definitions: unset SVCFRAME_PURE")
 
     if not cma.supported():
         sys.exit("paired_ab: cross-memory attach is not supported here (Linux process_vm_readv)")

@@ -49,11 +49,12 @@ taken = [n for n in ("providers", "selftest") if importlib.util.find_spec(n) is 
 assert not taken, f"the wheel installed {taken}"
 assert (site / "svcframe" / "py.typed").is_file()
 assert (site / "svcframe_selftest" / "selftest.json").is_file()
-# the decoder loop's C twin is in the wheel wherever the build found a compiler (hatch_build.py)
+# the hot paths are compiled in the wheel wherever the build found a compiler (setup.py)
 import shlex, shutil, sysconfig
-from svcframe import wire
-assert not (wire.PURE and shutil.which(shlex.split(sysconfig.get_config_var("CC") or "cc")[0])), "no svcframe._speedups"
-print("  decoder loop:", "pure Python" if wire.PURE else "compiled (svcframe._speedups)")
+from svcframe import compiled
+built = compiled.build()
+assert built == "compiled" or not shutil.which(shlex.split(sysconfig.get_config_var("CC") or "cc")[0]), built
+print("  hot paths:", built)
 EOF
 svcframe --version
 

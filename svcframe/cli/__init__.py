@@ -123,8 +123,23 @@ class RootGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``svcframe --version``: "svcframe 0.1.0 (compiled, Python 3.11.7)", or pure (svcframe.compiled)."""
+    if not value or ctx.resilient_parsing:
+        return
+    import importlib.metadata
+    import platform
+
+    from .. import compiled
+
+    build = compiled.build() + (f", {compiled.PURE_ENV}=1" if compiled.pure_requested() else "")
+    click.echo(f"svcframe {importlib.metadata.version('svcframe')} ({build}, Python {platform.python_version()})")
+    ctx.exit()
+
+
 @click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="svcframe", message="svcframe %(version)s")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version, whether the hot paths run compiled or pure, and exit.")  # fmt: skip
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """svcframe: an asyncio runtime for HPC data services, with a self-test and the data-service roofline."""

@@ -542,7 +542,7 @@ class ClientBench:
         return self._rows("client-seq", settings, one)
 
     def read_rows(self) -> list[dict[str, Any]]:
-        from svcframe.bulk import CMA_MIN_BYTES
+        from svcframe.cma import CMA_MIN_BYTES
 
         settings = []
         for transport in ("tcp", "unix"):

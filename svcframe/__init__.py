@@ -19,7 +19,7 @@ from . import compiled as _compiled  # noqa: F401  (first: SVCFRAME_PURE applies
 
 if TYPE_CHECKING:
     from .admin import ServiceGroupHandle, ServiceHandle
-    from .bulk import BulkHandle
+    from .bulk_handles import BulkHandle
     from .engine import Engine, Request
     from .errors import (
         AppError,
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "ServiceGroupHandle": "admin",
     "ServiceHandle": "admin",
-    "BulkHandle": "bulk",
+    "BulkHandle": "bulk_handles",
     "Engine": "engine",
     "Request": "engine",
     "AppError": "errors",

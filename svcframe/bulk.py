@@ -11,12 +11,12 @@ address); ``svcframe.bulk_serving`` serves them on the owner's side (``BULK_PULL
 transfers of at least ``CMA_MIN_BYTES`` move by cross-memory attach (``svcframe.cma`` holds the system
 calls; the policy of when to use it and when to fall back to the socket is here).
 
-Handles are capabilities (issue 13): 128 random bits, optionally bound to the one peer they were given to,
+Handles are capabilities: 128 random bits, optionally bound to the one peer they were given to,
 revoked by ``unexpose`` (and a bound one when its connection ends); a handler moves bulk data only for the
 caller that exposed the handle; a pull into a new buffer allocates nothing before the owner has answered.
 
-``BulkTransfers`` is one part of the engine (``svcframe.engine.Engine`` inherits it): the state it uses is
-the engine's, declared in the class.
+``BulkTransfers`` is the engine's part that makes transfers (``svcframe.engine.Engine`` holds one): what it
+needs of the rest of the engine is given to it when it is made.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from . import cma
+from .bulk_handles import BULK_ID_BYTES, MODES, READ, READ_WRITE, WRITE, BulkHandle, as_byte_view, short_id
+from .cma import CMA_MIN_BYTES
 from .deadlines import DeadlineExpired, Deadlines, wire_deadline
 from .eager import DONE
 from .errors import (
@@ -42,13 +44,12 @@ from .errors import (
 )
 from .monitoring import Monitor
 from .protocol import IncomingPull
+from .request import current_request
 from .split_read import (
-    SPLIT_ALIGN,
-    SPLIT_MAX_PART_BYTES,
     SPLIT_MIN_BYTES,
     SPLIT_OFFER_SHARE,
-    SPLIT_WRITER_SHARE,
     SplitWrite,
+    cma_read,
 )
 from .wire import (
     F_CMA,
@@ -56,89 +57,20 @@ from .wire import (
     Frame,
     Kind,
     encode_frame,
-    encode_header,
     pack_body,
     push_ahead_frames,
 )
 
 if TYPE_CHECKING:
+    from .bulk_serving import BulkServing
+    from .connections import Connections
     from .progress import Progress
+    from .settings import EngineConfig
     from .transport import Connection
 
+__all__ = ["MODES", "READ", "READ_WRITE", "WRITE", "BulkHandle", "BulkTransfers", "as_byte_view"]
+
 log = logging.getLogger("svcframe.engine")
-
-READ = "r"
-WRITE = "w"
-READ_WRITE = "rw"
-MODES = (READ, WRITE, READ_WRITE)
-
-Buffer = bytes | bytearray | memoryview
-
-
-#: Bytes of randomness in a bulk id: a bulk handle is a capability (issue 13), so its id must be unguessable.
-BULK_ID_BYTES = 16
-
-
-class BulkHandle(NamedTuple):
-    """A reference to an exposed buffer: owner's engine id and address, bulk id, size in bytes, mode.
-
-    The bulk id is 16 random bytes (128 bits): holding the handle is what allows a pull or push, like an
-    RDMA key, so whoever the handle is given to can use it, and nobody can guess one. The owner revokes it
-    with ``Engine.unexpose``.
-
-    Serialise with ``to_wire()`` (a msgpack-friendly list) and rebuild with ``BulkHandle.from_wire``.
-    (A tuple, for speed: ``from_wire`` builds one in one C call, where a frozen dataclass's ``__init__``
-    took 42 bytecodes and five calls, on the server of every 64 KiB push read. Being a tuple, it compares
-    equal to a tuple of its fields, and msgpack packs it as ``to_wire()``'s list.)
-    """
-
-    address: str | None
-    engine_id: str
-    bulk_id: bytes
-    size: int
-    mode: str
-
-    def to_wire(self) -> list[Any]:
-        return list(self)
-
-    @classmethod
-    def from_wire(cls, obj: object) -> BulkHandle:
-        """Raises BulkError when ``obj`` is not a serialised bulk handle."""
-        if (type(obj) is list or isinstance(obj, list | tuple)) and len(obj) == 5:  # (first: a decoded list)
-            address, engine_id, bulk_id, size, mode = obj  # (unpacked once: 83 -> 66 bytecodes a handle)
-            if (
-                (address is None or isinstance(address, str))
-                and isinstance(engine_id, str)
-                and isinstance(bulk_id, bytes)
-                and len(bulk_id) == BULK_ID_BYTES
-                and isinstance(size, int)
-                and size >= 0
-                and mode in MODES
-            ):
-                return _new_tuple(cls, obj)
-        raise BulkError(f"not a bulk handle: {obj!r:.100}")
-
-
-_new_tuple = tuple.__new__
-
-
-def as_byte_view(buf: object, *, writable: bool) -> memoryview:
-    """A flat, byte-addressed memoryview of ``buf`` (bytes-like or a C-contiguous numpy array).
-
-    Raises:
-        BulkUsageError: not a buffer, not contiguous, or read-only when ``writable``.
-    """
-    if type(buf) is bytearray or (type(buf) is bytes and not writable):  # the common buffers, flat: 27
-        return memoryview(buf)  # bytecodes -> 6 per into= call (a bytearray), or per push of bytes
-    try:
-        view = memoryview(buf)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise BulkUsageError(f"{type(buf).__name__} is not a bytes-like buffer") from exc
-    if not view.c_contiguous:
-        raise BulkUsageError("bulk buffers must be C-contiguous (use numpy.ascontiguousarray)")
-    if writable and view.readonly:
-        raise BulkUsageError(f"a {type(buf).__name__} is read-only; use a bytearray or a writable array")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 class _LazyDest:
@@ -170,57 +102,50 @@ class _LazyDest:
 
 
 class BulkTransfers:
-    """The engine's part that moves bulk data (see the module docstring): exposing buffers, pulling and
-    pushing them (``svcframe.bulk_serving.BulkServing`` serves the transfers peers make on ours)."""
+    """The engine's part that moves bulk data (see the module docstring): pulling from and pushing into the
+    buffers peers expose (``svcframe.bulk_serving.BulkServing`` exposes ours and serves the transfers peers
+    make on them).
 
-    # the engine's state this part uses (svcframe.engine.Engine)
-    engine_id: str
-    default_timeout_seconds: float
-    bulk_chunk_bytes: int
-    bulk_cma: bool
-    cma_bytes: int
-    allow_third_party_bulk: bool
-    _exposed: dict[bytes, tuple[memoryview, str, str | None]]
-    #: the sources of our pushes by cross-memory attach, exposed for the owner's split read while the push
-    #: lasts: bulk id -> our operations in flight that wait on it (the push, and the handler making it)
-    _push_sources: dict[bytes, int]
-    _peers: dict[str, Connection]
-    _loop: asyncio.AbstractEventLoop | None
-    _deadlines: Deadlines
-    monitor: Monitor
-    progress: Progress
+    Args:
+        engine_id: the engine's id (a handle of its own is a local copy).
+        connections: where connections to the owners come from.
+        serving: the engine's exposed buffers (a transfer on one of ours is a local copy; the sources of our
+            pushes by cross-memory attach are exposed there meanwhile).
+        deadlines: the deadlines of the engine's outgoing operations.
+        monitor, progress: the engine's statistics and progress loop.
+        config: the engine's settings (``default_timeout_seconds``, ``allow_third_party_bulk``).
+        bulk_cma: cross-memory attach is on for this engine (and supported here).
 
-    if TYPE_CHECKING:
+    Attributes:
+        cma_bytes: bulk bytes moved by cross-memory attach by our transfers (pulls made).
+    """
 
-        @property
-        def address(self) -> str | None: ...
-        async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
-        def _request_here(self) -> Any: ...
+    def __init__(
+        self,
+        engine_id: str,
+        connections: Connections,
+        serving: BulkServing,
+        deadlines: Deadlines,
+        monitor: Monitor,
+        progress: Progress,
+        config: EngineConfig,
+        bulk_cma: bool,
+    ) -> None:
+        self.engine_id = engine_id
+        self.connections = connections
+        self.serving = serving
+        self.deadlines = deadlines
+        self.monitor = monitor
+        self.progress = progress
+        self.default_timeout_seconds = config.default_timeout_seconds
+        self.allow_third_party_bulk = config.allow_third_party_bulk
+        self.bulk_cma = bulk_cma
+        self.cma_bytes = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle:
-        """Expose ``buffer`` (bytes-like or C-contiguous numpy array) for remote pull ("r"), push ("w")
-        or both ("rw"). Keep the buffer alive and unchanged in size until ``unexpose``.
-
-        The handle is a capability (128 random bits): whoever holds it may move its bytes. With ``peer``
-        (the address of the server it is given to) only that server, over the connection this engine
-        dialled to it, may use it, and the handle is revoked when that connection ends (issue 13).
-
-        Raises:
-            BulkUsageError: not a contiguous buffer, read-only with a writable mode, or an unknown mode.
-        """
-        if mode not in MODES:
-            raise BulkUsageError(f"bulk mode {mode!r}: expected one of {MODES}")
-        view = as_byte_view(buffer, writable=WRITE in mode)
-        bulk_id = secrets.token_bytes(BULK_ID_BYTES)
-        self._exposed[bulk_id] = (view, mode, peer)
-        return BulkHandle(self.address, self.engine_id, bulk_id, len(view), mode)
-
-    def unexpose(self, handle: BulkHandle) -> None:
-        """Stop serving ``handle``; transfers that start later fail with BulkError. A transfer already
-        under way finishes with the buffer: do not reuse the buffer until it has (or its call failed)."""
-        entry = self._exposed.pop(handle.bulk_id, None)
-        if entry is not None:
-            entry[0].release()
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The engine started on ``loop``."""
+        self._loop = loop
 
     async def pull(
         self,
@@ -313,7 +238,7 @@ class BulkTransfers:
             self._local_source(handle, offset, size, WRITE)[:] = view
             return DONE
         if ahead:  # (cross-memory attach first, when the caller's connection may take it: see _cma_push)
-            req = self._request_here()
+            req = current_request.get()
             if (
                 req is not None
                 and (size < CMA_MIN_BYTES or not (self.bulk_cma and req.conn.peer_cma))
@@ -342,7 +267,7 @@ class BulkTransfers:
             raise error_from_status(status, info, "bulk push", 0, _owner(handle))
 
     def _push_ahead_now(self, req: Any, handle: BulkHandle, offset: int, src: memoryview) -> bool | None:
-        """A push into ``handle`` by the handler of ``req`` (a ``svcframe.handlers.Request``), ahead of its
+        """A push into ``handle`` by the handler of ``req`` (a ``svcframe.request.Request``), ahead of its
         answer in one write (see ``_push_ahead``): True when written; False when it goes ahead but not now
         (over one frame, the socket paused or closed: ``_push_ahead``'s chunks); None when it does not go
         ahead: the handle is not the caller's, the caller does not take pushes ahead, or the request takes no
@@ -374,10 +299,11 @@ class BulkTransfers:
             DeadlineExceeded: the data could not be written in time (a reader that does not read);
             ConnectionLost.
         """
-        req = self._request_here()
+        req = current_request.get()
         now = None if req is None else self._push_ahead_now(req, handle, offset, src)
         if now is None or now:  # not ahead (pushed as usual), or written
             return now is not None
+        assert req is not None  # (now is False: a handler's push that goes ahead, later)
         conn: Connection = req.conn
         if conn.closed:
             raise conn.close_reason or ConnectionLost(f"connection to {handle.address} is closed")
@@ -389,7 +315,7 @@ class BulkTransfers:
         header = push_ahead_frames(request_id, handle.bulk_id, offset, size, req.frame.request_id, data=False)
         try:
             async with asyncio.timeout(timeout):
-                await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, None)
+                await conn.send_data(Kind.BULK_DATA_PUSH, request_id, src, header)
                 if type(src.obj) is not bytes:  # the transport keeps what it has not written by reference: the
                     await conn.flushed()  # caller may change its source once we return (no copy: 64 MiB pushes)
         except TimeoutError:
@@ -404,9 +330,9 @@ class BulkTransfers:
         return True
 
     def _local_source(self, handle: BulkHandle, offset: int, size: int, need: str) -> memoryview:
-        entry = self._exposed.get(handle.bulk_id)
+        entry = self.serving.exposed.get(handle.bulk_id)
         if entry is None or need not in entry[1] or offset + size > len(entry[0]):
-            raise BulkError(f"bulk handle {_short(handle.bulk_id)} is not exposed for {need!r} here, or out of range")
+            raise BulkError(f"bulk handle {short_id(handle.bulk_id)} is not exposed for {need!r} here, or out of range")
         return entry[0][offset : offset + size]
 
     async def _cma_pull(
@@ -461,7 +387,7 @@ class BulkTransfers:
         if isinstance(target, _LazyDest):
             target = target.materialize()  # the owner answered: now the destination is allocated
         try:
-            await self._cma_read(conn, handle.bulk_id, offset, address, target, deadline, offer, part)
+            await cma_read(loop, self.monitor, conn, handle.bulk_id, offset, address, target, deadline, offer, part)
         except OSError as exc:
             if exc.errno in _CMA_REFUSED:  # the kernel will keep refusing: the socket path from now on
                 conn.peer_cma = False
@@ -473,62 +399,7 @@ class BulkTransfers:
         self.monitor.record_bulk("cma_pull", conn.peer_label, len(target), int((loop.time() - start) * 1e9))
         return True
 
-    async def _cma_read(
-        self,
-        conn: Connection,
-        bulk_id: bytes,
-        offset: int,
-        source: int,
-        dest: memoryview,
-        deadline: float | None,
-        offer: SplitWrite | None = None,
-        part: int = 0,
-    ) -> None:
-        """Copy the peer's exposed range ``bulk_id[offset:offset + len(dest)]``, at address ``source`` in its
-        memory, into ``dest``. A range of SPLIT_MIN_BYTES or more is a *split read* when the peer takes part
-        (``Connection.peer_cma_write``): we ask it to write the first part of the range (its share of it,
-        ``Connection.split_share``) into ``dest`` (a BULK_PULL flagged CMA naming the destination, when the
-        request expires and where to put its mark) and copy the rest meanwhile, so that its core and ours copy
-        at once; if it declines (busy, or any error) we copy its part too. With ``offer`` the peer was asked
-        before it answered (``_offer_write``) and is writing the first ``part`` bytes already (none: it
-        declined, and we ask as without an offer). ``dest`` is not given back before the peer's mark is there, or it answered, or the request
-        is ``SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
-
-        Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
-        and server on their own cores, medians of eleven runs over two days): 7.2-8.4 GiB/s, 1.02-1.17x ``cma
-        copy`` of the same run (one process_vm_readv per read and no message: 6.5-7.6), where the reader
-        copying all of it gave 5.9-6.5. A C loop of process_vm_readv copies 6.3-8.9 GiB/s on one core of this
-        machine, and 13.8-17.1 on two. An offer gains 4.5-6% on reads into the caller's buffer and 4.7% on
-        pulls (paired: offers on and off in alternate batches of 300 reads, one pair of processes): the
-        owner's write starts 1-2 µs after its answer leaves, where a request after the answer reached it
-        90-110 µs after (the reader's wake-up, its request, the owner's).
-
-        Raises:
-            OSError (svcframe.cma.read), DeadlineExceeded: as ``_cma_copy``.
-        """
-        loop = self._loop or asyncio.get_running_loop()
-        size = len(dest)
-        if offer is not None and not part:  # the peer declined its offer (e.g. it expired: a slow handler)
-            offer.drop()
-            offer = None
-        if offer is None:
-            share = conn.split_share or SPLIT_WRITER_SHARE
-            if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * share <= SPLIT_MAX_PART_BYTES):
-                await _cma_copy(loop, conn, source, dest, deadline)
-                return
-            part = int(size * share) & -SPLIT_ALIGN  # the peer's: the first bytes
-            offer = SplitWrite(loop, conn, share, offered=False)
-            conn.send(offer.request_frame(bulk_id, offset, part, dest))
-        try:
-            await _cma_copy(loop, conn, source + part, dest[part:], deadline)  # ours, while the peer writes
-        finally:
-            written = await offer.written()
-        if not written:
-            await _cma_copy(loop, conn, source, dest[:part], deadline)
-        else:
-            self.monitor.record_bulk("cma_written", conn.peer_label, part, 0)
-
-    def _offer_write(self, conn: Connection, request_id: int, dest: memoryview, request: bytes) -> SplitWrite | None:
+    def offer_write(self, conn: Connection, request_id: int, dest: memoryview, request: bytes) -> SplitWrite | None:
         """Send an ``into=`` request ``request_id`` over ``unix://`` (the encoded frame ``request``), and, when
         the peer takes offers (``Connection.peer_cma_offer``) and ``dest`` is SPLIT_MIN_BYTES or more, before it
         in the same write an offer to write the first part of the result it will lend into ``dest`` (a
@@ -573,7 +444,7 @@ class BulkTransfers:
         presented the handle, never of another peer that merely claims the same engine id in its HELLO
         (issue 13). Otherwise: a connection we dialled, or an authenticated accepted one, to that engine;
         else the handle's address is dialled and the engine found there must be the owner."""
-        req = self._request_here()  # the handler's request, if we run inside one (svcframe.handlers)
+        req = current_request.get()  # the handler's request, if we run inside one (svcframe.request)
         if req is not None:
             caller: Connection = req.conn
             if caller.peer_engine_id == handle.engine_id and not caller.closed:
@@ -584,17 +455,17 @@ class BulkTransfers:
                     f"({(caller.peer_engine_id or '?')[:8]}…): a handler moves bulk data only for the caller that "
                     "exposed it (engine.allow_third_party_bulk allows handles passed on by others)"
                 )
-        conn = self._peers.get(handle.engine_id)
+        conn = self.connections.peers.get(handle.engine_id)
         if conn is not None and not conn.closed:
             return conn
         if handle.address is None:
             raise BulkError("the bulk handle's owner has no address and no connection to us")
-        conn = await self.connection(handle.address, timeout_seconds)
+        conn = await self.connections.connection(handle.address, timeout_seconds)
         if conn.peer_engine_id != handle.engine_id:
             raise BulkError(f"the engine at {handle.address} no longer owns this bulk handle (it restarted)")
         return conn
 
-    async def _take_lent(
+    async def take_lent(
         self,
         conn: Connection,
         address: str,
@@ -632,8 +503,8 @@ class BulkTransfers:
             loop = self._loop or asyncio.get_running_loop()
             dest = into[:size]
             try:
-                ending, offer = offer, None  # (ended by _cma_read, whatever happens there)
-                await self._cma_read(conn, bulk_id, 0, source, dest, deadline, ending, part)
+                ending, offer = offer, None  # (ended by cma_read, whatever happens there)
+                await cma_read(loop, self.monitor, conn, bulk_id, 0, source, dest, deadline, ending, part)
                 self.cma_bytes += size
                 return size
             except OSError as exc:
@@ -679,7 +550,7 @@ class BulkTransfers:
         self.progress.inflight += 1
         if not self.progress.blocking:
             self.progress.activity()
-        self._deadlines.add(start + timeout, conn.pending, request_id)
+        self.deadlines.add(start + timeout, conn.pending, request_id)
         deadline_usec = wire_deadline(timeout - (loop.time() - start))
         source_id = None
         if by_cma:  # a pull asks for the range's address; a push gives its source's (kept until answered)
@@ -688,8 +559,8 @@ class BulkTransfers:
                 fields.append(cma.buffer_address(src))
                 if conn.peer_cma_split_push and size >= SPLIT_MIN_BYTES:  # and exposes it for a split read
                     source_id = secrets.token_bytes(BULK_ID_BYTES)
-                    self._exposed[source_id] = (src, READ, None)
-                    self._push_sources[source_id] = 1 if self._request_here() is None else 2
+                    self.serving.exposed[source_id] = (src, READ, None)
+                    self.serving.push_sources[source_id] = 1 if current_request.get() is None else 2
                     fields.append(source_id)
             body = pack_body(fields)
             header = encode_frame(kind, request_id, body, deadline_usec=deadline_usec, flags=F_CMA)
@@ -703,7 +574,7 @@ class BulkTransfers:
             elif src is None or by_cma:
                 conn.send(header)
             else:
-                await self._send_chunks(conn, Kind.BULK_DATA_PUSH, request_id, src, header, future)
+                await conn.send_data(Kind.BULK_DATA_PUSH, request_id, src, header, future)
             return await future
         except DeadlineExpired:
             conn.cancel(request_id)
@@ -715,8 +586,8 @@ class BulkTransfers:
             conn.pending.pop(request_id, None)
             conn.protocol.pulls.pop(request_id, None)
             if source_id is not None:  # (the view is the caller's: not released)
-                self._exposed.pop(source_id, None)
-                self._push_sources.pop(source_id, None)
+                self.serving.exposed.pop(source_id, None)
+                self.serving.push_sources.pop(source_id, None)
             self.progress.inflight -= 1
             if not self.progress.blocking:
                 self.progress.activity()
@@ -724,63 +595,10 @@ class BulkTransfers:
                 what = ("cma_" if by_cma else "") + ("pull" if kind == Kind.BULK_PULL else "push")
                 self.monitor.record_bulk(what, conn.peer_label, size, int((loop.time() - start) * 1e9))
 
-    async def _send_chunks(
-        self,
-        conn: Connection,
-        kind: Kind,
-        request_id: int,
-        src: memoryview,
-        first: bytes | None,
-        until: asyncio.Future[Any] | None,
-    ) -> None:
-        """Send ``src`` (after ``first``, the request it belongs to, if any) as data frames, respecting write
-        backpressure: one frame when the peer takes it whole (``Connection.whole_frame_bytes``), in the same
-        write as ``first``; else frames of bulk_chunk_bytes (never over the peer's max_body_bytes), each behind
-        a drain (concurrent transfers share the output buffer). Measured (4 MiB reads over tcp, client and
-        server on their own cores, three runs each, A/B): a pull served in 1 MiB chunks behind a drain each
-        2.99-3.07 GiB/s, as one frame 3.46-3.82; a handler's push 3.34-3.61 either way (its second round
-        trip, the owner's completion, is what it pays)."""
-        size = len(src)
-        whole = conn.whole_frame_bytes
-        chunk = max(size, 1) if size <= whole else min(self.bulk_chunk_bytes, whole)  # never over the peer's limit
-        for pos in range(0, size, chunk):
-            if conn.closed or (until is not None and until.done()):
-                return
-            await conn.drain()  # before each chunk: concurrent transfers share the buffer
-            if conn.closed or (until is not None and until.done()):
-                return
-            part = src[pos : pos + chunk]
-            data_header = encode_header(kind, request_id, len(part))
-            if first is not None:
-                conn.send_many((first, data_header, part))
-                first = None
-            else:
-                conn.send_many((data_header, part))
-        if first is not None and not conn.closed:
-            conn.send(first)  # no data: the request alone
 
-
-def _short(bulk_id: object) -> str:
-    """A bulk id in messages and logs: its first 4 bytes in hex (enough to tell handles apart, not to use one)."""
-    return bulk_id[:4].hex() + "…" if isinstance(bulk_id, bytes) else repr(bulk_id)[:20]
-
-
-#: Same-node transfers of at least this size use cross-memory attach; smaller ones are cheaper over the
-#: socket (the address round trip and the pid check cost about what copying 64 KiB twice does).
-CMA_MIN_BYTES = 256 * 1024
 #: errno values after which a connection stops trying cross-memory attach (permission, no such process,
 #: not implemented); other errors (EFAULT: a stale handle) only fall back for that one transfer.
 _CMA_REFUSED = frozenset({1, 3, 38})
-#: Copies up to this size run on the event loop (a few hundred µs at most); larger ones in a worker thread,
-#: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
-_CMA_INLINE_BYTES = 8 * 1024 * 1024
-_CMA_PIECE_BYTES = 8 * 1024 * 1024
-#: Results lent by address (reads into the caller's buffer by cross-memory attach) that callers have not yet
-#: read, in bytes, over all connections; past it results are sent as data (a caller that never reads holds
-#: at most this much of the server's memory).
-MAX_LENT_BYTES = 256 * 1024 * 1024
-#: ... and per connection, in results (a caller that reads as it goes holds one per read in flight).
-MAX_LENT_PER_CONNECTION = 16
 
 
 def _owner(handle: BulkHandle) -> str:
@@ -792,28 +610,6 @@ def _cma_refused(status: int, info: Any) -> bool:
     """A BULK_ERROR whose message starts with "cma:": the owner cannot take part in cross-memory attach
     on this connection (the transfer itself may still go over the socket)."""
     return status == Status.BULK_ERROR and str(info).startswith("cma:")
-
-
-async def _cma_copy(
-    loop: asyncio.AbstractEventLoop, conn: Connection, address: int, dest: memoryview, deadline: float | None
-) -> None:
-    """``cma.read`` inline when small, else piece by piece in the loop's default executor (the copy
-    releases the GIL). Nothing is written into ``dest`` after this returns or raises.
-
-    Raises:
-        OSError (see cma.read); DeadlineExceeded when ``deadline`` (loop time) passes between two pieces.
-    """
-    pid, process = conn.peer_pid, conn.peer_process
-    if pid is None or process is None or not process.alive():
-        raise OSError(3, f"the peer's process {pid} is gone (its pid may now be another process's)")  # ESRCH
-    size = len(dest)
-    if size <= _CMA_INLINE_BYTES:
-        cma.read(pid, address, dest)
-        return
-    for pos in range(0, size, _CMA_PIECE_BYTES):
-        if deadline is not None and loop.time() > deadline:
-            raise DeadlineExceeded(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
-        await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
 
 
 def _check_range(handle: BulkHandle, offset: int, size: int, need: str) -> None:

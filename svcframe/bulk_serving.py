@@ -5,11 +5,11 @@ range written into the puller's memory: the writer's side of a split read, ``svc
 BULK_PUSH's data frames land in the exposed buffer (or, by cross-memory attach, we read the pusher's
 source, split with the pusher when it exposed it); a push ahead of an answer (NO_REPLY) is placed and never
 answered. A read into the caller's buffer over ``unix://`` is answered by lending the result's address
-(``_lend``), and a caller's write offer is taken up there. No user code runs on this side.
+(``lend``), and a caller's write offer is taken up there. No user code runs on this side.
 
-``BulkServing`` is one part of the engine (``svcframe.engine.Engine`` inherits it), beside
-``svcframe.bulk.BulkTransfers``, which makes transfers: the state it uses is the engine's, declared in the
-class.
+``BulkServing`` is the engine's part that does this (``svcframe.engine.Engine`` holds one, beside
+``svcframe.bulk.BulkTransfers``, which makes transfers): it owns the table of exposed buffers (``expose``),
+the sources of our own pushes exposed meanwhile, the results lent, and the tasks serving transfers.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import cma
-from .bulk import (
-    BULK_ID_BYTES,
-    CMA_MIN_BYTES,
-    MAX_LENT_BYTES,
-    MAX_LENT_PER_CONNECTION,
-    READ,
-    WRITE,
-    _cma_copy,
-    _short,
+from .bulk_handles import BULK_ID_BYTES, MODES, READ, WRITE, BulkHandle, as_byte_view, short_id
+from .cma import CMA_MIN_BYTES
+from .errors import (
+    BulkError,
+    BulkUsageError,
+    ConnectionLost,
+    DeadlineExceeded,
+    ProtocolError,
+    RemoteProtocolError,
+    Status,
 )
-from .errors import BulkError, ConnectionLost, DeadlineExceeded, ProtocolError, RemoteProtocolError, Status
 from .monitoring import Monitor
 from .protocol import WriteOffer
 from .split_read import (
@@ -42,6 +42,8 @@ from .split_read import (
     SPLIT_MIN_BYTES,
     SPLIT_WRITE_BURST_SECONDS,
     SPLIT_WRITE_SHARE_OF_TIME,
+    cma_copy,
+    cma_read,
 )
 from .wire import (
     F_CMA,
@@ -58,6 +60,13 @@ from .wire import (
     unpack_body,
 )
 
+#: Results lent by address (reads into the caller's buffer by cross-memory attach) that callers have not yet
+#: read, in bytes, over all connections; past it results are sent as data (a caller that never reads holds
+#: at most this much of the server's memory).
+MAX_LENT_BYTES = 256 * 1024 * 1024
+#: ... and per connection, in results (a caller that reads as it goes holds one per read in flight).
+MAX_LENT_PER_CONNECTION = 16
+
 _AHEAD_FLAGS = F_NO_REPLY | F_CMA  # a push flagged NO_REPLY alone goes ahead of an answer (``_on_push_ahead``)
 
 if TYPE_CHECKING:
@@ -66,46 +75,76 @@ if TYPE_CHECKING:
 
 
 class BulkServing:
-    """The engine's part that serves the transfers peers make on our buffers (see the module docstring)."""
+    """The engine's part that serves the transfers peers make on our buffers (see the module docstring).
 
-    # the engine's state this part uses (svcframe.engine.Engine)
-    bulk_cma: bool
-    cma_bytes: int
-    _exposed: dict[bytes, tuple[memoryview, str, str | None]]
-    _push_sources: dict[bytes, int]  # (svcframe.bulk.BulkTransfers, which makes the pushes)
-    _lent_bytes: int
-    _conns: dict[str, Connection]
-    _tasks: set[asyncio.Task[Any]]
-    _loop: asyncio.AbstractEventLoop | None
-    monitor: Monitor
-    progress: Progress
+    Args:
+        engine_id: the engine's id (its bulk handles carry it).
+        monitor, progress: the engine's statistics and progress loop.
+        bulk_cma: cross-memory attach is on for this engine (and supported here).
 
-    if TYPE_CHECKING:
+    Attributes:
+        exposed: bulk id (16 random bytes) -> (buffer, mode, the address of the only peer allowed, or None).
+        push_sources: the sources of our pushes by cross-memory attach, exposed for the owner's split read while
+            the push lasts: bulk id -> our operations in flight that wait on it (the push, and the handler
+            making it). ``svcframe.bulk.BulkTransfers`` keeps it.
+        tasks: the transfers being served by a task (the engine waits for them when it closes).
+        cma_bytes: bulk bytes moved by cross-memory attach while serving (pushes read, ranges written).
+        address: the engine's listening address (its bulk handles carry it), set by ``start``.
+    """
 
-        def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None: ...
-        def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None: ...
-        def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError: ...
-        async def _send_chunks(
-            self,
-            conn: Connection,
-            kind: Kind,
-            request_id: int,
-            src: memoryview,
-            first: bytes | None,
-            until: asyncio.Future[Any] | None,
-        ) -> None: ...
-        async def _cma_read(
-            self,
-            conn: Connection,
-            bulk_id: bytes,
-            offset: int,
-            source: int,
-            dest: memoryview,
-            deadline: float | None,
-        ) -> None: ...
+    def __init__(self, engine_id: str, monitor: Monitor, progress: Progress, bulk_cma: bool) -> None:
+        self.engine_id = engine_id
+        self.monitor = monitor
+        self.progress = progress
+        self.bulk_cma = bulk_cma
+        self.exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
+        self.push_sources: dict[bytes, int] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.cma_bytes = 0
+        self.address: str | None = None
+        self._lent_bytes = 0  # results lent by address to callers that have not read them yet (MAX_LENT_BYTES)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, address: str | None) -> None:
+        """The engine started on ``loop``, listening at ``address`` (None: a client-only engine)."""
+        self._loop = loop
+        self.address = address
+
+    # -- the exposed buffers ------------------------------------------------------------------------------
+    def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle:
+        """Expose ``buffer`` (bytes-like or C-contiguous numpy array) for remote pull ("r"), push ("w")
+        or both ("rw"). Keep the buffer alive and unchanged in size until ``unexpose``.
+
+        The handle is a capability (128 random bits): whoever holds it may move its bytes. With ``peer``
+        (the address of the server it is given to) only that server, over the connection this engine
+        dialled to it, may use it, and the handle is revoked when that connection ends.
+
+        Raises:
+            BulkUsageError: not a contiguous buffer, read-only with a writable mode, or an unknown mode.
+        """
+        if mode not in MODES:
+            raise BulkUsageError(f"bulk mode {mode!r}: expected one of {MODES}")
+        view = as_byte_view(buffer, writable=WRITE in mode)
+        bulk_id = secrets.token_bytes(BULK_ID_BYTES)
+        self.exposed[bulk_id] = (view, mode, peer)
+        return BulkHandle(self.address, self.engine_id, bulk_id, len(view), mode)
+
+    def unexpose(self, handle: BulkHandle) -> None:
+        """Stop serving ``handle``; transfers that start later fail with BulkError. A transfer already
+        under way finishes with the buffer: do not reuse the buffer until it has (or its call failed)."""
+        entry = self.exposed.pop(handle.bulk_id, None)
+        if entry is not None:
+            entry[0].release()
+
+    def revoke_bound(self, address: str) -> None:
+        """The connection we dialled to ``address`` ended: the handles bound to that peer are revoked."""
+        for bulk_id, entry in list(self.exposed.items()):
+            if entry[2] == address:
+                del self.exposed[bulk_id]
+                entry[0].release()
 
     # -- a read into the caller's buffer by cross-memory attach (Engine.call(..., into=) on unix://) ------------
-    def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool:
+    def lend(self, conn: Connection, request_id: int, view: memoryview) -> bool:
         """Answer a read into the caller's buffer with the result's address instead of its bytes: the caller
         copies it with one ``process_vm_readv`` and says so (CANCEL of the request id), so the read is one
         round trip and one kernel copy, as a Margo handler's bulk push over ``na+sm`` is. The result (an
@@ -128,7 +167,7 @@ class BulkServing:
         ):
             return False
         bulk_id = secrets.token_bytes(BULK_ID_BYTES)
-        self._exposed[bulk_id] = (view, READ, None)
+        self.exposed[bulk_id] = (view, READ, None)
         conn.protocol.lent[request_id] = bulk_id
         self._lent_bytes += size
         fields: list[Any] = [size, cma.buffer_address(view), bulk_id]
@@ -141,10 +180,10 @@ class BulkServing:
             self._write_offered(conn, offer, view[:part])  # type: ignore[arg-type]  # (part: an offer)
         return True
 
-    def _release_lent(self, conn: Connection, request_id: int) -> None:
+    def release_lent(self, conn: Connection, request_id: int) -> None:
         """The caller has read the result lent for ``request_id`` (or is gone): stop exposing it."""
         bulk_id = conn.protocol.lent.pop(request_id, None)
-        entry = self._exposed.pop(bulk_id, None) if bulk_id is not None else None
+        entry = self.exposed.pop(bulk_id, None) if bulk_id is not None else None
         if entry is not None:
             self._lent_bytes -= len(entry[0])
             entry[0].release()
@@ -175,7 +214,7 @@ class BulkServing:
                 raise ValueError
         except (ProtocolError, ValueError, TypeError) as exc:
             why = str(exc) if isinstance(exc, ProtocolError) else "expected [bulk id (bytes), offset >= 0, size >= 0]"
-            raise self._bad_body(conn, frame, f"malformed bulk request: {why}") from None
+            raise conn.bad_body(frame, f"malformed bulk request: {why}") from None
         bulk_id, offset, size = fields[:3]
         view, error = self._exposed_range(conn, bulk_id, offset, size, need)
         return bulk_id, view, error, size, fields[3:] or None
@@ -185,42 +224,43 @@ class BulkServing:
     ) -> tuple[memoryview | None, str | None]:
         """The range a peer's transfer names in one of our exposed buffers, or why not: (view, None) or
         (None, error): not exposed, bound to another peer, not exposed for ``need``, or out of range."""
-        entry = self._exposed.get(bulk_id)
+        entry = self.exposed.get(bulk_id)
         if entry is None:
-            return None, f"bulk handle {_short(bulk_id)} is not exposed (revoked, or never existed)"
+            return None, f"bulk handle {short_id(bulk_id)} is not exposed (revoked, or never existed)"
         view, mode, bound = entry
-        if bound is not None and self._conns.get(bound) is not conn:
-            return None, f"bulk handle {_short(bulk_id)} is bound to another peer"
+        if bound is not None and conn.dialled_address != bound:  # (only over the connection we dialled to it)
+            return None, f"bulk handle {short_id(bulk_id)} is bound to another peer"
         if need not in mode:
             return None, (
-                f"bulk handle {_short(bulk_id)} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}"
+                f"bulk handle {short_id(bulk_id)} is exposed as {mode!r}, not for {'pull' if need == READ else 'push'}"
             )
         if offset + size > len(view):
             return None, f"range {offset}+{size} is outside the {len(view)}-byte bulk buffer"
         return view[offset : offset + size], None
 
-    def _on_pull_request(self, conn: Connection, frame: Frame) -> None:
+    def on_pull_request(self, conn: Connection, frame: Frame) -> None:
+        """A peer's BULK_PULL: answered with the range's data frames, its address, or a write into its memory."""
         if frame.flags & F_INTO:  # (flagged CMA too) not a pull: an offer for a request of the peer's
             self._on_write_offer(conn, frame)
             return
         bulk_id, view, error, size, more = self._bulk_request(conn, frame, READ)
         if view is None:
-            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            conn.reply_error(frame, Status.BULK_ERROR, error or "")
             return
         if more is not None:
-            self._serve_cma_write(conn, frame, view, *more, own=self._push_sources.get(bulk_id, 0))
+            self._serve_cma_write(conn, frame, view, *more, own=self.push_sources.get(bulk_id, 0))
             return
         if frame.flags & F_CMA:  # the puller reads the range itself (svcframe.cma): answer with its address
             offer = conn.protocol.offers.pop(frame.request_id, None) if conn.protocol.offers else None
             if conn.peer_pid is None or not self.bulk_cma:
-                self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+                conn.reply_error(frame, Status.BULK_ERROR, "cma: not available on this connection")
             elif offer is None:
                 self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
-                self._reply(conn, frame, Status.OK, pack_body(cma.buffer_address(view)))
+                conn.reply(frame, Status.OK, pack_body(cma.buffer_address(view)))
             else:  # and with the part of it we write ourselves (its offer: _offered_part)
                 self.monitor.record_bulk("served_cma_pull", conn.peer_label, size, 0)
                 part = self._offered_part(conn, offer, size, 0)
-                self._reply(conn, frame, Status.OK, pack_body([cma.buffer_address(view), part]))
+                conn.reply(frame, Status.OK, pack_body([cma.buffer_address(view), part]))
                 if part:
                     self._write_offered(conn, offer, view[:part])
             return
@@ -229,20 +269,21 @@ class BulkServing:
             # (not chunked, no task: see _send_chunks for the measurement)
             if size:
                 conn.send_many((encode_header(Kind.BULK_DATA_REPLY, frame.request_id, size), view))
-            self._reply(conn, frame, Status.OK, b"")
+            conn.reply(frame, Status.OK, b"")
             return
         self._track_serving(conn, frame, asyncio.get_running_loop().create_task(self._serve_pull(conn, frame, view)))
 
     async def _serve_pull(self, conn: Connection, frame: Frame, view: memoryview) -> None:
         try:
-            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame.request_id, view, None, None)
+            await conn.send_data(Kind.BULK_DATA_REPLY, frame.request_id, view)
         except ConnectionLost:
             return
         finally:
             conn.serving.pop(frame.request_id, None)
-        self._reply(conn, frame, Status.OK, b"")
+        conn.reply(frame, Status.OK, b"")
 
-    def _on_push_request(self, conn: Connection, frame: Frame) -> None:
+    def on_push_request(self, conn: Connection, frame: Frame) -> None:
+        """A peer's BULK_PUSH: its data frames land in the exposed range (or we read its source by CMA)."""
         if frame.flags & _AHEAD_FLAGS == F_NO_REPLY:
             self._on_push_ahead(conn, frame)
             return
@@ -263,7 +304,7 @@ class BulkServing:
         by the decoder instead: ``_place_ahead``.)"""
         fields = _push_ahead_fields(frame.body or b"")
         if isinstance(fields, str):
-            raise self._bad_body(conn, frame, f"malformed bulk request: {fields}")
+            raise conn.bad_body(frame, f"malformed bulk request: {fields}")
         bulk_id, offset, size, call_id = fields
         view, error = self._exposed_range(conn, bulk_id, offset, size, WRITE)
         conn.protocol.expect_push(frame, view, size, error)
@@ -274,7 +315,7 @@ class BulkServing:
         if waiter is not None and not waiter.done():
             waiter.set_exception(BulkError(f"the server's push into our buffer was refused here: {error}"))
 
-    def _placer(self, conn: Connection) -> Callable[[int, bytes, int, int], memoryview | None]:
+    def placer(self, conn: Connection) -> Callable[[int, bytes, int, int], memoryview | None]:
         """``conn``'s decoder's ``place_ahead``: ``_place_ahead`` for ``conn``."""
         return functools.partial(self._place_ahead, conn)
 
@@ -313,7 +354,7 @@ class BulkServing:
         if why is None:
             self._split_write(conn, frame.request_id, dest, view, mark_address)
         else:
-            self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: write declined: {why}")
+            conn.reply_error(frame, Status.BULK_ERROR, f"cma: write declined: {why}")
 
     def _split_write_declined(self, conn: Connection, size: int, expires_ns: int, own: int) -> str | None:
         """Why we do not write ``size`` bytes of a split read into the peer's memory now, or None: we do not do
@@ -386,14 +427,14 @@ class BulkServing:
             why = str(exc) if isinstance(exc, ProtocolError) else (
                 "expected [request id > 0, destination, size, expires_ns, mark address, share 1..65536], ints >= 0"
             )  # fmt: skip
-            raise self._bad_body(conn, frame, f"malformed write offer: {why}") from None
+            raise conn.bad_body(frame, f"malformed write offer: {why}") from None
         offers = conn.protocol.offers
         if len(offers) >= MAX_LENT_PER_CONNECTION:  # first, forget the expired ones (results answered otherwise)
             now = time.monotonic_ns()
             for request_id in [r for r, offer in offers.items() if offer.expires_ns < now]:
                 del offers[request_id]
         if len(offers) >= MAX_LENT_PER_CONNECTION or fields[0] in offers:
-            self._reply_error(conn, frame, Status.BULK_ERROR, "cma: write declined: too many offers")
+            conn.reply_error(frame, Status.BULK_ERROR, "cma: write declined: too many offers")
             return
         offers[fields[0]] = WriteOffer(frame.request_id, *fields[1:])
 
@@ -423,7 +464,7 @@ class BulkServing:
         conn.flush()
         self._split_write(conn, offer.request_id, offer.dest, view, offer.mark)
 
-    def _withdraw_offer(self, conn: Connection, request_id: int) -> None:
+    def withdraw_offer(self, conn: Connection, request_id: int) -> None:
         """The peer cancelled its request ``request_id``: decline its offer, if any (its caller waits for that)."""
         offer = conn.protocol.offers.pop(request_id, None)
         if offer is not None:
@@ -447,11 +488,11 @@ class BulkServing:
         in our HELLO), the read is a split read of it (``_cma_read``): the pusher, whose handler only waits
         for our answer, writes the first part into our buffer while we copy the rest."""
         if view is None:
-            self._reply_error(conn, frame, Status.BULK_ERROR, error or "")
+            conn.reply_error(frame, Status.BULK_ERROR, error or "")
             return
         pid = conn.peer_pid
         if pid is None or not self.bulk_cma:
-            self._reply_error(conn, frame, Status.BULK_ERROR, "cma: not available on this connection")
+            conn.reply_error(frame, Status.BULK_ERROR, "cma: not available on this connection")
             return
         loop = self._loop or asyncio.get_running_loop()
 
@@ -460,20 +501,20 @@ class BulkServing:
         async def serve() -> None:
             try:
                 if source_id is None:
-                    await _cma_copy(loop, conn, source, view, deadline)
+                    await cma_copy(loop, conn, source, view, deadline)
                 else:
-                    await self._cma_read(conn, source_id, 0, source, view, deadline)
+                    await cma_read(loop, self.monitor, conn, source_id, 0, source, view, deadline)
             except DeadlineExceeded as exc:  # first: a deadline is never a kernel refusal (issue 12)
-                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, str(exc))
+                conn.reply_error(frame, Status.DEADLINE_EXCEEDED, str(exc))
                 return
             except OSError as exc:
-                self._reply_error(conn, frame, Status.BULK_ERROR, f"cma: {exc}")
+                conn.reply_error(frame, Status.BULK_ERROR, f"cma: {exc}")
                 return
             finally:
                 conn.serving.pop(frame.request_id, None)
             self.cma_bytes += len(view)
             self.monitor.record_bulk("served_cma_push", conn.peer_label, len(view), 0)
-            self._reply(conn, frame, Status.OK, b"")
+            conn.reply(frame, Status.OK, b"")
 
         self._track_serving(conn, frame, loop.create_task(serve()))
 
@@ -484,19 +525,20 @@ class BulkServing:
         except RemoteProtocolError:  # a request id reused while in flight: the connection is dropped
             task.cancel()
             raise
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
-    def _on_push_data(self, conn: Connection, frame: Frame) -> None:
+    def on_push_data(self, conn: Connection, frame: Frame) -> None:
+        """A BULK_DATA_PUSH frame, already written into its destination: a push it completes is answered."""
         incoming = conn.protocol.push_complete(frame.request_id)
         if incoming is not None and not incoming.frame.flags & F_NO_REPLY:  # (a push ahead is not answered)
             self._reply_push(conn, incoming.frame, incoming.error)
 
     def _reply_push(self, conn: Connection, frame: Frame, error: str | None) -> None:
         if error:
-            self._reply_error(conn, frame, Status.BULK_ERROR, error)
+            conn.reply_error(frame, Status.BULK_ERROR, error)
         else:
-            self._reply(conn, frame, Status.OK, b"")
+            conn.reply(frame, Status.OK, b"")
 
 
 def _push_ahead_fields(body: bytes | bytearray | memoryview | BinBody) -> tuple[bytes, int, int, int] | str:

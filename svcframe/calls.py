@@ -1,13 +1,13 @@
 """Outgoing calls: a request to a provider of another engine, its deadline, its retries, its answer.
 
 ``Engine.call`` encodes the argument (msgpack), sends one REQUEST frame carrying the remaining time budget,
-the callpath of the handler it is made from (``svcframe.handlers.current_request``) and, when tracing, the
+the callpath of the handler it is made from (``svcframe.request.current_request``) and, when tracing, the
 trace context, and waits for the RESPONSE or the deadline, whichever comes first. Only calls marked
 ``idempotent`` are ever sent again (on a lost connection or a server shutting down), always within the
 deadline. A non-OK answer becomes an exception through ``svcframe.errors.error_from_status``.
 
-This is one part of the engine (``svcframe.engine.Engine`` inherits it): the state it uses is the engine's,
-declared below.
+``Calls`` is the engine's part that makes them (``svcframe.engine.Engine`` holds one): it owns the root
+callpaths it has computed; what it needs of the rest of the engine is given to it when it is made.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from .bulk import CMA_MIN_BYTES, as_byte_view
+from .bulk_handles import as_byte_view
+from .cma import CMA_MIN_BYTES
 from .deadlines import DeadlineExpired, Deadlines
 from .errors import (
     AuthenticationFailed,
@@ -30,12 +31,11 @@ from .errors import (
     Status,
     error_from_status,
 )
-from .handlers import _sync, _task_request
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
 from .protocol import IncomingPull
 from .registration import RegistrationTable
+from .request import _sync, _task_request
 from .tracing import Tracer, new_span_id, new_trace_id
-from .transport import Connection
 from .wire import (
     F_CMA,
     F_IDEMPOTENT,
@@ -50,8 +50,10 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
+    from .bulk import BulkTransfers
+    from .connections import Connections
     from .progress import Progress
-    from .split_read import SplitWrite
+    from .settings import EngineConfig
 
 perf_ns = time.perf_counter_ns
 _S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk_serving._lend): not an error
@@ -59,38 +61,50 @@ _NIL = pack_body(None)  # the body of a call without an argument (a pack_body ca
 
 
 class Calls:
-    """The engine's part that makes outgoing calls (see the module docstring)."""
+    """The engine's part that makes outgoing calls (see the module docstring).
 
-    # the engine's state this part uses (svcframe.engine.Engine)
-    table: RegistrationTable
-    _rpc_ids: dict[str, int]  # table.ids, read once per call
-    _root_callpaths: dict[tuple[int, int], int]
-    _deadlines: Deadlines
-    _conns: dict[str, Connection]
-    _loop: asyncio.AbstractEventLoop | None
-    _epoch_offset_us: float
-    default_timeout_seconds: float
-    monitor: Monitor
-    progress: Progress
-    tracer: Tracer | None
-    bulk_cma: bool
+    Args:
+        table: the registration table (the RPC ids of names, and the names of ids, for the statistics).
+        connections: where connections to other engines come from.
+        bulk: the part that reads a result lent by address (``into=`` over ``unix://``).
+        deadlines: the deadlines of the engine's outgoing operations.
+        monitor, progress: the engine's statistics and progress loop.
+        config: the engine's settings (``default_timeout_seconds``).
+        bulk_cma: cross-memory attach is on for this engine (and supported here).
 
-    if TYPE_CHECKING:
+    Attributes:
+        tracer: the engine's request tracer, or None (``Engine.set_tracing`` sets it).
+    """
 
-        async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection: ...
-        async def _take_lent(
-            self,
-            conn: Connection,
-            address: str,
-            request_id: int,
-            fields: Any,
-            into: memoryview,
-            deadline: float,
-            offer: SplitWrite | None = None,
-        ) -> int: ...
-        def _offer_write(
-            self, conn: Connection, request_id: int, dest: memoryview, request: bytes
-        ) -> SplitWrite | None: ...
+    def __init__(
+        self,
+        table: RegistrationTable,
+        connections: Connections,
+        bulk: BulkTransfers,
+        deadlines: Deadlines,
+        monitor: Monitor,
+        progress: Progress,
+        config: EngineConfig,
+        bulk_cma: bool,
+    ) -> None:
+        self.table = table
+        self._rpc_ids = table.ids  # (read once per call)
+        self.connections = connections
+        self._dialled = connections.dialled  # (read once per call)
+        self.bulk = bulk
+        self.deadlines = deadlines
+        self.monitor = monitor
+        self.progress = progress
+        self.tracer: Tracer | None = None
+        self.default_timeout_seconds = config.default_timeout_seconds
+        self.bulk_cma = bulk_cma
+        self._root_callpaths: dict[tuple[int, int], int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The engine started on ``loop``."""
+        self._loop = loop
 
     def call(
         self,
@@ -175,10 +189,10 @@ class Calls:
         start = loop.time()
         remaining = timeout
         connect_ns = 0  # the wait for a new connection: part of the caller's round trip (origin total_usec)
-        conn = self._conns.get(address)
+        conn = self._dialled.get(address)
         if conn is None or conn.closed:
             connect_ns = perf_ns()
-            conn = await self.connection(address, timeout)
+            conn = await self.connections.connection(address, timeout)
             connect_ns = perf_ns() - connect_ns
             remaining = timeout - (loop.time() - start)
         body = _NIL if arg is None else pack_body(arg)
@@ -241,7 +255,7 @@ class Calls:
         else:
             conn.protocol.pulls[request_id] = into_pull = IncomingPull(into, overflow_ok=True)
             if flags & F_CMA:  # the server may write part of a lent result itself (svcframe.bulk)
-                offer = self._offer_write(conn, request_id, into, request)
+                offer = self.bulk.offer_write(conn, request_id, into, request)
             else:
                 conn.send_request(request, len(pending) > 1)
         t1 = perf_ns() if t0 else 0
@@ -249,7 +263,7 @@ class Calls:
         progress.inflight += 1
         if not progress.blocking:
             progress.activity()
-        self._deadlines.add(start + timeout, pending, request_id)
+        self.deadlines.add(start + timeout, pending, request_id)
         status = -1
         payload_bytes = 0
         try:
@@ -282,7 +296,7 @@ class Calls:
                 tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
                               parent_span, lamport, address, S_OK if status == _S_LENT else status, provider_id)  # fmt: skip
         if status == _S_LENT and flags & F_CMA:
-            return await self._take_lent(conn, address, request_id, payload, into, start + timeout, offer)
+            return await self.bulk.take_lent(conn, address, request_id, payload, into, start + timeout, offer)
         if offer is not None:  # answered without a lend: the server will not write
             offer.drop()
         if status == S_OK:

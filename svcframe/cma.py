@@ -67,6 +67,11 @@ _process_vm_readv = _bind("process_vm_readv")
 _process_vm_writev = _bind("process_vm_writev")
 
 
+#: Same-node transfers of at least this size use cross-memory attach; smaller ones are cheaper over the
+#: socket (the address round trip and the pid check cost about what copying 64 KiB twice does).
+CMA_MIN_BYTES = 256 * 1024
+
+
 def supported() -> bool:
     """True on Linux with ``process_vm_readv`` in the C library (whether the kernel allows it for a given
     peer is only known when reading)."""

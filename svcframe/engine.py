@@ -2,17 +2,21 @@
 
 An engine listens on one address, keeps the *registration table* of RPC handlers keyed by
 ``(provider_id, rpc_name)``, forwards calls to other engines, serves and performs bulk transfers, and
-drives the progress loop. It is built of parts, one concept per file, that this class composes:
+drives the progress loop. It is the facade over parts, one concept per file, that it makes, starts and
+closes; each part owns its state and is given the others it uses when it is made:
 
-    svcframe/engine.py        the facade: lifecycle, connections (cache, caps, sweep), dispatch, statistics
+    svcframe/engine.py        the facade: settings, lifecycle, the public API, statistics
     svcframe/registration.py  the registration table
+    svcframe/connections.py   the connections: dialled, accepted under caps, swept; what they report (dispatch)
+    svcframe/handlers.py      running handlers: replies, deadlines, cancellation (Handlers)
+    svcframe/request.py       what a handler learns of its call (Request, current_request)
     svcframe/calls.py         outgoing calls: encoding, callpath, retries (Calls)
     svcframe/deadlines.py     the deadlines of outgoing calls and transfers, behind one loop timer
-    svcframe/handlers.py      running handlers: Request, current_request, replies, cancellation (Handlers)
-    svcframe/bulk.py          bulk handles, expose / pull / push, the CMA policy (BulkTransfers)
-    svcframe/bulk_serving.py  serving the transfers peers make on our buffers, lending results (BulkServing)
+    svcframe/bulk.py          bulk handles, pull / push, the CMA policy (BulkTransfers)
+    svcframe/bulk_serving.py  exposed buffers, serving the transfers peers make on them, lending (BulkServing)
     svcframe/protocol.py      one connection's state, sans-IO: phase, handshake, tables
     svcframe/transport.py     the asyncio pump around it, tcp:// and unix://
+    svcframe/decoder.py       the frames a connection receives
     svcframe/wire.py          frames: the only place that packs or parses a header
 
 Providers use only this public API::
@@ -37,63 +41,43 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 from pydantic import ValidationError
 
 from . import cma
 from .bulk import BulkTransfers
+from .bulk_handles import BulkHandle
 from .bulk_serving import BulkServing
 from .calls import Calls
+from .connections import Connections
 from .deadlines import Deadlines
-from .errors import ConfigError, ConnectionLost, DeadlineExceeded, RemoteProtocolError, RPCError
-from .handlers import Handlers, Request, current_callpath, current_request
+from .errors import ConfigError
+from .handlers import Handlers
 from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
 from .protocol import Identity
 from .registration import Handler, Registration, RegistrationTable
+from .request import Request, current_callpath, current_request
 from .settings import EngineConfig, MonitoringConfig, format_validation_error
 from .tracing import Tracer
-from .transport import (
-    Address,
-    Connection,
-    dial,
-    listen,
-    parse_address,
-)
-from .wire import (
-    F_INTO,
-    K_BULK_DATA_PUSH,
-    K_BULK_DATA_REPLY,
-    K_BULK_PULL,
-    K_BULK_PUSH,
-    K_CANCEL,
-    K_GOODBYE,
-    K_REQUEST,
-    K_RESPONSE,
-    Frame,
-    Status,
-    answer_call,
-    check_secret,
-)
+from .transport import Address, Connection, listen, parse_address
+from .wire import check_secret
 
 __all__ = ["FROM_ENVIRONMENT", "SECRET_ENV", "Engine", "Registration", "Request", "current_callpath", "current_request"]
 
 log = logging.getLogger("svcframe.engine")
 
-perf_ns = time.perf_counter_ns
-_NO_FRAMES: tuple[Frame, ...] = ()  # (what _dispatching holds between batches)
 #: The environment variable engines take their shared secret from unless given one explicitly.
 SECRET_ENV = "SVCFRAME_SECRET"
 FROM_ENVIRONMENT = object()
-_NIL = b"\xc0"  # msgpack's nil: the body of a None result
 
 
-class Engine(Calls, Handlers, BulkTransfers, BulkServing):
-    """One process's RPC engine: the facade over its parts (calls, handlers, bulk) and what they share.
+class Engine:
+    """One process's RPC engine: the facade over its parts (connections, calls, handlers, bulk transfers, bulk
+    serving), which it makes, starts and closes.
 
     Args:
         address: where to listen, ``tcp://HOST:PORT`` (port 0 = ephemeral) or ``unix:///path``; None
@@ -109,7 +93,7 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
 
     The progress mode defaults to "spindown" for an engine that listens and "block" for a client-only one
     when neither ``config`` nor ``settings`` sets it (a client spinning on a core it shares with its server
-    slows both: issue 14). Settings the engine does not use (event loop, CPU affinity, plumber, auth source,
+    slows both). Settings the engine does not use (event loop, CPU affinity, plumber, auth source,
     drain time) belong to the server process that runs it (``svcframe.server``).
 
     Raises:
@@ -140,28 +124,8 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
             mode = "block"  # a client-only engine must not burn a core it may share with its server
         self.progress = Progress(mode, cfg.progress_spindown_msec, cfg.progress_timeout_ub_msec)
         self.engine_id = uuid.uuid4().hex
-        self.default_timeout_seconds = cfg.default_timeout_seconds
         self.max_body_bytes = cfg.max_body_bytes
-        self.bulk_chunk_bytes = cfg.bulk_chunk_bytes
-        self.bulk_cma = cfg.bulk_cma and cma.supported()
-        self.cma_bytes = 0  # bulk bytes moved by cross-memory attach (pulls made, pushes served)
-        self.local_host = local_host
-        self.max_inflight_per_connection = cfg.max_inflight_per_connection
-        self.max_output_bytes = cfg.max_output_bytes
-        self.idle_timeout_seconds = cfg.idle_timeout_seconds
-        self.handshake_timeout_seconds = cfg.handshake_timeout_seconds
-        self.send_tracebacks = cfg.send_tracebacks
-        self.frame_timeout_seconds = cfg.frame_timeout_seconds
-        self.max_connections = default_max_connections() if cfg.max_connections is None else cfg.max_connections
-        per_host = cfg.max_connections_per_host
-        self.max_connections_per_host = max(1, self.max_connections // 2) if per_host is None else per_host
-        self.allow_third_party_bulk = cfg.allow_third_party_bulk
-        self._accepted = 0  # accepted connections counted against the caps
-        self._per_host: dict[str, int] = {}
-        self._handshaking: dict[Connection, None] = {}  # accepted, handshake not complete, oldest first
-        self._last_refusal_log = 0.0
-        self._peer_labels: set[str] = set()  # distinct peer labels in the statistics (at most MAX_PEER_LABELS)
-        self._sweeper: asyncio.TimerHandle | None = None
+        bulk_cma = cfg.bulk_cma and cma.supported()
         monitoring = cfg.monitoring
         self.monitor = Monitor(monitoring.enabled, monitoring.timing_sample_every)
         interval = monitoring.sample_interval_seconds
@@ -172,41 +136,59 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
         elif secret is not None:
             check_secret(secret, "Engine(secret=...)")  # type: ignore[arg-type]
         self._secret: bytes | None = secret  # type: ignore[assignment]
+        # the parts, each given what it uses of the others
         self.table = RegistrationTable(self.monitor.names)
-        self._rows, self._refused, self._rpc_ids = (
-            self.table.rows,
-            self.table.refused,
-            self.table.ids,
-        )  # hot-path aliases
-        self._server: asyncio.AbstractServer | None = None
-        self._bound: Address | None = None
-        self._conns: dict[str, Connection] = {}  # dialled, by address
-        self._dialing: dict[str, list[Any]] = {}  # address -> [dial task, callers waiting]
-        self._peers: dict[str, Connection] = {}  # any open connection, by peer engine id
-        self._all_conns: set[Connection] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._dispatching: Sequence[Frame] = _NO_FRAMES  # the batch of requests being dispatched (Handlers._start)
-        self._dispatching_cancels: set[int] | None = None  # and the request ids its CANCELs name, once needed
-        # bulk id (16 random bytes) -> (buffer, mode, address of the only peer allowed, or None)
-        self._exposed: dict[bytes, tuple[memoryview, str, str | None]] = {}
-        self._push_sources: dict[bytes, int] = {}  # our pushes' sources exposed meanwhile (svcframe.bulk)
-        self._lent_bytes = 0  # results lent by address to callers that have not read them yet (bulk.MAX_LENT_BYTES)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._root_callpaths: dict[tuple[int, int], int] = {}
-        self._deadlines = Deadlines()  # of outgoing calls and bulk transfers, behind one loop timer
+        self.deadlines = Deadlines()  # of outgoing calls and bulk transfers, behind one loop timer
+        self.serving = BulkServing(self.engine_id, self.monitor, self.progress, bulk_cma)
+        self.handlers = Handlers(self, self.table, self.serving, self.monitor, self.progress, cfg)
+        self.connections = Connections(self.handlers, self.serving, self.progress, cfg, local_host)
+        self.bulk = BulkTransfers(
+            self.engine_id, self.connections, self.serving, self.deadlines, self.monitor, self.progress, cfg, bulk_cma
+        )
+        self.calls = Calls(
+            self.table, self.connections, self.bulk, self.deadlines, self.monitor, self.progress, cfg, bulk_cma
+        )
         self.tracer: Tracer | None = None
         self.apply_monitoring(monitoring)
-        self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
+        self._server: asyncio.AbstractServer | None = None
+        self._bound: Address | None = None
         self._closing = False
         self._closed = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @property
     def address(self) -> str | None:
         """The address peers dial (with the ephemeral port resolved), None for a client-only engine."""
         return str(self._bound) if self._bound else None
+
+    # -- settings that change while the engine runs, kept by the parts that use them ------------------------------
+    @property
+    def default_timeout_seconds(self) -> float:
+        """The deadline of a call or transfer made without one (seconds); a live setting."""
+        return self.calls.default_timeout_seconds
+
+    @default_timeout_seconds.setter
+    def default_timeout_seconds(self, value: float) -> None:
+        self.calls.default_timeout_seconds = self.bulk.default_timeout_seconds = value
+        self.connections.default_timeout_seconds = value
+
+    @property
+    def bulk_cma(self) -> bool:
+        """Same-node bulk transfers move by cross-memory attach (configured on, and supported here)."""
+        return self.calls.bulk_cma
+
+    @bulk_cma.setter
+    def bulk_cma(self, value: bool) -> None:
+        self.calls.bulk_cma = self.bulk.bulk_cma = self.serving.bulk_cma = value
+
+    @property
+    def send_tracebacks(self) -> bool:
+        """A handler's traceback goes to callers that did not prove the shared secret too."""
+        return self.handlers.send_tracebacks
+
+    @send_tracebacks.setter
+    def send_tracebacks(self, value: bool) -> None:
+        self.handlers.send_tracebacks = value
 
     @property
     def identity(self) -> Identity:
@@ -218,16 +200,19 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
         Raises:
             ConnectionLost: the address cannot be bound.
         """
-        self._loop = asyncio.get_running_loop()
-        self._deadlines.start(self._loop)
+        loop = asyncio.get_running_loop()
+        self.deadlines.start(loop)
+        self.connections.start(loop, self.identity, self._listen_address is not None)
         if self._listen_address is not None:
-            self._server, self._bound = await listen(self._listen_address, self._accept)
-        self.progress.start(self._loop)
-        self._sweeper = self._loop.call_later(self._sweep_interval(), self._sweep)
+            self._server, self._bound = await listen(self._listen_address, self.connections.accept)
+            self.connections.identity = self.identity  # (with the address bound)
+        self.handlers.start(loop, self._bound)
+        self.serving.start(loop, self.address)
+        self.bulk.start(loop)
+        self.calls.start(loop)
+        self.progress.start(loop)
         if self.sampler is not None:
-            self.sampler.start(
-                self._loop, lambda: self.progress.inflight + sum(len(c.pending) for c in self._all_conns)
-            )
+            self.sampler.start(loop, lambda: self.progress.inflight + sum(len(c.pending) for c in self.connections.all))
         return self
 
     async def __aenter__(self) -> Engine:
@@ -235,43 +220,6 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _new_connection(self, server_side: bool) -> Connection:
-        conn = Connection(
-            self, self.identity, server_side=server_side, max_body_bytes=self.max_body_bytes,
-            max_output_bytes=self.max_output_bytes, handshake_timeout_seconds=self.handshake_timeout_seconds,
-            max_inflight=self.max_inflight_per_connection,
-        )  # fmt: skip
-        self._all_conns.add(conn)
-        return conn
-
-    def _accept(self) -> Connection:
-        return self._new_connection(server_side=True)
-
-    def _sweep_interval(self) -> float:
-        idle = self.idle_timeout_seconds if self._server is not None and self.idle_timeout_seconds > 0 else 1e9
-        return min(idle, self.frame_timeout_seconds) / 4
-
-    def _sweep(self) -> None:
-        """Drop connections whose current frame did not complete within frame_timeout_seconds (a peer
-        trickling bytes), and close accepted connections that completed no frame for idle_timeout_seconds
-        and have no work in flight (half-open or forgotten peers); runs every quarter of the shorter one."""
-        now = time.monotonic()
-        idle_timeout = self.idle_timeout_seconds if self._server is not None else 0
-        for conn in list(self._all_conns):
-            if now - conn.last_activity > self._sweep_interval():  # idle since the last sweep:
-                conn.protocol.decoder.release_idle()  # no large buffer nor receive pages kept
-            started = conn.frame_started
-            if started and now - started > self.frame_timeout_seconds and not conn.protocol.idle:
-                conn.abort(RemoteProtocolError(f"a frame did not complete within {self.frame_timeout_seconds:g} s"))
-            elif (
-                idle_timeout > 0 and conn.server_side and not conn.pending and not conn.serving
-                and now - conn.last_activity > idle_timeout
-            ):  # fmt: skip
-                log.info("closing idle connection from %s", conn.peer_label)
-                conn.goodbye(Status.REFUSED, f"idle for more than {idle_timeout:g} s")
-        if self._loop is not None and not self._closing:
-            self._sweeper = self._loop.call_later(self._sweep_interval(), self._sweep)
 
     @property
     def closing(self) -> bool:
@@ -287,20 +235,18 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
         if self._closing:
             await self._closed.wait()
             return
-        self._closing = True
+        self._closing = self.handlers.closing = self.connections.closing = True
         if self._server is not None:
             self._server.close()
-        handlers = [t for t in self._tasks if not t.done()]
-        if handlers:
-            _, late = await asyncio.wait(handlers, timeout=drain_timeout_seconds)
+        running = [t for t in self.handlers.tasks | self.serving.tasks if not t.done()]
+        if running:
+            _, late = await asyncio.wait(running, timeout=drain_timeout_seconds)
             for task in late:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=1.0)
-        for conn in list(self._all_conns):
-            self._fail_pending(conn, ConnectionLost("the engine is shutting down"))
-            conn.close()
-        leftovers = [t for t in self._tasks if not t.done()]
+        self.connections.close_all()
+        leftovers = [t for t in self.handlers.tasks | self.serving.tasks if not t.done()]
         for task in leftovers:
             task.cancel()
         if leftovers:
@@ -311,9 +257,7 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._bound.path)
         self.progress.stop()
-        self._deadlines.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        self.deadlines.close()
         if self.sampler is not None:
             self.sampler.stop()
         self._closed.set()
@@ -362,260 +306,90 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing):
             self.tracer = Tracer(otel=otel)
         elif not enabled:
             self.tracer = None
+        self.handlers.tracer = self.calls.tracer = self.tracer
 
-    # -- the connection cache -----------------------------------------------------------------------------
+    # -- the API providers use: each call goes to the part that owns it ---------------------------------------
+    def call(
+        self,
+        address: str,
+        name: str,
+        arg: Any = None,
+        *,
+        provider_id: int = 0,
+        timeout_seconds: float | None = None,
+        idempotent: bool = False,
+        max_attempts: int = 5,
+        into: Any = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """Call RPC ``name`` of provider ``provider_id`` at ``address``; ``await`` what it returns for the result.
+        See ``svcframe.calls.Calls.call`` for the arguments, the result and the errors."""
+        return self.calls.call(
+            address, name, arg, provider_id=provider_id, timeout_seconds=timeout_seconds, idempotent=idempotent,
+            max_attempts=max_attempts, into=into,
+        )  # fmt: skip
+
     async def connection(self, address: str, timeout_seconds: float | None = None) -> Connection:
-        """An open, handshaken connection to ``address`` (dialled once, then reused).
+        """An open, handshaken connection to ``address`` (dialled once, then reused): see
+        ``svcframe.connections.Connections.connection``."""
+        return await self.connections.connection(address, timeout_seconds)
 
-        Concurrent callers share one dial; each waits up to its own ``timeout_seconds`` (default: the
-        engine's default deadline). When the last waiting caller gives up, the dial is abandoned and its
-        socket closed.
+    def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle:
+        """Expose ``buffer`` for remote pull ("r"), push ("w") or both ("rw"): see
+        ``svcframe.bulk_serving.BulkServing.expose``."""
+        return self.serving.expose(buffer, mode, peer=peer)
 
-        Raises:
-            DeadlineExceeded, ConnectionLost, AuthenticationFailed; ConfigError for a malformed address.
-        """
-        conn = self._conns.get(address)
-        if conn is not None and not conn.closed:
-            return conn
-        if self._closing:
-            raise ConnectionLost("the engine is shutting down")
-        entry = self._dialing.get(address)
-        if entry is None:
-            task = asyncio.get_running_loop().create_task(self._dial(address))
-            task.add_done_callback(_retrieve)
-            entry = self._dialing[address] = [task, 0]
-        task = entry[0]
-        entry[1] += 1
-        timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
-        try:
-            return await asyncio.wait_for(asyncio.shield(task), max(timeout, 0.0))
-        except TimeoutError:
-            raise DeadlineExceeded(f"connecting to {address} took longer than {timeout:g} s") from None
-        finally:
-            entry[1] -= 1
-            if entry[1] == 0 and not task.done():
-                task.cancel()  # nobody waits for this dial any more
+    def unexpose(self, handle: BulkHandle) -> None:
+        """Stop serving ``handle``: see ``svcframe.bulk_serving.BulkServing.unexpose``."""
+        self.serving.unexpose(handle)
 
-    async def _dial(self, address: str) -> Connection:
-        target = parse_address(address)
-        made: list[Connection] = []
+    async def pull(
+        self,
+        handle: BulkHandle,
+        dest: Any = None,
+        *,
+        offset: int = 0,
+        size: int | None = None,
+        dest_offset: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> Any:
+        """Read from the remote buffer of ``handle`` into ``dest``: see ``svcframe.bulk.BulkTransfers.pull``."""
+        return await self.bulk.pull(
+            handle, dest, offset=offset, size=size, dest_offset=dest_offset, timeout_seconds=timeout_seconds
+        )
 
-        def factory() -> Connection:
-            conn = self._new_connection(server_side=False)
-            made.append(conn)
-            return conn
+    def push(
+        self,
+        handle: BulkHandle,
+        src: Any,
+        *,
+        offset: int = 0,
+        timeout_seconds: float | None = None,
+        ahead: bool = True,
+    ) -> Coroutine[Any, Any, None]:
+        """Write ``src`` into the remote buffer of ``handle``; ``await`` what it returns: see
+        ``svcframe.bulk.BulkTransfers.push``."""
+        return self.bulk.push(handle, src, offset=offset, timeout_seconds=timeout_seconds, ahead=ahead)
 
-        try:
-            await dial(target, factory, local_host=self.local_host)
-            await made[0].ready
-            self._conns[address] = made[0]
-            return made[0]
-        except BaseException:
-            for conn in made:
-                conn.abort(ConnectionLost("dial abandoned"), expected=True)
-                self._all_conns.discard(conn)
-            raise
-        finally:
-            self._dialing.pop(address, None)
+    def inflight_for(self, provider_id: int) -> list[asyncio.Task[Any]]:
+        """The handler tasks of ``provider_id`` still running (a provider being removed waits for them)."""
+        return self.handlers.inflight_for(provider_id)
 
-    # -- ConnectionOwner: what connections report ----------------------------------------------------------
-    def admit(self, conn: Connection) -> str | None:
-        """An accepted connection counts against ``max_connections`` and, over tcp, ``max_connections_per_host``.
-
-        Over a cap, room is made, in this order: the oldest connection of that scope still in its handshake
-        (it has proved nothing; a flood of them never locks a new client out for more than one handshake
-        timeout); else the longest-idle unauthenticated one with no call in flight (its engine redials when it
-        needs to); else, over the total cap, an unauthenticated connection of the host that holds the most,
-        when the newcomer's host holds fewer (calls in flight or not: a flood from one address costs that
-        address, not everyone). When none is left, the new connection is refused.
-        Returns None when admitted, else the refusal sent to the peer."""
-        host = conn.peer_host
-        over_total = self._accepted >= self.max_connections
-        if over_total or (host is not None and self._per_host.get(host, 0) >= self.max_connections_per_host):
-            victim = next((c for c in self._handshaking if over_total or c.peer_host == host), None)
-            if victim is None:  # then the longest-idle connection that proved nothing and has no work
-                idle = [
-                    c for c in self._all_conns
-                    if c.admitted and not c.authenticated and not c.pending and not c.serving
-                    and (over_total or c.peer_host == host)
-                ]  # fmt: skip
-                victim = min(idle, key=lambda c: c.last_activity, default=None)
-            if victim is None and over_total and self._per_host:  # then the largest host gives way to a smaller one
-                largest, held = max(self._per_host.items(), key=lambda item: item[1])
-                if largest != host and held > self._per_host.get(host or "", 0) + 1:
-                    theirs = [
-                        c for c in self._all_conns if c.admitted and not c.authenticated and c.peer_host == largest
-                    ]
-                    victim = min(theirs, key=lambda c: c.last_activity, default=None)
-            if victim is None:
-                now = time.monotonic()
-                if now - self._last_refusal_log >= 1.0:
-                    self._last_refusal_log = now
-                    log.warning("refusing connections (from %s): %d connections, caps %d total / %d per host",
-                                conn.peername, self._accepted, self.max_connections, self.max_connections_per_host)  # fmt: skip
-                return (f"too many connections ({self._accepted}; caps: {self.max_connections} in all, "
-                        f"{self.max_connections_per_host} per host): try again later")  # fmt: skip
-            self._release(victim)
-            victim.abort(ConnectionLost("evicted: a connection cap was reached"), expected=True)
-        self._accepted += 1
-        if host is not None:
-            self._per_host[host] = self._per_host.get(host, 0) + 1
-        conn.admitted = True
-        self._handshaking[conn] = None
-        return None
-
-    def _release(self, conn: Connection) -> None:
-        """Stop counting ``conn`` against the connection caps (closed or evicted)."""
-        if conn.admitted:
-            conn.admitted = False
-            self._accepted -= 1
-            host = conn.peer_host
-            if host is not None:
-                left = self._per_host[host] - 1
-                if left:
-                    self._per_host[host] = left
-                else:
-                    del self._per_host[host]
-        self._handshaking.pop(conn, None)
-
-    def on_open(self, conn: Connection) -> None:
-        self._handshaking.pop(conn, None)
-        label = conn.peer_label  # statistics key: a peer's claimed address, or clients@HOST
-        if label not in self._peer_labels:
-            if len(self._peer_labels) >= MAX_PEER_LABELS:
-                conn.peer_label = "other"  # peers may claim any address: past the cap they share one record
-            else:
-                self._peer_labels.add(label)
-        # An engine id in a HELLO is a claim: only connections we dialled (we chose the address) or whose peer
-        # proved the shared secret are found by it (bulk transfers to that engine, _peer_connection).
-        if conn.peer_engine_id is not None and (not conn.server_side or conn.authenticated):
-            self._peers[conn.peer_engine_id] = conn
-        conn.protocol.decoder.place_ahead = self._placer(conn)  # (decoder.close drops it)
-
-    def on_close(self, conn: Connection, exc: BaseException | None) -> None:
-        self._release(conn)
-        self._all_conns.discard(conn)
-        if self._peers.get(conn.peer_engine_id or "") is conn:
-            del self._peers[conn.peer_engine_id or ""]
-        for address, c in list(self._conns.items()):
-            if c is conn:
-                del self._conns[address]
-                for bulk_id, entry in list(self._exposed.items()):
-                    if entry[2] == address:  # bound to the peer of this connection: revoked with it
-                        del self._exposed[bulk_id]
-                        entry[0].release()
-        error = conn.close_reason
-        if error is None:
-            reason = f"connection to {conn.peer_address or conn.peername} lost" + (f": {exc}" if exc else "")
-            error = ConnectionLost(reason)
-        self._fail_pending(conn, error)
-        for request_id in list(conn.protocol.lent):
-            self._release_lent(conn, request_id)
-        for task in list(conn.serving.values()):
-            if isinstance(task, asyncio.Task):
-                task.cancel()  # nobody can receive the answer any more
-        conn.serving.clear()
-
-    def _fail_pending(self, conn: Connection, error: RPCError) -> None:
-        pending = list(conn.pending.values())
-        conn.pending.clear()
-        for waiter in pending:
-            if not waiter.done():
-                waiter.set_exception(error)
-
-    def on_answers(self, conn: Connection) -> None:
-        """A read of ``conn`` completed only answers to our calls, given to their futures by its decoder (see
-        svcframe.decoder.FrameDecoder.answers): activity, as a batch of frames is."""
-        if not self.progress.blocking:
-            self.progress.activity()
-
-    def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
-        if not self.progress.blocking:
-            self.progress.activity()
-        arrival_ns, arrival = 0, 0.0  # the batch's arrival (ns; loop time, for deadlines), read at its first request
-        for frame in frames:
-            kind = frame.kind
-            if kind == K_REQUEST:  # (first: the compiled decoder answers most responses itself)
-                if not arrival_ns:  # (a batch of responses reads no clock: two C calls per call saved on a client)
-                    arrival_ns, arrival = perf_ns(), self._loop.time()  # type: ignore[union-attr]
-                    self._dispatching, self._dispatching_cancels = frames, None  # (see Handlers._start)
-                self._on_request(conn, frame, arrival_ns, arrival)
-            elif kind == K_RESPONSE:
-                waiter = conn.pending.get(frame.request_id)
-                if waiter is None:
-                    conn.protocol.check_late_answer(frame.request_id)
-                elif not waiter.done():
-                    # decoded here, while the body's buffer is this frame's (the decoder reuses large ones)
-                    answer_call(waiter, frame.status, frame.body)  # type: ignore[arg-type]  # None: bulk data only
-            elif kind == K_BULK_DATA_PUSH:
-                self._on_push_data(conn, frame)
-            elif kind == K_BULK_DATA_REPLY:  # already written into the destination by the protocol's bulk sink
-                if frame.flags & F_INTO:  # the whole result of an into= call, and its answer
-                    self._into_answered(conn, frame.request_id)
-            elif kind == K_BULK_PULL:
-                self._on_pull_request(conn, frame)
-            elif kind == K_BULK_PUSH:
-                self._on_push_request(conn, frame)
-            elif kind == K_CANCEL:
-                task = conn.serving.get(frame.request_id)
-                if isinstance(task, asyncio.Task):
-                    task.cancel()
-                elif conn.protocol.lent:  # the caller has read a result lent by address: take it back
-                    self._release_lent(conn, frame.request_id)
-                if conn.protocol.offers:  # a cancelled into= call: its write offer is declined
-                    self._withdraw_offer(conn, frame.request_id)
-                if conn.protocol.pushes:  # a push given up on before all its data came: forget it
-                    conn.protocol.pushes.pop(frame.request_id, None)
-            elif kind == K_GOODBYE:
-                conn.goodbye_received(frame)
-                break
-        if arrival_ns:  # the batch is dispatched: keep none of its frames (a large body's buffer goes with them)
-            self._dispatching = _NO_FRAMES
-
-    @staticmethod
-    def _into_answered(conn: Connection, request_id: int) -> None:
-        """A data frame flagged INTO answered our into= call ``request_id``: its result is the byte count
-        (what the pull received, or was announced when it overflowed the caller's buffer). Data flagged so for
-        any other request answers nothing (its bytes went to the sink's discard)."""
-        pull = conn.protocol.pulls.get(request_id)
-        waiter = conn.pending.get(request_id)
-        if pull is not None and pull.overflow_ok and waiter is not None and not waiter.done():
-            waiter.set_result((0, pull.cursor, pull.cursor))
+    @property
+    def cma_bytes(self) -> int:
+        """Bulk bytes moved by cross-memory attach: pulls made, pushes served, ranges written for peers."""
+        return self.bulk.cma_bytes + self.serving.cma_bytes
 
     def statistics(self) -> dict[str, Any]:
         """Counters of this engine: connections, in-flight work, progress loop, per-RPC statistics."""
         return {
             "address": self.address,
             "engine_id": self.engine_id,
-            "connections": len(self._all_conns),
-            "handlers_running": sum(1 for t in self._tasks if not t.done()),
-            "exposed_bulk_buffers": len(self._exposed),
+            "connections": len(self.connections.all),
+            "handlers_running": sum(1 for t in self.handlers.tasks if not t.done()),
+            "exposed_bulk_buffers": len(self.serving.exposed),
             "bulk_cma_bytes": self.cma_bytes,
             "progress": self.progress.statistics(),
             "rpcs": self.monitor.to_dict(),
             "samples": list(self.sampler.samples) if self.sampler is not None else [],
             "tracing": self.tracer is not None,
         }
-
-
-#: Distinct peers the statistics keep records for; later ones are counted under "other" (issue 13).
-MAX_PEER_LABELS = 1024
-
-
-def default_max_connections() -> int:
-    """4096 accepted connections, or fewer when the process's descriptor limit (RLIMIT_NOFILE) leaves less
-    than that after 64 for listeners, files and outgoing connections."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):
-        return 4096
-    if soft == resource.RLIM_INFINITY:
-        return 4096
-    return max(16, min(4096, soft - 64))
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # a dial nobody awaited any more: its error is not "never retrieved"

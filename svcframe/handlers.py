@@ -7,11 +7,12 @@ The handler learns about its call from its ``Request`` (first argument) and, for
 ``current_request``. Errors become statuses through ``svcframe.errors.status_for``; a handler reports an
 expected failure by raising an ``AppError``.
 
-Deadlines are honest (issue 13): a request whose handler never started is answered ``DROPPED`` (safe to
+Deadlines are honest: a request whose handler never started is answered ``DROPPED`` (safe to
 send again); once it started, ``DEADLINE_EXCEEDED`` (the outcome is unknown).
 
-This is one part of the engine (``svcframe.engine.Engine`` inherits it): the state it uses is the engine's,
-declared below.
+``Handlers`` is the engine's part that does this (``svcframe.engine.Engine`` holds one): it owns the handler
+tasks running and the batch of requests being dispatched; what it needs of the rest of the engine is given to
+it when it is made.
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import operator
-import threading
 import time
 import traceback
-from collections.abc import Awaitable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .bulk import as_byte_view
+from .bulk_handles import as_byte_view
 from .eager import FINISHED, SUSPENDED, Done, first_step, start_eagerly
 from .errors import (
     AppError,
@@ -41,6 +40,7 @@ from .errors import (
 )
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
 from .registration import Registration, RegistrationTable
+from .request import EngineAPI, Request, _new_tuple, _sync, _task_request
 from .tracing import Tracer, new_span_id, new_trace_id
 from .wire import (
     F_CMA,
@@ -50,13 +50,10 @@ from .wire import (
     F_TRACED,
     HEADER_SIZE,
     K_CANCEL,
-    K_GOODBYE,
-    K_RESPONSE,
     ZERO_COPY_BYTES,
     Frame,
     Kind,
     bin_header,
-    encode_frame,
     ok_response,
     pack_body,
     pack_data_reply_header_flags,
@@ -66,11 +63,11 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .bulk import BulkHandle
+    from .bulk_serving import BulkServing
     from .progress import Progress
+    from .settings import EngineConfig
     from .transport import Address, Connection
 
-_new_tuple = tuple.__new__  # builds a Request without running its Python-level __new__
 log = logging.getLogger("svcframe.engine")
 
 perf_ns = time.perf_counter_ns
@@ -81,200 +78,83 @@ _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
 _NOT_BUFFERS = frozenset({str, int, float, bool, list, dict, tuple})
 #: Request flags the inline fast path leaves to _finish: no reply, or the result goes as data.
 _NOT_FAST = F_NO_REPLY | F_INTO
-
-
-class EngineAPI(Protocol):
-    """What a handler reaches through ``request.engine``: the engine's public API for providers (nested
-    calls and bulk transfers). ``svcframe.engine.Engine`` implements it; handlers and providers are typed
-    against this, so the request path does not import the engine back."""
-
-    engine_id: str
-
-    @property
-    def address(self) -> str | None: ...
-
-    def call(
-        self,
-        address: str,
-        name: str,
-        arg: Any = None,
-        *,
-        provider_id: int = 0,
-        timeout_seconds: float | None = None,
-        idempotent: bool = False,
-        max_attempts: int = 5,
-    ) -> Coroutine[Any, Any, Any]: ...
-
-    def expose(self, buffer: Any, mode: str = "r", *, peer: str | None = None) -> BulkHandle: ...
-
-    def unexpose(self, handle: BulkHandle) -> None: ...
-
-    async def pull(
-        self,
-        handle: BulkHandle,
-        dest: Any = None,
-        *,
-        offset: int = 0,
-        size: int | None = None,
-        dest_offset: int = 0,
-        timeout_seconds: float | None = None,
-    ) -> Any: ...
-
-    def push(
-        self, handle: BulkHandle, src: Any, *, offset: int = 0, timeout_seconds: float | None = None
-    ) -> Coroutine[Any, Any, None]: ...
-
-
-class Request(tuple[Any, ...]):
-    """What a handler learns about the call it serves (its first argument).
-
-    Attributes:
-        engine: the engine serving the call (make nested calls and bulk transfers through it).
-        conn: the connection the request arrived on.
-        arrival: loop time (seconds) when the request was received.
-    """
-
-    # A tuple underneath: one is built per call, and building a tuple costs a third of running an __init__.
-    __slots__ = ()
-
-    engine: EngineAPI = property(operator.itemgetter(0))  # type: ignore[assignment]
-    conn: Connection = property(operator.itemgetter(1))  # type: ignore[assignment]
-    reg: Registration = property(operator.itemgetter(2))  # type: ignore[assignment]
-    frame: Frame = property(operator.itemgetter(3))  # type: ignore[assignment]
-    arrival: float = property(operator.itemgetter(4))  # type: ignore[assignment]
-
-    def __new__(cls, engine: EngineAPI, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
-        return _new_tuple(cls, (engine, conn, reg, frame, arrival))
-
-    def __repr__(self) -> str:
-        return f"Request({self.reg.name!r}, provider_id={self.reg.provider_id}, request_id={self.frame.request_id})"
-
-    @property
-    def provider_id(self) -> int:
-        return self.reg.provider_id
-
-    @property
-    def rpc_name(self) -> str:
-        return self.reg.name
-
-    @property
-    def request_id(self) -> int:
-        return self.frame.request_id
-
-    @property
-    def callpath(self) -> int:
-        """The 64-bit chained hash of this call's ancestry."""
-        return self.frame.callpath
-
-    @property
-    def deadline(self) -> float | None:
-        """Loop time (seconds) after which the caller no longer waits; None when it set no deadline."""
-        usec = self.frame.deadline_usec
-        return self.arrival + usec / 1e6 if usec else None
-
-    @property
-    def peer_address(self) -> str | None:
-        """The caller's listening address (None for a client-only engine)."""
-        return self.conn.peer_address
-
-    def remaining_seconds(self) -> float | None:
-        """Time left before the caller gives up (None when it set no deadline)."""
-        deadline = self.deadline
-        return None if deadline is None else deadline - asyncio.get_running_loop().time()
-
-
-#: The request of the async handler whose task runs in this context, and of the tasks it spawns.
-_task_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("svcframe_request", default=None)
-
-
-class _SyncRequest(threading.local):
-    """The request of the sync handler running on this thread (set and cleared around the call: a sync
-    handler runs to completion, and two never nest). A thread-local costs a tenth of a contextvar."""
-
-    request: Request | None = None
-
-
-_sync = _SyncRequest()
-
-
-class CurrentRequest:
-    """``current_request.get()``: the request whose handler is running here, None outside any handler.
-    Nested calls read their parent (callpath, RPC, provider, trace context) from it.
-
-    Inside a sync handler it is that handler's request; inside an async handler's task (and the tasks it
-    spawns, which copy its context) it is that handler's. Tasks a *sync* handler spawns run after it has
-    returned and start a new callpath (as a ULT spawned from a Margo handler does); spawn them from an
-    async handler to keep the parent.
-    """
-
-    __slots__ = ()
-
-    def get(self) -> Request | None:
-        req = _sync.request
-        return req if req is not None else _task_request.get()
-
-
-current_request = CurrentRequest()
-
-
-def current_callpath() -> int:
-    """The callpath of the handler running in this context (0 outside any handler)."""
-    req = current_request.get()
-    return req.frame.callpath if req is not None else 0
+_NO_FRAMES: tuple[Frame, ...] = ()  # (what _dispatching holds between batches)
 
 
 class Handlers:
-    """The engine's part that runs incoming requests (see the module docstring)."""
+    """The engine's part that runs incoming requests (see the module docstring).
 
-    # the engine's state this part uses (svcframe.engine.Engine)
-    table: RegistrationTable
-    _rows: dict[tuple[int, int], Registration]  # table.rows, read once per request
-    _refused: dict[int, str]  # table.refused
-    _closing: bool
-    _loop: asyncio.AbstractEventLoop | None
-    _tasks: set[asyncio.Task[Any]]
-    _dispatching: Sequence[Frame]  # the batch being dispatched (Engine.on_frames), and the request ids
-    _dispatching_cancels: set[int] | None  # its CANCELs name, once _start needs them
-    _epoch_offset_us: float
-    monitor: Monitor
-    progress: Progress
-    tracer: Tracer | None
-    _bound: Address | None
-    max_inflight_per_connection: int
-    send_tracebacks: bool
-    bulk_chunk_bytes: int
+    Args:
+        api: the engine whose API a handler reaches through ``Request.engine`` (nested calls, bulk transfers).
+        table: the registration table requests are looked up in.
+        serving: the part that lends a result by address (``Engine.call(..., into=)`` over ``unix://``).
+        monitor, progress: the engine's statistics and progress loop.
+        config: the engine's settings (``max_inflight_per_connection``, ``send_tracebacks``).
 
-    if TYPE_CHECKING:
+    Attributes:
+        tracer: the engine's request tracer, or None (``Engine.set_tracing`` sets it).
+        closing: the engine is shutting down: requests are refused with SHUTTING_DOWN.
+        tasks: the handlers running as tasks (the engine drains them when it closes).
+        address: the engine's listening address (traces name it), set by ``start``.
+    """
 
-        async def _send_chunks(
-            self, conn: Connection, kind: Kind, request_id: int, src: memoryview, first: bytes | None, until: Any
-        ) -> None: ...
-        def _lend(self, conn: Connection, request_id: int, view: memoryview) -> bool: ...
+    def __init__(
+        self,
+        api: EngineAPI,
+        table: RegistrationTable,
+        serving: BulkServing,
+        monitor: Monitor,
+        progress: Progress,
+        config: EngineConfig,
+    ) -> None:
+        self.api = api
+        self.table = table
+        self._rows = table.rows  # (read once per request)
+        self._refused = table.refused
+        self.serving = serving
+        self.monitor = monitor
+        self.progress = progress
+        self.tracer: Tracer | None = None
+        self.closing = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.address: Address | None = None
+        self.max_inflight_per_connection = config.max_inflight_per_connection
+        self.send_tracebacks = config.send_tracebacks
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dispatching: Sequence[Frame] = _NO_FRAMES  # the batch being dispatched, and the request ids
+        self._dispatching_cancels: set[int] | None = None  # its CANCELs name, once _start needs them
+        self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
 
-    #: The request whose handler runs here (``current_request.get``), for the other parts of the engine.
-    _request_here = staticmethod(current_request.get)
+    def start(self, loop: asyncio.AbstractEventLoop, address: Address | None) -> None:
+        """The engine started on ``loop``, listening at ``address`` (None: a client-only engine)."""
+        self._loop = loop
+        self.address = address
+
+    def batch_begins(self, frames: Sequence[Frame]) -> None:
+        """The requests of ``frames`` are about to be served (a request cancelled in its own batch never runs)."""
+        self._dispatching, self._dispatching_cancels = frames, None
+
+    def batch_ends(self) -> None:
+        """The batch is served: keep none of its frames (a large body's buffer goes with them)."""
+        self._dispatching = _NO_FRAMES
 
     def inflight_for(self, provider_id: int) -> list[asyncio.Task[Any]]:
         """The handler tasks of ``provider_id`` still running (a provider being removed waits for them)."""
-        return [t for t in self._tasks if getattr(t, "svcframe_provider_id", None) == provider_id]
+        return [t for t in self.tasks if getattr(t, "svcframe_provider_id", None) == provider_id]
 
-    def _reply(self, conn: Connection, frame: Frame, status: int, body: bytes) -> None:
-        if not frame.flags & F_NO_REPLY:
-            conn.send(encode_frame(K_RESPONSE, frame.request_id, body, status=status))
-
-    def _reply_error(self, conn: Connection, frame: Frame, status: int, message: str) -> None:
-        self._reply(conn, frame, status, pack_body(message))
-
-    def _on_request(self, conn: Connection, frame: Frame, arrival_ns: int, arrival: float) -> None:
+    def serve(self, conn: Connection, frame: Frame, arrival_ns: int, arrival: float) -> None:
+        """Serve the request ``frame`` received on ``conn`` (its batch arrived at ``arrival_ns``, perf_counter_ns,
+        and ``arrival``, loop time): answered in this batch when its handler finishes in its first step, else
+        run as a task."""
         reg = self._rows.get((frame.provider_id, frame.rpc_id))
-        if reg is None or self._closing or self._refused:
+        if reg is None or self.closing or self._refused:
             if self._refuse(conn, frame, reg):
                 return
             assert reg is not None
         try:
             arg = unpack_body(frame.body)  # type: ignore[arg-type]  # a request's body is bytes (None: bulk data)
         except ProtocolError as exc:
-            raise self._bad_body(conn, frame, str(exc)) from None
+            raise conn.bad_body(frame, str(exc)) from None
         rec = None
         monitor = self.monitor
         if monitor.enabled:
@@ -294,7 +174,7 @@ class Handlers:
             else:  # a tracing server starts the trace of an untraced call: its handler's calls join it (issue 15)
                 flags = frame.flags | F_TRACED | F_TRACE_STARTED_HERE  # (its server span has no remote parent)
                 frame = frame.replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
-        req = _new_tuple(Request, (self, conn, reg, frame, arrival))
+        req = _new_tuple(Request, (self.api, conn, reg, frame, arrival))
         if reg.is_coroutine:  # its context is a copy of this one: the request travels in the contextvar
             answer: tuple[int, int, Any] | None = None
             token = _task_request.set(req)
@@ -440,7 +320,7 @@ class Handlers:
             if inspect.iscoroutine(result):
                 result.close()
             raise
-        self._tasks.add(task)
+        self.tasks.add(task)
         if len(conn.serving) >= self.max_inflight_per_connection:
             conn.pause_reading()  # backpressure: this peer's further requests wait in its socket buffer
         self.progress.inflight += 1
@@ -450,29 +330,15 @@ class Handlers:
         timer = loop.call_at(deadline, _expire_handler, task) if deadline is not None else None
         task.add_done_callback(lambda t: self._task_done(conn, frame.request_id, t, timer, result, reg, answer))
 
-    def _bad_body(self, conn: Connection, frame: Frame, problem: str) -> RemoteProtocolError:
-        """A well-framed request or bulk request whose body a conforming peer never sends (malformed or
-        non-strict msgpack) is a bad frame: answer it with BAD_REQUEST (a buggy client learns why) and send a
-        GOODBYE. The caller raises the error returned: the transport then writes what this batch produced,
-        drops the connection, dispatches none of the peer's later frames and logs one warning naming the
-        peer and the problem."""
-        self._reply_error(conn, frame, Status.BAD_REQUEST, problem)
-        conn.send(encode_frame(K_GOODBYE, 0, pack_body(f"bad frame: {problem}"), status=Status.BAD_REQUEST))
-        if problem.startswith("map key "):  # the log names the problem, never the body (the key's repr)
-            problem = "map key is a " + problem.rpartition(" is a ")[2]
-        return RemoteProtocolError(
-            f"bad {Kind(frame.kind).name} body ({len(frame.body or b'')} bytes, request {frame.request_id}): {problem}"
-        )
-
     def _refuse(self, conn: Connection, frame: Frame, reg: Registration | None) -> bool:
         """Answer a request that will not run (unknown target, shutting down, provider removed)."""
         if reg is None:
             status = Status.NO_SUCH_RPC if frame.provider_id in self.table.providers else Status.NO_SUCH_PROVIDER
-            self._reply_error(conn, frame, status, "")
-        elif self._closing:
-            self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server is shutting down")
+            conn.reply_error(frame, status, "")
+        elif self.closing:
+            conn.reply_error(frame, Status.SHUTTING_DOWN, "the server is shutting down")
         elif frame.provider_id in self._refused:
-            self._reply_error(conn, frame, Status.REFUSED, self._refused[frame.provider_id])
+            conn.reply_error(frame, Status.REFUSED, self._refused[frame.provider_id])
         else:
             return False
         return True
@@ -497,14 +363,14 @@ class Handlers:
             ):  # cancelled before its first step: nothing ran and nothing answered yet
                 frame = task.svcframe_frame
                 self._count_error(conn, frame, self._rows.get((frame.provider_id, frame.rpc_id)))
-                if self._closing:
-                    self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
+                if self.closing:
+                    conn.reply_error(frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
                 elif getattr(task, "svcframe_deadline_passed", False):
-                    self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
+                    conn.reply_error(frame, Status.DROPPED, "the deadline passed before the handler ran")
                 else:
-                    self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled before it ran")
+                    conn.reply_error(frame, Status.CANCELLED, "the request was cancelled before it ran")
             handler_result.close()  # cancelled before it first ran: never awaited, so close it (no-op otherwise)
-        self._tasks.discard(task)
+        self.tasks.discard(task)
         if conn.serving.get(request_id) is task:
             del conn.serving[request_id]
         if conn.reading_paused and len(conn.serving) <= self.max_inflight_per_connection // 2:
@@ -561,15 +427,15 @@ class Handlers:
         self._count_error(conn, frame, reg)
         if conn.closed:
             return
-        if self._closing:
-            self._reply_error(conn, frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished")
+        if self.closing:
+            conn.reply_error(frame, Status.SHUTTING_DOWN, "the server shut down before the handler finished")
         elif getattr(task, "svcframe_deadline_passed", False):
             if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
-                self._reply_error(conn, frame, Status.DROPPED, "the deadline passed before the handler ran")
+                conn.reply_error(frame, Status.DROPPED, "the deadline passed before the handler ran")
             else:  # it ran: whatever it changed may have been applied
-                self._reply_error(conn, frame, Status.DEADLINE_EXCEEDED, "the deadline passed as it ran")
+                conn.reply_error(frame, Status.DEADLINE_EXCEEDED, "the deadline passed as it ran")
         else:
-            self._reply_error(conn, frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
+            conn.reply_error(frame, Status.CANCELLED, "the request was cancelled (caller or deadline)")
 
     def _finish(
         self, conn: Connection, frame: Frame, reg: Registration, arrival_ns: int, start_ns: int, rec: Any, result: Any
@@ -620,7 +486,7 @@ class Handlers:
             traced = frame.flags & F_TRACED
             tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
                           frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
-                          tracer.lamport, conn.peer_label, reg, self._bound,
+                          tracer.lamport, conn.peer_label, reg, self.address,
                           root=bool(frame.flags & F_TRACE_STARTED_HERE))  # fmt: skip
 
     def _reply_into(self, conn: Connection, frame: Frame, reg: Registration, result: Any) -> bool:
@@ -648,7 +514,11 @@ class Handlers:
         if frame.flags & F_NO_REPLY:
             return True
         # the caller can copy it from our memory (same node, unix://): lend an immutable result by address
-        if frame.flags & F_CMA and type(result) is bytes and self._lend(conn, frame.request_id, memoryview(result)):
+        if (
+            frame.flags & F_CMA
+            and type(result) is bytes
+            and self.serving.lend(conn, frame.request_id, memoryview(result))
+        ):
             return True
         # A result that fits one frame (Connection.whole_frame_bytes: the caller's limit, half our output cap)
         # leaves as one data frame flagged INTO, which is also the answer (its length the count), with no task
@@ -664,13 +534,13 @@ class Handlers:
             conn.send(answer)
         else:
             task = asyncio.get_running_loop().create_task(self._send_into(conn, frame, memoryview(view), answer))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         return True
 
     async def _send_into(self, conn: Connection, frame: Frame, view: memoryview, answer: bytes) -> None:
         try:
-            await self._send_chunks(conn, Kind.BULK_DATA_REPLY, frame.request_id, view, None, None)
+            await conn.send_data(Kind.BULK_DATA_REPLY, frame.request_id, view)
         except ConnectionLost:
             return
         conn.send(answer)
@@ -694,15 +564,13 @@ class Handlers:
                 body = pack_body([exc.code, exc.message, exc.details])
             except ProtocolError:
                 body = pack_body([exc.code, exc.message, None])
-            self._reply(conn, frame, Status.APP_ERROR, body)
+            conn.reply(frame, Status.APP_ERROR, body)
         elif status != Status.HANDLER_ERROR:
-            self._reply_error(conn, frame, status, str(exc))
+            conn.reply_error(frame, status, str(exc))
             return
         else:
             tb = "".join(traceback.format_exception(exc)) if conn.authenticated or self.send_tracebacks else ""
-            self._reply(
-                conn, frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]])
-            )
+            conn.reply(frame, Status.HANDLER_ERROR, pack_body([type(exc).__qualname__, str(exc)[:10000], tb[-20000:]]))
             now = time.monotonic()
             if now - reg.last_logged >= 1.0:
                 reg.last_logged = now
@@ -715,8 +583,6 @@ class Handlers:
         if self.monitor.enabled and reg is not None:
             key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
             (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
-
-    # -- serving bulk transfers (no user code runs here) ------------------------------------------------
 
 
 def _expire_handler(task: asyncio.Task[Any]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from .errors import ConfigError
 from .wire import rpc_id
 
-#: ``handler(request, arg) -> result``, sync or async (the request is a ``svcframe.handlers.Request``).
+#: ``handler(request, arg) -> result``, sync or async (the request is a ``svcframe.request.Request``).
 Handler = Callable[[Any, Any], Any]
 
 #: Provider ids are 16-bit on the wire; 65535 is reserved (Bedrock: "choose one"; the wire: "no parent").

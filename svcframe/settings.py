@@ -27,7 +27,7 @@ from pydantic_core import core_schema
 from .loops import EVENT_LOOPS
 from .plumber import BUCKET_POLICIES, DEFAULT_BUCKET_POLICY, DEFAULT_NIC_POLICY, NIC_POLICIES
 from .progress import PROGRESS_MODES
-from .wire import DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
+from .wire import DEFAULT_BULK_CHUNK_BYTES, DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 
 __all__ = [
     "AuthConfig",
@@ -151,7 +151,7 @@ class EngineConfig(StrictModel):
     drain_timeout_seconds: float = Field(5.0, ge=0)
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES, le=1 << 30)
     bulk_chunk_bytes: int = Field(
-        1024 * 1024,
+        DEFAULT_BULK_CHUNK_BYTES,
         ge=4096,
         le=1 << 30,
         description="bulk data too large for one frame of the receiving peer travels in frames of this size "

@@ -20,10 +20,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import cma
-from .errors import Status
+from .errors import DeadlineExceeded, Status
 from .wire import F_CMA, F_INTO, Kind, encode_frame, pack_body
 
 if TYPE_CHECKING:
+    from .monitoring import Monitor
     from .transport import Connection
 
 #: A cross-memory read of at least this many bytes is split between the two processes; a smaller one is
@@ -57,6 +58,10 @@ SPLIT_GRACE_NS = 200_000_000
 #: Before that wait, the reader polls the writer's mark for this long (the writer usually ends within tens
 #: of µs of the reader).
 SPLIT_SPIN_SECONDS = 100e-6
+#: Copies up to this size run on the event loop (a few hundred µs at most); larger ones in a worker thread,
+#: in pieces of _CMA_PIECE_BYTES with the deadline checked between them.
+_CMA_INLINE_BYTES = 8 * 1024 * 1024
+_CMA_PIECE_BYTES = 8 * 1024 * 1024
 
 
 def next_share(share: float, writer_first: bool) -> float:
@@ -188,3 +193,81 @@ class SplitWrite:
                 await wait_written(self.answer, self.expires_ns + SPLIT_GRACE_NS)
         finally:
             self.conn.pending.pop(self.request_id, None)
+
+
+async def cma_copy(
+    loop: asyncio.AbstractEventLoop, conn: Connection, address: int, dest: memoryview, deadline: float | None
+) -> None:
+    """``cma.read`` inline when small, else piece by piece in the loop's default executor (the copy
+    releases the GIL). Nothing is written into ``dest`` after this returns or raises.
+
+    Raises:
+        OSError (see cma.read); DeadlineExceeded when ``deadline`` (loop time) passes between two pieces.
+    """
+    pid, process = conn.peer_pid, conn.peer_process
+    if pid is None or process is None or not process.alive():
+        raise OSError(3, f"the peer's process {pid} is gone (its pid may now be another process's)")  # ESRCH
+    size = len(dest)
+    if size <= _CMA_INLINE_BYTES:
+        cma.read(pid, address, dest)
+        return
+    for pos in range(0, size, _CMA_PIECE_BYTES):
+        if deadline is not None and loop.time() > deadline:
+            raise DeadlineExceeded(f"cross-memory transfer of {size} bytes: the deadline passed after {pos} bytes")
+        await loop.run_in_executor(None, cma.read, pid, address + pos, dest[pos : pos + _CMA_PIECE_BYTES])
+
+
+async def cma_read(
+    loop: asyncio.AbstractEventLoop,
+    monitor: Monitor,
+    conn: Connection,
+    bulk_id: bytes,
+    offset: int,
+    source: int,
+    dest: memoryview,
+    deadline: float | None,
+    offer: SplitWrite | None = None,
+    part: int = 0,
+) -> None:
+    """Copy the peer's exposed range ``bulk_id[offset:offset + len(dest)]``, at address ``source`` in its
+    memory, into ``dest``. A range of SPLIT_MIN_BYTES or more is a *split read* when the peer takes part
+    (``Connection.peer_cma_write``): we ask it to write the first part of the range (its share of it,
+    ``Connection.split_share``) into ``dest`` (a BULK_PULL flagged CMA naming the destination, when the
+    request expires and where to put its mark) and copy the rest meanwhile, so that its core and ours copy
+    at once; if it declines (busy, or any error) we copy its part too. With ``offer`` the peer was asked
+    before it answered (``BulkTransfers.offer_write``) and is writing the first ``part`` bytes already (none: it
+    declined, and we ask as without an offer). ``dest`` is not given back before the peer's mark is there, or it answered, or the request
+    is ``SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
+
+    Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
+    and server on their own cores, medians of eleven runs over two days): 7.2-8.4 GiB/s, 1.02-1.17x ``cma
+    copy`` of the same run (one process_vm_readv per read and no message: 6.5-7.6), where the reader
+    copying all of it gave 5.9-6.5. A C loop of process_vm_readv copies 6.3-8.9 GiB/s on one core of this
+    machine, and 13.8-17.1 on two. An offer gains 4.5-6% on reads into the caller's buffer and 4.7% on
+    pulls (paired: offers on and off in alternate batches of 300 reads, one pair of processes): the
+    owner's write starts 1-2 µs after its answer leaves, where a request after the answer reached it
+    90-110 µs after (the reader's wake-up, its request, the owner's).
+
+    Raises:
+        OSError (svcframe.cma.read), DeadlineExceeded: as ``cma_copy``.
+    """
+    size = len(dest)
+    if offer is not None and not part:  # the peer declined its offer (e.g. it expired: a slow handler)
+        offer.drop()
+        offer = None
+    if offer is None:
+        share = conn.split_share or SPLIT_WRITER_SHARE
+        if not (conn.peer_cma_write and size >= SPLIT_MIN_BYTES and size * share <= SPLIT_MAX_PART_BYTES):
+            await cma_copy(loop, conn, source, dest, deadline)
+            return
+        part = int(size * share) & -SPLIT_ALIGN  # the peer's: the first bytes
+        offer = SplitWrite(loop, conn, share, offered=False)
+        conn.send(offer.request_frame(bulk_id, offset, part, dest))
+    try:
+        await cma_copy(loop, conn, source + part, dest[part:], deadline)  # ours, while the peer writes
+    finally:
+        written = await offer.written()
+    if not written:
+        await cma_copy(loop, conn, source, dest[:part], deadline)
+    else:
+        monitor.record_bulk("cma_written", conn.peer_label, part, 0)

@@ -23,7 +23,16 @@ from . import cma
 from .errors import ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError, Status
 from .protocol import Closed, Identity, Opened, Role
 from .protocol import Protocol as ProtocolState
-from .wire import DEFAULT_MAX_BODY_BYTES, Frame, Kind, encode_frame
+from .wire import (
+    DEFAULT_BULK_CHUNK_BYTES,
+    DEFAULT_MAX_BODY_BYTES,
+    F_NO_REPLY,
+    Frame,
+    Kind,
+    encode_frame,
+    encode_header,
+    pack_body,
+)
 
 log = logging.getLogger("svcframe.transport")
 
@@ -127,8 +136,12 @@ class Connection(asyncio.BufferedProtocol):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
         max_inflight: int = 1024,
+        bulk_chunk_bytes: int = DEFAULT_BULK_CHUNK_BYTES,
+        dialled_address: str | None = None,
     ) -> None:
         self.owner = owner
+        self.dialled_address = dialled_address
+        self.bulk_chunk_bytes = bulk_chunk_bytes
         self.server_side = server_side
         self.protocol = proto = ProtocolState(
             Role.SERVER if server_side else Role.CLIENT, identity, max_body_bytes=max_body_bytes,
@@ -231,8 +244,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed:
             return
         proto = self.protocol
-        frames: list[Frame] | None  # (annotations in a function cost nothing at run time)
-        batch: list[bytes | memoryview]
+        frames: list[Frame] | None
         try:
             # open: the decoder itself (what Protocol.receive does in OPEN, one call fewer per read)
             frames = self._decode(nbytes) if self._open else self._handshake_step(proto.receive(nbytes))
@@ -247,19 +259,7 @@ class Connection(asyncio.BufferedProtocol):
             # activity = a frame completed, not a byte received; a frame begun behind it is timed from now
             self.last_activity = now = time.monotonic()
             self.frame_started = 0.0 if proto.decoder.idle else now
-            # _dispatch, inlined: a method call per read cost a client's call 1,046 instructions (callgrind)
-            self._batch = batch = []
-            self._batch_bytes = 0
-            try:
-                while frames:
-                    if len(frames) > FRAMES_PER_TURN:
-                        frames = self._defer(frames)
-                    self.owner.on_frames(self, frames)
-                    frames = proto.more() if proto.decoder.held and self._backlog is None else None
-            finally:
-                self._batch = None
-                if batch and not self.closed:
-                    self._write(batch)
+            self._dispatch(frames)
         except ProtocolError as exc:
             proto.fail(exc)
             self.abort(exc)
@@ -267,7 +267,7 @@ class Connection(asyncio.BufferedProtocol):
     def _dispatch(self, frames: list[Frame] | None) -> None:
         """Hand received frames to the owner, at most FRAMES_PER_TURN in this turn of the loop (the rest wait,
         reading paused, for the next: a peer's pipelined flood does not hold up the other connections); the
-        replies they produce leave in one write. (buffer_updated has its own copy of this loop.)"""
+        replies they produce leave in one write."""
         proto = self.protocol
         batch: list[bytes | memoryview]
         self._batch = batch = []
@@ -529,6 +529,77 @@ class Connection(asyncio.BufferedProtocol):
         finally:
             if not self.closed:
                 transport.set_write_buffer_limits(high, low)
+
+    def reply(self, frame: Frame, status: int, body: bytes) -> None:
+        """Answer the peer's request ``frame`` with ``status`` and the msgpack ``body`` (unless it takes no
+        answer: flagged NO_REPLY)."""
+        if not frame.flags & F_NO_REPLY:
+            self.send(encode_frame(Kind.RESPONSE, frame.request_id, body, status=status))
+
+    def reply_error(self, frame: Frame, status: int, message: str) -> None:
+        """Answer the peer's request ``frame`` with a non-OK ``status`` and ``message`` saying why."""
+        self.reply(frame, status, pack_body(message))
+
+    def bad_body(self, frame: Frame, problem: str) -> RemoteProtocolError:
+        """A well-framed request or bulk request whose body a conforming peer never sends (malformed or
+        non-strict msgpack) is a bad frame: answer it with BAD_REQUEST (a buggy client learns why) and send a
+        GOODBYE. The caller raises the error returned: the pump then writes what this batch produced, drops
+        the connection, dispatches none of the peer's later frames and logs one warning naming the peer and
+        the problem."""
+        self.reply_error(frame, Status.BAD_REQUEST, problem)
+        self.send(encode_frame(Kind.GOODBYE, 0, pack_body(f"bad frame: {problem}"), status=Status.BAD_REQUEST))
+        if problem.startswith("map key "):  # the log names the problem, never the body (the key's repr)
+            problem = "map key is a " + problem.rpartition(" is a ")[2]
+        return RemoteProtocolError(
+            f"bad {Kind(frame.kind).name} body ({len(frame.body or b'')} bytes, request {frame.request_id}): {problem}"
+        )
+
+    async def send_data(
+        self,
+        kind: Kind,
+        request_id: int,
+        src: memoryview,
+        first: bytes | None = None,
+        until: asyncio.Future[Any] | None = None,
+    ) -> None:
+        """Send ``src`` (after ``first``, the request it belongs to, if any) as data frames of ``kind`` for
+        ``request_id``, respecting write backpressure: one frame when the peer takes it whole
+        (``whole_frame_bytes``), in the same write as ``first``; else frames of ``bulk_chunk_bytes`` (never
+        over the peer's max_body_bytes), each behind a drain (concurrent transfers share the output buffer).
+        Stops early when the connection closes or ``until`` is done. Measured (4 MiB reads over tcp, client
+        and server on their own cores, three runs each, A/B): a pull served in 1 MiB chunks behind a drain
+        each 2.99-3.07 GiB/s, as one frame 3.46-3.82; a handler's push 3.34-3.61 either way (its second round
+        trip, the owner's completion, is what it pays).
+
+        Raises:
+            ConnectionLost: the connection closed while waiting to write.
+        """
+        size = len(src)
+        whole = self.whole_frame_bytes
+        chunk = max(size, 1) if size <= whole else min(self.bulk_chunk_bytes, whole)  # never over the peer's limit
+        for pos in range(0, size, chunk):
+            if self.closed or (until is not None and until.done()):
+                return
+            await self.drain()  # before each chunk: concurrent transfers share the buffer
+            if self.closed or (until is not None and until.done()):
+                return
+            part = src[pos : pos + chunk]
+            data_header = encode_header(kind, request_id, len(part))
+            if first is not None:
+                self.send_many((first, data_header, part))
+                first = None
+            else:
+                self.send_many((data_header, part))
+        if first is not None and not self.closed:
+            self.send(first)  # no data: the request alone
+
+    def fail_pending(self, error: BaseException) -> None:
+        """End every call of ours still waiting on this connection with ``error``."""
+        pending = list(self.pending.values())
+        self.pending.clear()
+        for waiter in pending:
+            if not waiter.done():
+                waiter.set_exception(error)
 
     def goodbye(self, status: Status, reason: str) -> None:
         """Tell the peer why we close, then close after the output is flushed."""

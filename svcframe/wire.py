@@ -101,6 +101,8 @@ NO_PARENT_PROVIDER = 0xFFFF
 #: Default cap on an inline (msgpack) body: 4 MiB, like gRPC's default receive limit. Large payloads
 #: belong in bulk transfers, which are chunked and never limited by this.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Bulk data larger than one frame the receiver takes travels in frames of this size by default.
+DEFAULT_BULK_CHUNK_BYTES = 1024 * 1024
 #: The smallest frame body limit an engine may have, and a peer may announce in its HELLO: bulk data is sent
 #: in frames of at most the receiver's limit, so a smaller one would cost a frame header per few bytes.
 MIN_MAX_BODY_BYTES = 4096

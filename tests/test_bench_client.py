@@ -32,7 +32,7 @@ from selftest.bench_client import (
     client_environment,
 )
 from svcframe import BulkHandle, Engine
-from svcframe.bulk import CMA_MIN_BYTES
+from svcframe.cma import CMA_MIN_BYTES
 from svcframe.config import load_config
 from svcframe.errors import BulkError, RemoteError
 from svcframe.launch import Launch
@@ -207,11 +207,10 @@ def test_profile_client_counts_the_bytecodes_per_call() -> None:
     "method,toggle,transport",
     [
         ("push", "split-push", "unix"),
-        ("into", "vm", "unix"),
+        ("into", "offers", "unix"),
         ("push", "push-ahead", "tcp"),
         ("push", "eager", "tcp"),
         ("push", "place-ahead", "tcp"),
-        ("push", "compiled-push", "tcp"),
     ],
 )
 def test_paired_ab_prints_both_variants_and_their_ratio(method: str, toggle: str, transport: str) -> None:

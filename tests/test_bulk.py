@@ -380,7 +380,7 @@ async def test_concurrent_bulk_transfers_share_one_connection_without_tripping_t
             assert await client.call(server.address, "pull", handle.to_wire(), provider_id=1) == 1 << 20
 
     await asyncio.gather(*(worker() for _ in range(16)))
-    assert not any(c.closed for c in client._all_conns)
+    assert not any(c.closed for c in client.connections.all)
 
 
 async def test_a_bound_handle_serves_only_its_peer_and_dies_with_the_connection(
@@ -397,7 +397,7 @@ async def test_a_bound_handle_serves_only_its_peer_and_dies_with_the_connection(
         await call1(client, other, "pull_digest", handle.to_wire())  # another server, even with the handle
     conn = await client.connection(server.address)  # type: ignore[arg-type]
     conn.close()
-    await wait_until(lambda: server.address not in client._conns, what="the connection to be gone")
+    await wait_until(lambda: server.address not in client.connections.dialled, what="the connection to be gone")
     with pytest.raises(BulkError, match="not exposed"):  # revoked with its connection
         await call1(client, server, "pull_digest", handle.to_wire())
 
@@ -451,7 +451,7 @@ async def test_a_handlers_push_to_its_caller_goes_ahead_of_the_answer(server: En
 
     server.register(1, "push_into", push_into)
     await client.call(address, "push_into", [client.expose(bytearray(1), "w").to_wire(), 1, True], provider_id=1)
-    conn = client._conns[address]
+    conn = client.connections.dialled[address]
     buf = bytearray(5 * MiB)
     handle = client.expose(buf, "w").to_wire()
     writes = conn.writes
@@ -462,11 +462,11 @@ async def test_a_handlers_push_to_its_caller_goes_ahead_of_the_answer(server: En
     assert conn.writes == writes + 3  # our three requests, and no answer to a push
     assert _bulk_counts(server).get("push") == 4 and _bulk_counts(client).get("served_push") == 4
     await client.call(address, "push_into", [handle, 1000, False], provider_id=1)  # waits for our answer
-    server._peers[client.engine_id].peer_push_ahead = False  # a caller from before: the same
+    server.connections.peers[client.engine_id].peer_push_ahead = False  # a caller from before: the same
     await client.call(address, "push_into", [handle, 2000, True], provider_id=1)
     assert buf[:2000] == pattern(2000, 2000) and _bulk_counts(server).get("push") == 6
     assert conn.writes == writes + 3 + 2 * 2  # each a request and an answer to its push
-    server._peers[client.engine_id].peer_push_ahead = True
+    server.connections.peers[client.engine_id].peer_push_ahead = True
     gone = client.expose(bytearray(100), "w")
     client.unexpose(gone)
     after.clear()
@@ -510,7 +510,7 @@ async def test_a_sync_handler_returning_its_push_ahead_is_answered_without_a_tas
         assert "_run_async" not in made, made
         for buf, size in zip(buffers, sizes, strict=True):
             assert buf[:size] == pattern(size, size)
-        large = bytearray(server._peers[client.engine_id].whole_frame_bytes + 1)  # over one frame: the push
+        large = bytearray(server.connections.peers[client.engine_id].whole_frame_bytes + 1)  # over one frame: the push
         # waits for the socket, as a task
         await client.call(address, "fill", [client.expose(large, "w").to_wire(), len(large)], provider_id=1)
         assert large == pattern(len(large), len(large)) and "_run_async" in made
@@ -550,7 +550,7 @@ async def test_a_push_aheads_source_may_be_changed_once_its_push_completed(serve
     server.register(1, "sync_fill", sync_fill)
     server.register(1, "async_fill", async_fill)
     await client.call(address, "async_fill", [client.expose(bytearray(1), "w").to_wire(), 1], provider_id=1)
-    over_one_frame = server._peers[client.engine_id].whole_frame_bytes + 1
+    over_one_frame = server.connections.peers[client.engine_id].whole_frame_bytes + 1
     for name in ("sync_fill", "async_fill"):
         for size in (1000, 64 * KiB, over_one_frame):
             dest = bytearray(size)

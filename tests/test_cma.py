@@ -22,7 +22,7 @@ from reliability_kit import RELTEST_ID, Procs, service_config
 from reliability_provider import pattern
 
 from svcframe import Engine, cma
-from svcframe.bulk import CMA_MIN_BYTES
+from svcframe.cma import CMA_MIN_BYTES
 
 pytestmark = pytest.mark.skipif(not cma.supported(), reason="cross-memory attach needs Linux process_vm_readv")
 uvloop_test = pytest.mark.asyncio(loop_factories=["uvloop"])
@@ -324,7 +324,7 @@ async def test_cma_pull_past_its_deadline_is_a_deadline_error_not_a_socket_retry
         after = _bulk_counts(client)
         assert after.get("pull", 0) == before.get("pull", 0), "the pull was retried over the socket"
         assert _bulk_counts(server).get("served_pull", 0) == 0
-        conn = client._peers[server.engine_id]
+        conn = client.connections.peers[server.engine_id]
         assert conn.peer_cma, "a deadline is not a kernel refusal: the connection keeps cross-memory attach"
 
 
@@ -367,7 +367,7 @@ async def test_a_read_into_the_callers_buffer_is_one_cross_memory_copy(
         # each read moved a share a step (up when the server's part was in place as ours was, down when not): the
         # share offered with the request, or, when the offer had expired (a slow first result), the share asked
         # for after the answer
-        conn = engine._conns[server.address]
+        conn = engine.connections.dialled[server.address]
         moves = [(share - start) / SPLIT_SHARE_STEP for share, start in
                  ((conn.offer_share, SPLIT_OFFER_SHARE), (conn.split_share, SPLIT_WRITER_SHARE)) if share]  # fmt: skip
         assert all(abs(m - round(m)) < 1e-9 for m in moves) and sum(abs(round(m)) for m in moves) in (1, 3), moves
@@ -389,7 +389,7 @@ async def test_a_busy_server_leaves_the_whole_split_read_to_the_reader(
         buf = bytearray(size)
         sleeper = asyncio.ensure_future(engine.call(server.address, "sleep", 30, provider_id=RELTEST_ID))
         try:  # (sent before the reads: an offer made with a read is taken up as the server answers it)
-            await wait_until(lambda: len(getattr(engine._conns.get(server.address), "pending", ())) == 1)
+            await wait_until(lambda: len(getattr(engine.connections.dialled.get(server.address), "pending", ())) == 1)
             for seed in range(2):
                 n = await engine.call(server.address, "read", {"size": size, "seed": seed}, provider_id=RELTEST_ID,
                                       into=buf)  # fmt: skip
@@ -550,7 +550,7 @@ async def main(address: str) -> None:
         for seed in (1, 2):
             n = await engine.call(address, "read", {"size": 3 << 20, "seed": seed}, provider_id=1, into=buf)
             digests.append(hashlib.sha256(buf[:n]).hexdigest())
-        conn = engine._conns[address]
+        conn = engine.connections.dialled[address]
         state = await engine.call(address, "bulk_state", None, provider_id=1)
         print(digests[0], digests[1], engine.cma_bytes, conn.peer_cma, state["exposed"])
 
@@ -595,7 +595,7 @@ async def test_a_caller_that_never_reads_what_it_was_lent_holds_little(
     """A raw peer asks for reads by cross-memory attach and never says it has read them: past
     MAX_LENT_PER_CONNECTION lent results the server answers with the data, and all it lent is released when
     the connection ends."""
-    from svcframe.bulk import MAX_LENT_PER_CONNECTION
+    from svcframe.bulk_serving import MAX_LENT_PER_CONNECTION
     from svcframe.errors import Status
     from svcframe.testing import RawPeer
     from svcframe.wire import F_CMA, F_INTO, Kind
@@ -649,11 +649,11 @@ async def test_an_offer_has_the_owner_write_its_part_as_it_answers(sockdir: Path
         await client.pull(handle, target)
         assert target == results[2]
         assert _bulk_counts(client).get("cma_written") == 3 and _bulk_counts(server).get("served_cma_write") == 3
-        conn = client._conns[server.address]
+        conn = client.connections.dialled[server.address]
         moves = (conn.offer_share - SPLIT_OFFER_SHARE) / SPLIT_SHARE_STEP
         assert round(moves) in (-3, -1, 1, 3) and abs(moves - round(moves)) < 1e-9, moves
         assert conn.split_share == 0.0  # no split read was asked for after an answer
-        assert not conn.pending and not server._peers[client.engine_id].protocol.offers
+        assert not conn.pending and not server.connections.peers[client.engine_id].protocol.offers
 
 
 @uvloop_test
@@ -680,7 +680,7 @@ async def test_a_cancelled_read_is_never_written_by_its_offer(sockdir: Path) -> 
         buf = bytearray(size)
         call = asyncio.ensure_future(client.call(server.address, "stubborn", None, provider_id=1, into=buf))
         await asyncio.wait_for(entered.wait(), 10)
-        accepted = server._peers[client.engine_id]
+        accepted = server.connections.peers[client.engine_id]
         assert len(accepted.protocol.offers) == 1
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -689,7 +689,7 @@ async def test_a_cancelled_read_is_never_written_by_its_offer(sockdir: Path) -> 
         assert not accepted.protocol.offers and buf == bytes(size), "the cancelled read's buffer was written"
         n = await client.call(server.address, "read", None, provider_id=1, into=buf)
         assert n == size and buf == data
-        assert not client._conns[server.address].pending
+        assert not client.connections.dialled[server.address].pending
 
 
 @uvloop_test
@@ -704,7 +704,7 @@ async def test_write_offers_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdi
     import msgpack
     from reliability_kit import open_raw, raw_handshake, read_frame, request, secret, wait_closed_by_peer
 
-    from svcframe.bulk import MAX_LENT_PER_CONNECTION
+    from svcframe.bulk_serving import MAX_LENT_PER_CONNECTION
     from svcframe.wire import Flag, Kind, Status, encode_frame, pack_body, unpack_body
 
     server = procs.spawn(service_config(tmp_path, kv=None, address=f"unix://{sockdir}/r.sock"))
@@ -801,10 +801,10 @@ async def test_a_push_is_a_split_read_of_the_pushers_source(sockdir: Path) -> No
         await client.push(sink, pattern(size, 22))
         assert theirs == pattern(size, 22)
         assert _bulk_counts(server).get("cma_written") == 1 and _bulk_counts(client).get("served_cma_write") == 1
-        assert not server._push_sources and not client._push_sources
-        assert set(server._exposed) == {sink.bulk_id} and set(client._exposed) == {handle.bulk_id}
+        assert not server.serving.push_sources and not client.serving.push_sources
+        assert set(server.serving.exposed) == {sink.bulk_id} and set(client.serving.exposed) == {handle.bulk_id}
         # a peer that does not take a source's bulk id: one copy, by the owner
-        server._peers[client.engine_id].peer_cma_split_push = False
+        server.connections.peers[client.engine_id].peer_cma_split_push = False
         mine[:] = bytes(size)
         await client.call(server.address, "push_into", handle.to_wire(), provider_id=1)
         assert mine == source

@@ -34,7 +34,7 @@ async def test_replies_of_one_batch_leave_in_one_write(make_engine: Any) -> None
         probe = encode_frame(Kind.REQUEST, 1, pack_body(0), provider_id=1, rpc=rpc_id("echo"))
         writer.write(probe)
         assert (await read_frame(reader))[0] == Kind.RESPONSE
-        (conn,) = [c for c in server._all_conns if c.server_side]
+        (conn,) = [c for c in server.connections.all if c.server_side]
         before = conn.writes
         batch = b"".join(
             encode_frame(Kind.REQUEST, i, pack_body(i), provider_id=1, rpc=rpc_id("echo")) for i in range(2, 52)

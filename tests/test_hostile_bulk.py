@@ -250,7 +250,7 @@ async def test_pushes_ahead_of_an_answer_from_a_raw_peer() -> None:
             writer.write(encode_frame(Kind.BULK_PUSH, 5, pack_body([handle.bulk_id, 0, 100, 4]), flags=Flag.NO_REPLY))
             writer.write(encode_frame(Kind.CANCEL, 5))  # its data never comes: forgotten
             await served(6)
-            assert not server._peers["raw-peer"].protocol.pushes and sink[:1000] == b"a" * 1000
+            assert not server.connections.peers["raw-peer"].protocol.pushes and sink[:1000] == b"a" * 1000
             writer.write(encode_frame(Kind.BULK_PUSH, 7, pack_body([handle.bulk_id, 0, 10]), flags=Flag.NO_REPLY))
             fields, body = await read_frame(reader)  # (NO_REPLY: no BAD_REQUEST answer, the GOODBYE says it)
             assert fields[2] == Kind.GOODBYE and fields[9] == Status.BAD_REQUEST and "malformed" in unpack_body(body)

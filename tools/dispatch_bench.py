@@ -68,7 +68,7 @@ class SinkTransport(asyncio.Transport):
 async def main(batch: int, batches: int, profile: bool, monitoring: bool) -> None:
     engine = await Engine("tcp://127.0.0.1:0", monitoring=monitoring, secret=None, progress_mode="block").start()
     SelftestProvider(engine, 1).register()
-    conn = engine._new_connection(server_side=True)
+    conn = engine.connections.accept()
     conn.connection_made(SinkTransport())
     hello = encode_frame(Kind.HELLO, 0, pack_body({"engine_id": "bench", "address": None}))
     body = pack_body(work_arg(0, None, None, b""))

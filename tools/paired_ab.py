@@ -56,7 +56,7 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
         )
         setattr(handlers, "start_eagerly", started)  # noqa: B010  (the names the engine calls, in this process)
         setattr(handlers, "first_step", stepped)  # noqa: B010
-    for conn in engine._all_conns:
+    for conn in engine.connections.all:
         if toggle == "offers":
             conn.peer_cma_offer = on
         elif toggle == "split-push":
@@ -64,7 +64,7 @@ def set_toggle(engine: Any, toggle: str, on: bool) -> None:
         elif toggle == "push-ahead":
             conn.peer_push_ahead = on
         elif toggle == "place-ahead":
-            conn.protocol.decoder.place_ahead = engine._placer(conn) if on else None
+            conn.protocol.decoder.place_ahead = engine.serving.placer(conn) if on else None
 
 
 def body_limit(size: int) -> int:

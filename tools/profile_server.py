@@ -109,7 +109,7 @@ async def serve(
         f"{calls} calls, depth {depth}: {calls / wall:,.0f} calls/s, server CPU {cpu / calls * 1e6:.2f} µs/call"
         f" (utilisation {cpu / wall:.0%})"
     )
-    writes = sum(c.writes for c in engine._all_conns if c.server_side)
+    writes = sum(c.writes for c in engine.connections.all if c.server_side)
     print(
         f"replies left in {writes} writes ({calls / max(writes, 1):.1f} calls per write); "
         f"progress: {engine.progress.polls} polls, {engine.progress.blocks} blocks"

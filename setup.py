@@ -30,7 +30,8 @@ def extensions() -> list[Extension]:
         return []
     from Cython.Build import cythonize
 
-    modules = sorted(path.with_suffix(".py") for path in (ROOT / "svcframe").glob("*.pxd"))
+    # (a .pxd without a .py, svcframe/_bytes.pxd, is Cython's alone: cimported, never a module)
+    modules = sorted(p for p in (path.with_suffix(".py") for path in (ROOT / "svcframe").glob("*.pxd")) if p.exists())
     extensions = [Extension(f"svcframe.{path.stem}", [str(path.relative_to(ROOT))], optional=True) for path in modules]
     return cythonize(  # type: ignore[no-any-return]
         extensions, compiler_directives=DIRECTIVES, build_dir="build/cython", nthreads=os.cpu_count() or 1

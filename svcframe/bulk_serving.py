@@ -67,7 +67,12 @@ MAX_LENT_BYTES = 256 * 1024 * 1024
 #: ... and per connection, in results (a caller that reads as it goes holds one per read in flight).
 MAX_LENT_PER_CONNECTION = 16
 
-_AHEAD_FLAGS = F_NO_REPLY | F_CMA  # a push flagged NO_REPLY alone goes ahead of an answer (``_on_push_ahead``)
+_AHEAD_FLAGS = F_NO_REPLY | F_CMA
+_PUSH_CMA_EXTRA, _PULL_CMA_EXTRA, _NO_EXTRA = (
+    frozenset((1, 2)),
+    frozenset((0, 3)),
+    frozenset((0,)),
+)  # a push flagged NO_REPLY alone goes ahead of an answer (``_on_push_ahead``)
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -200,7 +205,9 @@ class BulkServing:
         ``_serve_cma_write``)."""
         by_cma = bool(frame.flags & F_CMA)
         push = frame.kind == K_BULK_PUSH
-        extra = (1, 2) if by_cma and push else (0, 3) if by_cma else (0,)  # (a push ahead: _on_push_ahead)
+        # the fields a request may add to the three: a push by CMA its source (and the source's bulk id), a pull
+        # by CMA where to write the range; a push ahead is _on_push_ahead's
+        extra = _PUSH_CMA_EXTRA if by_cma and push else _PULL_CMA_EXTRA if by_cma else _NO_EXTRA
         try:
             fields = unpack_body(frame.body or b"")
             if (

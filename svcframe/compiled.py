@@ -33,7 +33,7 @@ def pure_requested() -> bool:
 def compiled_modules() -> dict[str, bool]:
     """The modules the build compiles where it can (those with a ``.pxd``), by name, and whether each runs
     compiled in this process (it is imported here to tell)."""
-    names = sorted(f"svcframe.{path.stem}" for path in _HERE.glob("*.pxd"))
+    names = sorted(f"svcframe.{path.stem}" for path in _HERE.glob("*.pxd") if path.with_suffix(".py").exists())
     return {name: _is_extension(importlib.import_module(name)) for name in names}
 
 

@@ -18,20 +18,26 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConnectionLost, DeadlineExceeded, RemoteProtocolError, Status
 from .protocol import Identity
-from .transport import Connection, dial, parse_address
-from .wire import (
-    F_INTO,
-    K_BULK_DATA_PUSH,
-    K_BULK_DATA_REPLY,
-    K_BULK_PULL,
-    K_BULK_PUSH,
-    K_CANCEL,
-    K_GOODBYE,
-    K_REQUEST,
-    K_RESPONSE,
-    Frame,
-    answer_call,
-)
+from .transport import Connection, ConnectionOwner, ConnectionProtocol, dial, parse_address
+from .wire import Frame, answer_call
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # (compiled: wire.pxd's C constants)
+    from .wire import (
+        F_INTO,
+        K_BULK_DATA_PUSH,
+        K_BULK_DATA_REPLY,
+        K_BULK_PULL,
+        K_BULK_PUSH,
+        K_CANCEL,
+        K_GOODBYE,
+        K_REQUEST,
+        K_RESPONSE,
+    )
 
 if TYPE_CHECKING:
     from .bulk_serving import BulkServing
@@ -49,7 +55,7 @@ perf_ns = time.perf_counter_ns
 MAX_PEER_LABELS = 1024
 
 
-class Connections:
+class Connections(ConnectionOwner):
     """The engine's connections, and what each one reports (see the module docstring).
 
     Args:
@@ -125,13 +131,13 @@ class Connections:
             self._sweeper.cancel()
             self._sweeper = None
 
-    def accept(self) -> Connection:
+    def accept(self) -> ConnectionProtocol:
         """A connection for a socket the listener accepted (its protocol factory)."""
         return self._new_connection(server_side=True)
 
-    def _new_connection(self, server_side: bool, dialled_address: str | None = None) -> Connection:
+    def _new_connection(self, server_side: bool, dialled_address: str | None = None) -> ConnectionProtocol:
         assert self.identity is not None, "the engine is not started"
-        conn = Connection(
+        conn = ConnectionProtocol(
             self, self.identity, server_side=server_side, max_body_bytes=self.max_body_bytes,
             max_output_bytes=self.max_output_bytes, handshake_timeout_seconds=self.handshake_timeout_seconds,
             max_inflight=self.max_inflight_per_connection, bulk_chunk_bytes=self.bulk_chunk_bytes,
@@ -175,9 +181,9 @@ class Connections:
 
     async def _dial(self, address: str) -> Connection:
         target = parse_address(address)
-        made: list[Connection] = []
+        made: list[ConnectionProtocol] = []
 
-        def factory() -> Connection:
+        def factory() -> ConnectionProtocol:
             conn = self._new_connection(server_side=False, dialled_address=address)
             made.append(conn)
             return conn

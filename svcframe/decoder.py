@@ -27,22 +27,41 @@ from .wire import (
     _KIND_MAX,
     ALL_KINDS_MASK,
     DEFAULT_MAX_BODY_BYTES,
-    F_INTO,
-    F_NO_REPLY,
     HEADER,
-    HEADER_SIZE,
-    K_BULK_DATA_PUSH,
-    K_BULK_DATA_REPLY,
-    K_BULK_PUSH,
-    K_RESPONSE,
     MAGIC,
-    WIRE_VERSION,
     ZERO_TRACE_ID,
+    BinBody,
     Frame,
     Kind,
     lazy_buffer,
     unpack_body,
 )
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # (compiled: wire.pxd's C constants, and the C functions decoder.pxd names)
+    from .wire import (
+        F_INTO,
+        F_NO_REPLY,
+        HEADER_SIZE,
+        K_BULK_DATA_PUSH,
+        K_BULK_DATA_REPLY,
+        K_BULK_PUSH,
+        K_RESPONSE,
+        WIRE_VERSION,
+    )
+
+    PyBytes_FromStringAndSize: Any = None
+    PyBytes_AS_STRING: Any = None
+    PyBuffer_FillInfo: Any = None
+    Py_buffer: Any = None
+    _u16: Any = None  # (these four: svcframe/_bytes.pxd)
+    _u32: Any = None
+    _u64: Any = None
+    _u32be: Any = None
 
 __all__ = ["KEEP_RECEIVE_BYTES", "BulkSink", "FrameDecoder", "PlaceAhead"]
 
@@ -109,33 +128,12 @@ class FrameDecoder:
     bits), FrameTooLarge. After an error the decoder is unusable: drop the connection.
     """
 
-    __slots__ = (
-        "_buf",
-        "_data_max",
-        "_direct",
-        "_direct_frame",
-        "_direct_pos",
-        "_end",
-        "_head",
-        "_high",
-        "_large",
-        "_start",
-        "_view",
-        "answers",
-        "bulk_sink",
-        "held",
-        "into_pulls",
-        "legal_kinds",
-        "max_body_bytes",
-        "place_ahead",
-        "reuse_large",
-    )
-
     _buf: mmap.mmap | bytes
     _view: memoryview
     _head: memoryview
     _direct: memoryview | None
     _direct_frame: Frame | None
+    _direct_value: BinBody | None
     _large: mmap.mmap | None
     bulk_sink: BulkSink | None
     place_ahead: PlaceAhead | None
@@ -150,15 +148,14 @@ class FrameDecoder:
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.bulk_sink = bulk_sink
-        self._buf = lazy_buffer(max(buffer_bytes, 2 * HEADER_SIZE))
-        self._view = memoryview(self._buf)
-        self._head = self._view[:KEEP_RECEIVE_BYTES]  # what a read into the empty buffer gets (see get_buffer)
+        self._set_buffer(lazy_buffer(max(buffer_bytes, 2 * HEADER_SIZE)))
         self._start = 0
         self._end = 0
         # Direct mode: a body is being received straight into its own buffer.
         self._direct = None
         self._direct_pos = 0
         self._direct_frame = None  # the frame being received (its body set when complete)
+        self._direct_value = None  # the bytes result it is received into (a large bytes answer: see _parse)
         self.held = False
         # Whole bulk data frames under this many bytes are taken from the receive buffer; 0 after a large bulk
         # data chunk, when the next read takes a header and a little more (get_buffer)
@@ -171,6 +168,15 @@ class FrameDecoder:
         self.into_pulls = None
         self.place_ahead = None
 
+    def _set_buffer(self, buf: mmap.mmap | bytes) -> None:
+        """Receive into ``buf`` from now on (the views of it kept; compiled, its address)."""
+        self._buf = buf
+        self._view = memoryview(buf)
+        self._head = self._view[:KEEP_RECEIVE_BYTES]  # what a read into the empty buffer gets (see get_buffer)
+        self._size = len(buf)
+        if cython.compiled:
+            self._base = _address(self._view)
+
     # -- receive interface --------------------------------------------------------------------------
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next received bytes should be written (never empty). ``sizehint`` is ignored (asyncio's
@@ -182,7 +188,7 @@ class FrameDecoder:
         if not self._data_max:  # the next frame is likely more bulk data: its bytes belong in its destination
             header_end = self._start + HEADER_SIZE
             if header_end > end:
-                if header_end + AFTER_DATA_TAIL_BYTES > len(self._buf):
+                if header_end + AFTER_DATA_TAIL_BYTES > self._size:
                     self._compact()
                     header_end = self._start + HEADER_SIZE
                 # the header and a few bytes more: the small frame that usually ends the data (the call's
@@ -193,21 +199,29 @@ class FrameDecoder:
             # above them stay untouched unless a frame needs them (one view, made once); a dialled connection,
             # which keeps its pages (reuse_large), reads into the whole buffer: a 64 KiB result is one read
             return self._view if self.reuse_large else self._head
-        if end == len(self._buf):
+        if end == self._size:
             self._compact()
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame] | None:
         """``nbytes`` were written into the last ``get_buffer()``: the frames now complete, or None when the read
-        completed frames and the decoder completed all of them itself (see the module docstring)."""
+        completed frames and the decoder completed all of them itself (see the module docstring).
+
+        Raises:
+            ValueError: ``nbytes`` is negative, or more than the buffer given holds.
+        """
         direct = self._direct
         if direct is not None:  # a body received into its own destination
+            if nbytes < 0 or nbytes > len(direct) - self._direct_pos:
+                raise ValueError(f"buffer_updated({nbytes}): the buffer given holds {len(direct) - self._direct_pos}")
             self._direct_pos += nbytes
             if self._direct_pos < len(direct):
                 return []
             frames = [self._finish_direct()]
             self._parse(frames)
             return frames
+        if nbytes < 0 or nbytes > self._size - self._end:
+            raise ValueError(f"buffer_updated({nbytes}): the buffer given holds {self._size - self._end}")
         self._end = end = self._end + nbytes
         if end > self._high:
             self._high = end
@@ -251,6 +265,7 @@ class FrameDecoder:
         """Release the buffers, any bulk destination and the sink (the connection is gone)."""
         self._direct = None
         self._direct_frame = None
+        self._direct_value = None
         self.bulk_sink = None
         self.place_ahead = None
         self.answers = None
@@ -258,8 +273,7 @@ class FrameDecoder:
         self._large = None
         self._head.release()
         self._view.release()
-        self._buf = b""  # closed: the mapping goes with the frames sliced from it
-        self._view = self._head = memoryview(self._buf)
+        self._set_buffer(b"")  # closed: the mapping goes with the frames sliced from it
         self._start = self._end = 0
 
     def release_idle(self) -> None:
@@ -288,7 +302,7 @@ class FrameDecoder:
         """Give the kernel back the receive buffer's pages above KEEP_RECEIVE_BYTES (the buffer is empty): an
         idle connection that once received a large batch costs what a small one does. One ``madvise`` per batch
         that went past the mark; the pages fault back in, zeroed, if used again."""
-        size = min(len(self._buf), -(-self._high // mmap.PAGESIZE) * mmap.PAGESIZE)
+        size = min(self._size, -(-self._high // mmap.PAGESIZE) * mmap.PAGESIZE)
         self._high = 0
         if isinstance(self._buf, mmap.mmap) and size > KEEP_RECEIVE_BYTES:
             self._buf.madvise(mmap.MADV_DONTNEED, KEEP_RECEIVE_BYTES, size - KEEP_RECEIVE_BYTES)
@@ -309,26 +323,32 @@ class FrameDecoder:
         Raises:
             RemoteProtocolError, FrameTooLarge: a bad frame (``_start`` is left at it).
         """
-        view, buf, end, max_body, legal = self._view, self._buf, self._end, self.max_body_bytes, self.legal_kinds
-        unpack_from = _DECODE.unpack_from
+        base: Any = self._base if cython.compiled else self._buf  # (bytes are read from it and sliced out of it)
+        end, max_body, legal = self._end, self.max_body_bytes, self.legal_kinds
         start = self._start
         completed = False
         while self._direct is None:
             if end - start < HEADER_SIZE:
                 self._start = start
                 avail = end - start
-                if avail >= 4 and view[start : start + 2] != MAGIC:
-                    raise RemoteProtocolError(_describe_bad_header(view[start : start + avail]))
+                if avail >= 4 and base[start : start + 2] != MAGIC:
+                    raise RemoteProtocolError(_describe_bad_header(base[start : start + avail]))
                 if avail == 0:
                     self._emptied()
-                elif start + HEADER_SIZE > len(buf):
+                elif start + HEADER_SIZE > self._size:
                     self._compact()
                 return completed
-            (magic, version, kind, flags, provider_id, rpc, length, request_id, deadline, status,
-             parent_provider, parent_rpc, reserved, callpath, trace_lo, trace_hi, span_id, lamport) = unpack_from(view, start)  # fmt: skip
-            if magic != _MAGIC_INT or version != WIRE_VERSION or reserved or not (legal >> kind) & 1:
+            if cython.compiled:
+                h = base + start
+                bad = h[0] != 0x53 or h[1] != 0x46 or h[2] != WIRE_VERSION or _u32(h + 36) != 0
+                kind, flags, length, request_id, status = h[3], _u16(h + 4), _u32(h + 12), _u64(h + 16), _u16(h + 28)
+            else:
+                fields = _DECODE.unpack_from(base, start)
+                bad = fields[0] != _MAGIC_INT or fields[1] != WIRE_VERSION or fields[12] != 0
+                kind, flags, length, request_id, status = fields[2], fields[3], fields[6], fields[7], fields[9]
+            if bad or kind >= 64 or not (legal >> kind) & 1:
                 self._start = start
-                raise RemoteProtocolError(_describe_bad_header(view[start : start + HEADER_SIZE]))
+                raise RemoteProtocolError(_describe_bad_header(base[start : start + HEADER_SIZE]))
             if length > max_body:
                 self._start = start
                 raise FrameTooLarge(
@@ -342,7 +362,7 @@ class FrameDecoder:
                     self._start = start
                     self.held = True
                     return completed
-                taken = self._push_ahead(start, body_end, request_id)
+                taken = self._push_ahead(base, start, body_end, request_id)
                 if taken > 0:  # placed: no frame for it
                     start = taken
                     completed = True
@@ -356,12 +376,11 @@ class FrameDecoder:
                 and body_end <= end
                 and not frames
                 and self.answers is not None
-                and self._answer(request_id, buf[body_start:body_end] if length else b"")
+                and self._answer(request_id, base[body_start:body_end] if length else b"")
             ):
                 start = body_end
                 completed = True
                 continue
-            trace_id = bytes(view[start + 48 : start + 64]) if trace_lo or trace_hi else ZERO_TRACE_ID
             if kind in (K_BULK_DATA_REPLY, K_BULK_DATA_PUSH):
                 self._start = start
                 if frames:
@@ -369,19 +388,18 @@ class FrameDecoder:
                     return completed  # the frames before it may set up its sink: dispatch them first (see more())
                 if self.bulk_sink is None:
                     raise RemoteProtocolError("bulk data frame on a connection that expects none")
-                if body_end > end and length < self._data_max and length + HEADER_SIZE <= len(buf):
+                if body_end > end and length < self._data_max and length + HEADER_SIZE <= self._size:
                     # small data still arriving: wait for all of it here, as for an inline body, so the frame
                     # behind it (the call's RESPONSE) comes in the same read
-                    if body_end > len(buf):
+                    if body_end > self._size:
                         self._compact()
                     return completed
                 dest = self.bulk_sink(kind, request_id, length)
                 if len(dest) != length:
                     raise RemoteProtocolError(f"bulk sink returned {len(dest)} bytes for {length}")
-                frame = Frame(kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider,
-                              parent_rpc, callpath, trace_id, span_id, lamport, None)  # fmt: skip
+                frame = _new_frame(base, start, None)
                 if body_end <= end:  # all of it here: copied, and complete
-                    dest[:] = view[body_start:body_end]
+                    dest[:] = self._view[body_start:body_end]
                     start = body_end
                     self._data_max = 0 if length >= HEADER_FIRST_AFTER_BYTES else HEADER_FIRST_AFTER_BYTES
                     if flags & F_INTO and kind == K_BULK_DATA_REPLY and self._into_answered(request_id):
@@ -390,18 +408,16 @@ class FrameDecoder:
                     frames.append(frame)
                     continue
                 self._start_direct(dest, frame, body_start, frames)
-                view, buf, end, start = self._view, self._buf, self._end, self._start
+                end, start = self._end, self._start
+                base = self._base if cython.compiled else self._buf
                 continue
             if body_end <= end:
-                frames.append(
-                    Frame(kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider, parent_rpc,
-                          callpath, trace_id, span_id, lamport, buf[body_start:body_end] if length else b"")
-                )  # fmt: skip
+                frames.append(_new_frame(base, start, base[body_start:body_end] if length else b""))
                 start = body_end
                 continue
             self._start = start
-            if length + HEADER_SIZE <= len(buf):
-                if body_end > len(buf):
+            if length + HEADER_SIZE <= self._size:
+                if body_end > self._size:
                     self._compact()
                 return completed
             # A body larger than the receive buffer gets a buffer of its own, whose memory the kernel commits
@@ -413,17 +429,30 @@ class FrameDecoder:
                 if frames:
                     self.held = True  # the frames before it are dispatched (and their bodies decoded) first
                     return completed
-                dest = self._large_view(length)
+                if (
+                    cython.compiled
+                    and kind == K_RESPONSE
+                    and not status
+                    and length > 5
+                    and body_start + 5 <= end
+                    and base[body_start] == 0xC6
+                    and _u32be(base + body_start + 1) == length - 5
+                ):  # a large bytes result (one bin 32, its header here): received into the bytes the call returns
+                    value = PyBytes_FromStringAndSize(cython.NULL, length - 5)
+                    self._direct_value = BinBody(value, length)
+                    dest = memoryview(_BytesFiller(value))  # type: ignore[arg-type]  # (compiled: a buffer)
+                    body_start += 5
+                else:
+                    dest = self._large_view(length)
             else:
                 dest = memoryview(lazy_buffer(length))
-            frame = Frame(kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider, parent_rpc,
-                          callpath, trace_id, span_id, lamport, None)  # fmt: skip
-            self._start_direct(dest, frame, body_start, frames)
-            view, buf, end, start = self._view, self._buf, self._end, self._start
+            self._start_direct(dest, _new_frame(base, start, None), body_start, frames)
+            end, start = self._end, self._start
+            base = self._base if cython.compiled else self._buf
         self._start = start
         return completed
 
-    def _answer(self, request_id: int, body: bytes | bytearray) -> bool:
+    def _answer(self, request_id: int, body: bytes) -> bool:
         """The OK answer ``body`` to our call ``request_id``: given to its waiting future (``answers``) as
         ``svcframe.wire.answer_call`` gives it. False when it is not ours to give (no such call, its future done,
         or a body the decoder refuses: the dispatch has the whole of the semantics and the error)."""
@@ -451,7 +480,7 @@ class FrameDecoder:
         waiter.set_result((0, pull.cursor, pull.cursor))
         return True
 
-    def _push_ahead(self, start: int, body_end: int, request_id: int) -> int:
+    def _push_ahead(self, base: Any, start: int, body_end: int, request_id: int) -> int:
         """The push ahead of our call's answer whose BULK_PUSH (flagged NO_REPLY alone, first in its batch: one
         behind other frames is held until they are dispatched) is whole at ``start`` up to ``body_end``: once
         its one data frame (BULK_DATA_PUSH, the same request id, flags 0, under ``_data_max`` bytes) is whole
@@ -468,28 +497,32 @@ class FrameDecoder:
         Raises:
             RemoteProtocolError: ``place_ahead`` returned a buffer that is not ``length`` bytes.
         """
-        view, end, size = self._view, self._end, len(self._buf)
+        end, size = self._end, self._size
         data_start = body_end + HEADER_SIZE
         if data_start > end:
             return -1 if end > body_end and data_start - start <= size else 0
-        header = _DECODE.unpack_from(view, body_end)
-        magic, version, kind, flags, length, data_id, reserved = header[0], *header[1:4], *header[6:8], header[12]
+        if cython.compiled:
+            d = base + body_end
+            ok = d[0] == 0x53 and d[1] == 0x46 and d[2] == WIRE_VERSION and _u32(d + 36) == 0
+            kind, flags, length, data_id = d[3], _u16(d + 4), _u32(d + 12), _u64(d + 16)
+        else:
+            header = _DECODE.unpack_from(base, body_end)
+            ok = header[0] == _MAGIC_INT and header[1] == WIRE_VERSION and header[12] == 0
+            kind, flags, length, data_id = header[2], header[3], header[6], header[7]
         if not (
-            magic == _MAGIC_INT
-            and version == WIRE_VERSION
+            ok
             and kind == K_BULK_DATA_PUSH
             and not flags
-            and not reserved
             and (self.legal_kinds >> kind) & 1
             and data_id == request_id
             and length <= self.max_body_bytes
             and length < self._data_max
         ):
             return 0
-        data_end: int = data_start + length
+        data_end = data_start + length
         if data_end > end:
             return -1 if data_end - start <= size else 0
-        named = _ahead_body(view, start + HEADER_SIZE, body_end)
+        named = _ahead_body(base, start + HEADER_SIZE, body_end)
         if named is None or named[2] != length:
             return 0
         assert self.place_ahead is not None
@@ -498,8 +531,8 @@ class FrameDecoder:
             return 0
         if len(dest) != length:
             raise RemoteProtocolError(f"push ahead placed in {len(dest)} bytes for {length}")
-        dest[:] = view[data_start:data_end]
-        return data_end
+        dest[:] = self._view[data_start:data_end]
+        return data_end  # type: ignore[no-any-return]  # (an int: a header field plus offsets)
 
     def _start_direct(self, dest: memoryview, frame: Frame, body_start: int, frames: list[Frame]) -> None:
         """Receive ``frame``'s body straight into ``dest``, starting with the bytes already buffered."""
@@ -514,11 +547,14 @@ class FrameDecoder:
             frames.append(self._finish_direct())
 
     def _finish_direct(self) -> Frame:
-        dest, frame = self._direct, self._direct_frame
-        self._direct = self._direct_frame = None
+        dest, frame, value = self._direct, self._direct_frame, self._direct_value
+        self._direct = self._direct_frame = self._direct_value = None
         assert dest is not None and frame is not None
         kind = frame.kind
-        if kind in (K_BULK_DATA_REPLY, K_BULK_DATA_PUSH):
+        if value is not None:  # received into the bytes the call returns: nothing writes them from now on
+            dest.release()
+            frame.body = value
+        elif kind in (K_BULK_DATA_REPLY, K_BULK_DATA_PUSH):
             # after a large chunk, more is likely: its bytes go straight to their destination; after a small one,
             # reads go on into the receive buffer (a 64 KiB read by into= is then one read and one copy, where
             # the header-first reads took three)
@@ -528,7 +564,61 @@ class FrameDecoder:
         return frame
 
 
-def _describe_bad_header(header: memoryview) -> str:
+def _new_frame(b: Any, start: int, body: bytes | bytearray | memoryview | BinBody | None) -> Frame:
+    """The Frame of the header at ``b[start:]`` (bytes of the receive buffer; compiled, their address) and
+    ``body``."""
+    if cython.compiled:
+        h = b + start
+        f = Frame.__new__(Frame)
+        f.kind = h[3]
+        f.flags = _u16(h + 4)
+        f.provider_id = _u16(h + 6)
+        f.rpc_id = _u32(h + 8)
+        f.request_id = _u64(h + 16)
+        f.deadline_usec = _u32(h + 24)
+        f.status = _u16(h + 28)
+        f.parent_provider_id = _u16(h + 30)
+        f.parent_rpc_id = _u32(h + 32)
+        f.callpath = _u64(h + 40)
+        f.trace_id = h[48:64] if _u64(h + 48) | _u64(h + 56) else ZERO_TRACE_ID
+        f.span_id = _u64(h + 64)
+        f.lamport = _u64(h + 72)
+        f.body = body
+        return f
+    (_, _, kind, flags, provider_id, rpc, _, request_id, deadline, status, parent_provider, parent_rpc, _,
+     callpath, trace_lo, trace_hi, span_id, lamport) = _DECODE.unpack_from(b, start)  # fmt: skip
+    trace_id = bytes(b[start + 48 : start + 64]) if trace_lo or trace_hi else ZERO_TRACE_ID
+    return Frame(kind, flags, provider_id, rpc, request_id, deadline, status, parent_provider, parent_rpc, callpath,
+                 trace_id, span_id, lamport, body)  # fmt: skip
+
+
+# -- the compiled build's own ------------------------------------------------------------------------------
+def _address(view: memoryview) -> Any:
+    """The address of ``view``'s first byte (NULL when it is empty); ``view`` keeps the buffer in place."""
+    if not len(view):
+        return cython.NULL
+    mv = view
+    return cython.address(mv[0])
+
+
+class _BytesFiller:
+    """A writable buffer over a new bytes object (compiled build): what a large bytes result is received into,
+    so the bytes the call returns are the bytes received, not a copy. It holds the bytes object, so a view of it
+    never outlives them; nobody but the decoder has the view, which it releases before it hands the bytes out."""
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+    @cython.annotation_typing(True)  # type: ignore[untyped-decorator]  # (the buffer protocol's C signature)
+    def __getbuffer__(self, view: cython.pointer[Py_buffer], flags: cython.int) -> None:
+        PyBuffer_FillInfo(view, self, PyBytes_AS_STRING(self.value), len(self.value), 0, flags)
+
+    @cython.annotation_typing(True)  # type: ignore[untyped-decorator]
+    def __releasebuffer__(self, view: cython.pointer[Py_buffer]) -> None:
+        pass
+
+
+def _describe_bad_header(header: bytes | memoryview) -> str:
     raw = bytes(header)
     if raw[:4] in (b"GET ", b"POST", b"HEAD", b"PUT ", b"PRI "):
         return "peer speaks HTTP, not the svcframe protocol (wrong port?)"

@@ -39,17 +39,10 @@ from .errors import (
     status_for,
 )
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
-from .registration import Registration, RegistrationTable
-from .request import EngineAPI, Request, _new_tuple, _sync, _task_request
+from .registration import Registration, RegistrationTable, row_key
+from .request import EngineAPI, Request, _sync, _task_request
 from .tracing import Tracer, new_span_id, new_trace_id
 from .wire import (
-    F_CMA,
-    F_INTO,
-    F_NO_REPLY,
-    F_TRACE_STARTED_HERE,
-    F_TRACED,
-    HEADER_SIZE,
-    K_CANCEL,
     ZERO_COPY_BYTES,
     Frame,
     Kind,
@@ -62,6 +55,19 @@ from .wire import (
     unpack_body,
 )
 
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # (compiled: wire.pxd's and handlers.pxd's C constants)
+    from .wire import F_CMA, F_INTO, F_NO_REPLY, F_TRACE_STARTED_HERE, F_TRACED, HEADER_SIZE, K_CANCEL
+
+    #: Results up to this size are answered in serve itself (under any peer's limit).
+    _SMALL_RESULT_BYTES = 4096
+    #: Request flags the inline fast path leaves to _finish: no reply, or the result goes as data.
+    _NOT_FAST = F_NO_REPLY | F_INTO
+
 if TYPE_CHECKING:
     from .bulk_serving import BulkServing
     from .progress import Progress
@@ -71,14 +77,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("svcframe.engine")
 
 perf_ns = time.perf_counter_ns
-_SMALL_RESULT_BYTES = 4096  # results up to this size are answered in _on_request itself (under any peer's limit)
 #: Results of these types are never awaitable: a sync handler returning one needs no isawaitable check.
 _PLAIN = frozenset({bytes, str, int, float, bool, list, dict, tuple, bytearray})
 #: Results of these types are never sent as data (``_reply_into``) though some offer a buffer.
 _NOT_BUFFERS = frozenset({str, int, float, bool, list, dict, tuple})
-#: Request flags the inline fast path leaves to _finish: no reply, or the result goes as data.
-_NOT_FAST = F_NO_REPLY | F_INTO
-_NO_FRAMES: tuple[Frame, ...] = ()  # (what _dispatching holds between batches)
+_NO_FRAMES: tuple[Frame, ...] = ()  # (what dispatching holds between batches)
 
 
 class Handlers:
@@ -95,6 +98,7 @@ class Handlers:
         tracer: the engine's request tracer, or None (``Engine.set_tracing`` sets it).
         closing: the engine is shutting down: requests are refused with SHUTTING_DOWN.
         tasks: the handlers running as tasks (the engine drains them when it closes).
+        dispatching: the batch of frames whose requests are being served (empty between batches).
         address: the engine's listening address (traces name it), set by ``start``.
     """
 
@@ -121,7 +125,7 @@ class Handlers:
         self.max_inflight_per_connection = config.max_inflight_per_connection
         self.send_tracebacks = config.send_tracebacks
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._dispatching: Sequence[Frame] = _NO_FRAMES  # the batch being dispatched, and the request ids
+        self.dispatching: Sequence[Frame] = _NO_FRAMES  # the batch being dispatched, and the request ids
         self._dispatching_cancels: set[int] | None = None  # its CANCELs name, once _start needs them
         self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
 
@@ -132,11 +136,11 @@ class Handlers:
 
     def batch_begins(self, frames: Sequence[Frame]) -> None:
         """The requests of ``frames`` are about to be served (a request cancelled in its own batch never runs)."""
-        self._dispatching, self._dispatching_cancels = frames, None
+        self.dispatching, self._dispatching_cancels = frames, None
 
     def batch_ends(self) -> None:
         """The batch is served: keep none of its frames (a large body's buffer goes with them)."""
-        self._dispatching = _NO_FRAMES
+        self.dispatching = _NO_FRAMES
 
     def inflight_for(self, provider_id: int) -> list[asyncio.Task[Any]]:
         """The handler tasks of ``provider_id`` still running (a provider being removed waits for them)."""
@@ -146,7 +150,7 @@ class Handlers:
         """Serve the request ``frame`` received on ``conn`` (its batch arrived at ``arrival_ns``, perf_counter_ns,
         and ``arrival``, loop time): answered in this batch when its handler finishes in its first step, else
         run as a task."""
-        reg = self._rows.get((frame.provider_id, frame.rpc_id))
+        reg = self._rows.get(row_key(frame.provider_id, frame.rpc_id))
         if reg is None or self.closing or self._refused:
             if self._refuse(conn, frame, reg):
                 return
@@ -171,10 +175,10 @@ class Handlers:
         if tracer is not None:
             if frame.flags & F_TRACED:
                 tracer.tick(frame.lamport)
-            else:  # a tracing server starts the trace of an untraced call: its handler's calls join it (issue 15)
+            else:  # a tracing server starts the trace of an untraced call: its handler's calls join it
                 flags = frame.flags | F_TRACED | F_TRACE_STARTED_HERE  # (its server span has no remote parent)
                 frame = frame.replace(flags=flags, trace_id=new_trace_id(), span_id=new_span_id())
-        req = _new_tuple(Request, (self.api, conn, reg, frame, arrival))
+        req = _new_request(self.api, conn, reg, frame, arrival)
         if reg.is_coroutine:  # its context is a copy of this one: the request travels in the contextvar
             answer: tuple[int, int, Any] | None = None
             token = _task_request.set(req)
@@ -245,10 +249,10 @@ class Handlers:
         result: Any,
     ) -> asyncio.Task[Any] | None:
         """A sync handler's result other than the common one: sent (``_finish``), or, an awaitable, run as a
-        task, returned for ``_track_task``. (Called from ``_on_request`` and its compiled twin.)"""
+        task, returned for ``_track_task``."""
         if isinstance(result, Done):  # finished when made (a push ahead written at once): answered now, no task
             result = result.value
-            if result is None and not (start_ns or frame.flags & _NOT_FAST):  # (as _on_request's common case)
+            if result is None and not (start_ns or frame.flags & _NOT_FAST):  # (as serve's common case)
                 conn.send(ok_response(frame.request_id, None))
                 return None
         if result is None or type(result) in _PLAIN or not inspect.isawaitable(result):
@@ -291,7 +295,7 @@ class Handlers:
         request_id, usec = frame.request_id, frame.deadline_usec
         cancels = self._dispatching_cancels
         if cancels is None:  # the requests its batch cancels (a request read with its CANCEL never runs)
-            cancels = self._dispatching_cancels = {f.request_id for f in self._dispatching if f.kind == K_CANCEL}
+            cancels = self._dispatching_cancels = {f.request_id for f in self.dispatching if f.kind == K_CANCEL}
         return not (
             (usec and perf_ns() - arrival_ns >= usec * 1000) or request_id in cancels or request_id in conn.serving
         )
@@ -362,7 +366,7 @@ class Handlers:
                 unrun and not conn.closed and conn.serving.get(request_id) is task
             ):  # cancelled before its first step: nothing ran and nothing answered yet
                 frame = task.svcframe_frame
-                self._count_error(conn, frame, self._rows.get((frame.provider_id, frame.rpc_id)))
+                self._count_error(conn, frame, self._rows.get(row_key(frame.provider_id, frame.rpc_id)))
                 if self.closing:
                     conn.reply_error(frame, Status.SHUTTING_DOWN, "the server shut down before it ran")
                 elif getattr(task, "svcframe_deadline_passed", False):
@@ -482,7 +486,7 @@ class Handlers:
             if len(buf) > FOLD_AT:
                 rec.fold()
         tracer = self.tracer
-        if tracer is not None:  # the trace and span of an untraced call were started in _on_request
+        if tracer is not None:  # the trace and span of an untraced call were started in serve
             traced = frame.flags & F_TRACED
             tracer.target(reg.name, start_ns / 1e3 + self._epoch_offset_us, (end_ns - start_ns) / 1e3,
                           frame.trace_id if traced else new_trace_id(), frame.span_id if traced else new_span_id(),
@@ -583,6 +587,17 @@ class Handlers:
         if self.monitor.enabled and reg is not None:
             key = (frame.parent_rpc_id, frame.parent_provider_id, reg.rpc_id, reg.provider_id, conn.peer_label)
             (self.monitor.target.get(key) or self.monitor.target_record(key)).errors += 1
+
+
+def _new_request(engine: EngineAPI, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
+    """A handler's Request, made without running an ``__init__`` (one per call)."""
+    req = Request.__new__(Request)
+    req.engine = engine
+    req.conn = conn
+    req.reg = reg
+    req.frame = frame
+    req.arrival = arrival
+    return req
 
 
 def _expire_handler(task: asyncio.Task[Any]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
@@ -23,17 +22,38 @@ Handler = Callable[[Any, Any], Any]
 MAX_PROVIDER_ID = 0xFFFE
 
 
-@dataclass(slots=True, eq=False)  # identity semantics: hashable, used as a cache key
 class Registration:
-    """One row of the registration table."""
+    """One row of the registration table: the handler of RPC ``name`` (wire id ``rpc_id``) of ``provider_id``,
+    whether it is an ``async def`` (``is_coroutine``), the provider object that registered it (``owner``), and
+    when its last failure was logged (``last_logged``, monotonic seconds: one traceback a second). Compared by
+    identity (a statistics cache key)."""
 
-    provider_id: int
-    name: str
-    rpc_id: int
-    handler: Handler
-    is_coroutine: bool
-    owner: object = None  # the provider object, when registered by one
-    last_logged: float = -1e9  # monotonic time of the last handler failure logged (one traceback a second)
+    def __init__(
+        self,
+        provider_id: int,
+        name: str,
+        rpc_id: int,
+        handler: Handler,
+        is_coroutine: bool,
+        owner: object = None,
+        last_logged: float = -1e9,
+    ) -> None:
+        self.provider_id = provider_id
+        self.name = name
+        self.rpc_id = rpc_id
+        self.handler = handler
+        self.is_coroutine = is_coroutine
+        self.owner = owner
+        self.last_logged = last_logged
+
+    def __repr__(self) -> str:
+        return f"Registration({self.name!r}, provider_id={self.provider_id}, rpc_id={self.rpc_id:#010x})"
+
+
+def row_key(provider_id: int, rpc_id: int) -> int:
+    """The key of the row of RPC ``rpc_id`` (32 bits) of ``provider_id`` (16 bits) in ``RegistrationTable.rows``:
+    one int, hashed without a tuple."""
+    return (provider_id << 32) | rpc_id
 
 
 class RegistrationTable:
@@ -43,14 +63,12 @@ class RegistrationTable:
         names: where the name of every RPC id seen is recorded (the statistics print names, not ids).
 
     Attributes:
-        rows: ``(provider_id, rpc_id) -> Registration``; the request path reads it directly.
+        rows: ``row_key(provider_id, rpc_id) -> Registration``; the request path reads it directly.
         refused: provider ids being removed -> the reason new calls get.
     """
 
-    __slots__ = ("ids", "names", "providers", "refused", "rows")
-
     def __init__(self, names: dict[int, str] | None = None) -> None:
-        self.rows: dict[tuple[int, int], Registration] = {}
+        self.rows: dict[int, Registration] = {}
         self.providers: dict[int, set[str]] = {}
         self.refused: dict[int, str] = {}
         self.names = names if names is not None else {}
@@ -74,12 +92,12 @@ class RegistrationTable:
         if not 0 <= provider_id <= MAX_PROVIDER_ID:
             raise ConfigError(f"provider_id {provider_id} is outside 0..{MAX_PROVIDER_ID} (65535 is reserved)")
         rid = self.rpc_id(name)
-        existing = self.rows.get((provider_id, rid))
+        existing = self.rows.get(row_key(provider_id, rid))
         if existing is not None:
             what = "already registered" if existing.name == name else f"collides with {existing.name!r}"
             raise ConfigError(f"RPC {name!r} of provider {provider_id} {what}")
         reg = Registration(provider_id, name, rid, handler, inspect.iscoroutinefunction(handler), owner)
-        self.rows[(provider_id, rid)] = reg
+        self.rows[row_key(provider_id, rid)] = reg
         self.providers.setdefault(provider_id, set()).add(name)
         self.refused.pop(provider_id, None)
         return reg
@@ -87,7 +105,7 @@ class RegistrationTable:
     def deregister_provider(self, provider_id: int) -> None:
         """Remove every RPC of ``provider_id``; new calls to it get NoSuchProvider."""
         for name in self.providers.pop(provider_id, set()):
-            self.rows.pop((provider_id, self.rpc_id(name)), None)
+            self.rows.pop(row_key(provider_id, self.rpc_id(name)), None)
         self.refused.pop(provider_id, None)
 
     def refuse_provider(self, provider_id: int, reason: str) -> None:

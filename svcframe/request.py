@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import operator
 import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
     from .transport import Connection
 
 __all__ = ["EngineAPI", "Request", "current_callpath", "current_request"]
-
-_new_tuple = tuple.__new__  # builds a Request without running its Python-level __new__
 
 
 class EngineAPI(Protocol):
@@ -68,26 +65,29 @@ class EngineAPI(Protocol):
     ) -> Coroutine[Any, Any, None]: ...
 
 
-class Request(tuple[Any, ...]):
+class Request:
     """What a handler learns about the call it serves (its first argument).
 
     Attributes:
         engine: the engine serving the call (make nested calls and bulk transfers through it).
         conn: the connection the request arrived on.
+        reg: its row of the registration table (``svcframe.registration.Registration``).
+        frame: the REQUEST frame (``svcframe.wire.Frame``).
         arrival: loop time (seconds) when the request was received.
     """
 
-    # A tuple underneath: one is built per call, and building a tuple costs a third of running an __init__.
-    __slots__ = ()
+    engine: EngineAPI
+    conn: Connection
+    reg: Registration
+    frame: Frame
+    arrival: float
 
-    engine: EngineAPI = property(operator.itemgetter(0))  # type: ignore[assignment]
-    conn: Connection = property(operator.itemgetter(1))  # type: ignore[assignment]
-    reg: Registration = property(operator.itemgetter(2))  # type: ignore[assignment]
-    frame: Frame = property(operator.itemgetter(3))  # type: ignore[assignment]
-    arrival: float = property(operator.itemgetter(4))  # type: ignore[assignment]
-
-    def __new__(cls, engine: EngineAPI, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> Request:
-        return _new_tuple(cls, (engine, conn, reg, frame, arrival))
+    def __init__(self, engine: EngineAPI, conn: Connection, reg: Registration, frame: Frame, arrival: float) -> None:
+        self.engine = engine
+        self.conn = conn
+        self.reg = reg
+        self.frame = frame
+        self.arrival = arrival
 
     def __repr__(self) -> str:
         return f"Request({self.reg.name!r}, provider_id={self.reg.provider_id}, request_id={self.frame.request_id})"

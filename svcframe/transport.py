@@ -17,7 +17,7 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from . import cma
 from .errors import ConfigError, ConnectionLost, ProtocolError, RemoteProtocolError, Status
@@ -26,13 +26,20 @@ from .protocol import Protocol as ProtocolState
 from .wire import (
     DEFAULT_BULK_CHUNK_BYTES,
     DEFAULT_MAX_BODY_BYTES,
-    F_NO_REPLY,
     Frame,
     Kind,
     encode_frame,
     encode_header,
     pack_body,
 )
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # (compiled: wire.pxd's C constants)
+    from .wire import F_NO_REPLY
 
 log = logging.getLogger("svcframe.transport")
 
@@ -42,13 +49,13 @@ SCHEMES = ("tcp", "unix")
 DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 #: A peer must complete the handshake within this time, or it is disconnected (seconds).
 DEFAULT_HANDSHAKE_TIMEOUT_SECONDS = 10.0
-#: Replies of one received batch are written as soon as they pass this many bytes (bounded memory).
-BATCH_FLUSH_BYTES = 1024 * 1024
-#: Frames of one connection dispatched in one turn of the loop; the rest wait for the next turn, reading
-#: paused (Connection._dispatch). A pipelined flood's read of 256 KiB holds about 2,600 small requests, some
-#: 25 ms of handlers: the other connections waited that long (a health call took 127 ms under the hostile
-#: suite's attack once); a share of 256 is about 2.5 ms.
-FRAMES_PER_TURN = 256
+if not cython.compiled:  # (compiled: transport.pxd's C constants, which this module also exports as ints)
+    #: Replies of one received batch are written as soon as they pass this many bytes (bounded memory).
+    BATCH_FLUSH_BYTES = 1024 * 1024
+    #: Frames of one connection dispatched in one turn of the loop; the rest wait for the next turn, reading
+    #: paused (Connection._dispatch): a peer's pipelined flood does not hold up the other connections (a
+    #: read of 256 KiB holds about 2,600 small requests, tens of milliseconds of handlers; 256 are a tenth).
+    FRAMES_PER_TURN = 256
 
 
 @dataclass(frozen=True)
@@ -101,21 +108,37 @@ def parse_address(text: str) -> Address:
     return Address("tcp", host=host, port=int(port_text))
 
 
-class ConnectionOwner(Protocol):
-    """What a connection reports to (the engine)."""
+class ConnectionOwner:
+    """What a connection reports to (the engine's ``svcframe.connections.Connections``): the interface, whose
+    methods a subclass defines."""
 
-    def on_frames(self, conn: Connection, frames: list[Frame]) -> None: ...
-    def on_answers(self, conn: Connection) -> None: ...
-    def on_open(self, conn: Connection) -> None: ...
-    def on_close(self, conn: Connection, exc: BaseException | None) -> None: ...
-    def admit(self, conn: Connection) -> str | None: ...
+    def on_frames(self, conn: Connection, frames: list[Frame]) -> None:
+        """A batch of frames received on ``conn``: dispatch them, in order."""
+        raise NotImplementedError
+
+    def on_answers(self, conn: Connection) -> None:
+        """A read of ``conn`` completed frames its decoder completed itself (answers to our calls)."""
+        raise NotImplementedError
+
+    def on_open(self, conn: Connection) -> None:
+        """``conn`` completed its handshake."""
+        raise NotImplementedError
+
+    def on_close(self, conn: Connection, exc: BaseException | None) -> None:
+        """``conn`` is gone (``exc``: why, when the transport knows)."""
+        raise NotImplementedError
+
+    def admit(self, conn: Connection) -> str | None:
+        """An accepted ``conn``: None to take it, else the refusal sent to its peer."""
+        raise NotImplementedError
 
 
-class Connection(asyncio.BufferedProtocol):
+class Connection:
     """The asyncio pump around one connection's sans-IO ``svcframe.protocol.Protocol``: it receives into
     the protocol's buffers, writes what the protocol and the owner produce, reports the handshake's outcome
     and hands the frames of each received batch to its *owner* (the engine). Everything sent while a
-    batch is dispatched leaves in one write at the end of the batch.
+    batch is dispatched leaves in one write at the end of the batch. ``ConnectionProtocol`` is the asyncio
+    protocol class that listeners and dials make.
 
     Attributes:
         protocol: the connection's state (phase, handshake, tables).
@@ -147,11 +170,9 @@ class Connection(asyncio.BufferedProtocol):
             Role.SERVER if server_side else Role.CLIENT, identity, max_body_bytes=max_body_bytes,
             max_pushes=max_inflight,
         )  # fmt: skip
+        self._decoder = proto.decoder
         self.pending = proto.pending
         self.serving = proto.serving
-        self.next_request_id = proto.next_request_id
-        # the loop asks for a buffer before every read: straight to the decoder, two Python calls fewer
-        self.get_buffer = proto.decoder.get_buffer  # type: ignore[method-assign]
         self.max_output_bytes = max_output_bytes
         self.handshake_timeout_seconds = handshake_timeout_seconds
         self.transport: asyncio.Transport | None = None
@@ -196,11 +217,10 @@ class Connection(asyncio.BufferedProtocol):
         self._drain: asyncio.Future[None] | None = None
         self._cork: list[bytes | memoryview] | None = None  # requests held until the loop's next turn
         self._backlog: list[Frame] | None = None  # frames received beyond one turn's share (FRAMES_PER_TURN)
-        self._decode: Any = None  # the decoder's buffer_updated, once the handshake opened the connection
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
     # a stream protocol is given its stream's transport, which writes (typeshed: any BaseTransport)
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.last_activity = time.monotonic()
         sock = transport.get_extra_info("socket")
@@ -238,7 +258,15 @@ class Connection(asyncio.BufferedProtocol):
             self.abort(RemoteProtocolError(f"no handshake within {self.handshake_timeout_seconds:g} s"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.protocol.get_buffer()  # (replaced per instance by the decoder's own: see __init__)
+        return self._decoder.get_buffer(sizehint)  # (in every phase: the handshake's frames too)
+
+    def next_request_id(self) -> int:
+        """A fresh request id for an outgoing call or bulk transfer (``Protocol.next_request_id``).
+
+        Raises:
+            LocalProtocolError: the connection failed or was never opened.
+        """
+        return self.protocol.next_request_id()
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
@@ -247,7 +275,7 @@ class Connection(asyncio.BufferedProtocol):
         frames: list[Frame] | None
         try:
             # open: the decoder itself (what Protocol.receive does in OPEN, one call fewer per read)
-            frames = self._decode(nbytes) if self._open else self._handshake_step(proto.receive(nbytes))
+            frames = self._decoder.buffer_updated(nbytes) if self._open else self._handshake_step(proto.receive(nbytes))
             if not frames:
                 if frames is None:  # the decoder answered our calls itself (FrameDecoder.answers): frames completed
                     self.last_activity = now = time.monotonic()
@@ -319,14 +347,13 @@ class Connection(asyncio.BufferedProtocol):
             self.peer_cma, self.peer_cma_write, self.peer_cma_offer = peer.cma, peer.cma_write, peer.cma_offer
             self.peer_cma_split_push, self.peer_push_ahead = peer.cma_split_push, peer.push_ahead
             # Statistics are kept per peer label: a server's address, or for client-only peers (no address) one
-            # label per client host, so churn of short connections from ephemeral ports adds no record (issue 13).
+            # label per client host, so churn of short connections from ephemeral ports adds no record.
             self.peer_label = peer.address or f"clients@{self.peer_host or 'local'}"
             self._open = True
-            self._decode = self.protocol.decoder.buffer_updated
-            # our calls' futures, which the decoder's compiled loop may answer itself (what on_frames would do), and
-            # the into= calls' pulls, whose one data frame is their answer
-            self.protocol.decoder.answers = self.pending
-            self.protocol.decoder.into_pulls = self.protocol.pulls
+            # our calls' futures, which the decoder answers itself (what on_frames would do), and the into= calls'
+            # pulls, whose one data frame is their answer
+            self._decoder.answers = self.pending
+            self._decoder.into_pulls = self.protocol.pulls
             if self._handshake_timer is not None:
                 self._handshake_timer.cancel()
                 self._handshake_timer = None
@@ -627,6 +654,14 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.abort()
 
 
+class ConnectionProtocol(Connection, asyncio.BufferedProtocol):  # type: ignore[misc]  # (connection_made's transport)
+    """A ``Connection`` as asyncio's buffered protocol (the selector loop reads into ``get_buffer`` only for a
+    ``BufferedProtocol``; uvloop for any protocol that has it): what listeners and dials make; everything is
+    ``Connection``'s."""
+
+    __slots__ = ()
+
+
 def _endpoint(name: Any) -> str:
     """One end of a connection as the handshake names it: "host:port" (tcp) or the socket path (unix)."""
     if isinstance(name, tuple):
@@ -636,7 +671,7 @@ def _endpoint(name: Any) -> str:
     return str(name or "")
 
 
-ConnFactory = Callable[[], Connection]
+ConnFactory = Callable[[], ConnectionProtocol]
 
 
 async def listen(
@@ -685,7 +720,7 @@ def _remove_stale_socket(path: str) -> None:
     raise ConnectionLost(f"cannot listen on unix://{path}: another process is listening there")
 
 
-async def dial(address: Address, factory: ConnFactory, *, local_host: str | None = None) -> Connection:
+async def dial(address: Address, factory: ConnFactory, *, local_host: str | None = None) -> ConnectionProtocol:
     """Open a connection (not yet handshaken: await ``conn.ready``).
 
     Raises:

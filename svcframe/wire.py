@@ -71,6 +71,23 @@ from .errors import (  # Status: errors owns the table
     Status,
 )
 
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # the C functions the compiled branches call (wire.pxd): never reached interpreted
+    PyBytes_FromStringAndSize: Any = None
+    PyBytes_AS_STRING: Any = None
+    PyUnicode_DecodeUTF8: Any = None
+    PyFloat_Unpack4: Any = None
+    PyFloat_Unpack8: Any = None
+    memcpy: Any = None
+    memset: Any = None
+    _put16: Any = None  # (these three: svcframe/_bytes.pxd)
+    _put32: Any = None
+    _put64: Any = None
+
 __all__ = [
     "DEBUG_WIRE",
     "DEFAULT_MAX_BODY_BYTES",
@@ -92,11 +109,20 @@ __all__ = [
 ]
 
 MAGIC = b"SF"
-WIRE_VERSION = 1
 HEADER = struct.Struct("<2sBBHHIIQIHHIIQ16sQQ")
-HEADER_SIZE = HEADER.size  # 80
-assert HEADER_SIZE == 80
-NO_PARENT_PROVIDER = 0xFFFF
+
+# The header's constants, and plain-int copies of the kinds, flags and statuses for the hot paths (IntEnum and
+# IntFlag operations run Python code; comparisons with these ints do not). Compiled, they are C constants
+# (wire.pxd's ``cpdef enum``, which this module also exports as ints); interpreted, they are these.
+if not cython.compiled:
+    WIRE_VERSION = 1
+    HEADER_SIZE = 80
+    NO_PARENT_PROVIDER = 0xFFFF
+    K_HELLO, K_REQUEST, K_RESPONSE, K_CANCEL = 1, 2, 3, 4
+    K_BULK_PULL, K_BULK_PUSH, K_BULK_DATA_REPLY, K_BULK_DATA_PUSH, K_GOODBYE = 5, 6, 7, 8, 9
+    F_TRACED, F_IDEMPOTENT, F_NO_REPLY, F_CMA, F_INTO, F_TRACE_STARTED_HERE = 1, 2, 4, 8, 16, 0x8000
+    S_OK = 0
+assert HEADER.size == HEADER_SIZE
 
 #: Default cap on an inline (msgpack) body: 4 MiB, like gRPC's default receive limit. Large payloads
 #: belong in bulk transfers, which are chunked and never limited by this.
@@ -150,7 +176,7 @@ class Frame:
     frame of equal fields. ``trace_id`` is 16 bytes; the other header fields are unsigned ints.
     """
 
-    __slots__ = _FRAME_FIELDS = (
+    __slots__ = (  # noqa: RUF023  (the constructor's order)
         "kind", "flags", "provider_id", "rpc_id", "request_id", "deadline_usec", "status", "parent_provider_id",
         "parent_rpc_id", "callpath", "trace_id", "span_id", "lamport", "body",
     )  # fmt: skip
@@ -202,7 +228,7 @@ class Frame:
         Raises:
             TypeError: a name that is not a field.
         """
-        fields = dict(zip(Frame._FRAME_FIELDS, self.fields(), strict=True))
+        fields = dict(zip(_FRAME_FIELDS, self.fields(), strict=True))
         unknown = set(changes) - fields.keys()
         if unknown:
             raise TypeError(f"Frame has no field {sorted(unknown)[0]!r}")
@@ -217,16 +243,11 @@ class Frame:
     __hash__ = None  # type: ignore[assignment]  # (compared by value; a body may be a buffer)
 
     def __repr__(self) -> str:
-        named = ", ".join(f"{name}={value!r}" for name, value in zip(Frame._FRAME_FIELDS, self.fields(), strict=True))
+        named = ", ".join(f"{name}={value!r}" for name, value in zip(_FRAME_FIELDS, self.fields(), strict=True))
         return f"Frame({named})"
 
 
-# Plain-int copies of the kinds, flags and statuses for the hot paths (IntEnum/IntFlag operations run
-# Python code; comparisons with these ints do not).
-K_HELLO, K_REQUEST, K_RESPONSE, K_CANCEL = 1, 2, 3, 4
-K_BULK_PULL, K_BULK_PUSH, K_BULK_DATA_REPLY, K_BULK_DATA_PUSH, K_GOODBYE = 5, 6, 7, 8, 9
-F_TRACED, F_IDEMPOTENT, F_NO_REPLY, F_CMA, F_INTO, F_TRACE_STARTED_HERE = 1, 2, 4, 8, 16, 0x8000
-S_OK = 0
+_FRAME_FIELDS = Frame.__slots__
 
 
 def rpc_id(name: str) -> int:
@@ -348,8 +369,25 @@ def request_frame(
     """A REQUEST frame, header and body in one bytes object (status and reserved bits 0).
 
     Raises:
-        struct.error: a field out of its range (``HEADER``: 16, 32 or 64 bits, unsigned).
+        struct.error (interpreted), OverflowError (compiled): a field out of its range (``HEADER``: 16, 32 or
+            64 bits, unsigned).
     """
+    if cython.compiled and type(body) is bytes and len(trace_id) == 16:
+        n = len(body)
+        out = _new_frame_bytes(n)
+        p = _frame_data(out)
+        _put_header(p, K_REQUEST, flags, n, request_id)
+        _put16(p + 6, provider_id)
+        _put32(p + 8, rpc_id)
+        _put32(p + 24, deadline_usec)
+        _put16(p + 30, parent_provider_id)
+        _put32(p + 32, parent_rpc_id)
+        _put64(p + 40, callpath)
+        memcpy(p + 48, _bytes_data(trace_id), 16)
+        _put64(p + 64, span_id)
+        _put64(p + 72, lamport)
+        memcpy(p + HEADER_SIZE, _bytes_data(body), n)
+        return out
     return pack_request_header(flags, provider_id, rpc_id, len(body), request_id, deadline_usec, 0,
                                parent_provider_id, parent_rpc_id, 0, callpath, trace_id, span_id, lamport) + body  # fmt: skip
 
@@ -363,8 +401,65 @@ def ok_response(request_id: int, result: bytes | None) -> bytes:
     """
     if result is not None and type(result) is not bytes:
         raise TypeError(f"ok_response takes None or bytes, not {type(result).__name__}")
+    if cython.compiled:
+        if result is None:
+            out = _new_frame_bytes(1)
+            p = _frame_data(out)
+            _put_header(p, K_RESPONSE, 0, 1, request_id)
+            p[HEADER_SIZE] = 0xC0
+            return out
+        n = len(result)
+        head = 2 if n < 0x100 else 3 if n < 0x10000 else 5  # bin 8, 16, 32 (bin_header)
+        out = _new_frame_bytes(head + n)
+        p = _frame_data(out)
+        _put_header(p, K_RESPONSE, 0, head + n, request_id)
+        q = p + HEADER_SIZE
+        if head == 2:
+            q[0], q[1] = 0xC4, n
+        elif head == 3:
+            q[0], q[1], q[2] = 0xC5, n >> 8, n & 0xFF
+        else:
+            q[0], q[1], q[2], q[3], q[4] = 0xC6, n >> 24, (n >> 16) & 0xFF, (n >> 8) & 0xFF, n & 0xFF
+        memcpy(q + head, _bytes_data(result), n)
+        return out
     body = b"\xc0" if result is None else bin_header(len(result)) + result
     return pack_ok_response_header(len(body), request_id) + body
+
+
+def data_reply_header(flags: int, length: int, request_id: int) -> bytes:
+    """The header of a BULK_DATA_REPLY of ``length`` bytes of data for ``request_id``, with ``flags``."""
+    if cython.compiled:
+        out = _new_frame_bytes(0)
+        _put_header(_frame_data(out), K_BULK_DATA_REPLY, flags, length, request_id)
+        return out
+    return pack_data_reply_header_flags(flags, length, request_id)
+
+
+# -- the compiled build's leaf byte loops (wire.pxd declares them inline): a frame's bytes written in place --
+def _new_frame_bytes(body_length: int) -> bytes:
+    """A new, uninitialised bytes object of a header and ``body_length`` bytes (filled by the caller)."""
+    return PyBytes_FromStringAndSize(cython.NULL, HEADER_SIZE + body_length)  # type: ignore[no-any-return]
+
+
+def _frame_data(out: bytes) -> Any:
+    """The first byte of ``out``, a bytes object just made by ``_new_frame_bytes`` and not yet shared."""
+    return cython.cast(cython.p_uchar, PyBytes_AS_STRING(out))
+
+
+def _bytes_data(b: bytes) -> Any:
+    """The first byte of the bytes object ``b``."""
+    return cython.cast(cython.p_uchar, PyBytes_AS_STRING(b))
+
+
+def _put_header(p: Any, kind: int, flags: int, body_length: int, request_id: int) -> None:
+    """The header at ``p`` of a frame of ``kind``: magic, version, kind, flags, body length, request id, no
+    parent provider, zeros elsewhere."""
+    memset(p, 0, HEADER_SIZE)
+    p[0], p[1], p[2], p[3] = 0x53, 0x46, WIRE_VERSION, kind  # b"SF"
+    _put16(p + 4, flags)
+    _put32(p + 12, body_length)
+    _put64(p + 16, request_id)
+    _put16(p + 30, NO_PARENT_PROVIDER)
 
 
 #: ``pack_ok_response_header(body_length, request_id) -> bytes``: the header of a RESPONSE with status OK.
@@ -469,6 +564,12 @@ def unpack_body(body: bytes | bytearray | memoryview | BinBody) -> object:
         return body.value
     if not body:
         return None
+    if cython.compiled and type(body) is bytes:  # a small body is decoded here, without msgpack's call
+        n = len(body)
+        pos = 0
+        value = _small_item(_bytes_data(body), cython.address(pos), n, 0)
+        if value is not _NOT_SMALL and pos == n:
+            return value
     try:
         value = msgpack.unpackb(  # raw=False, strict_map_key=True, use_list=True are msgpack's defaults
             body,
@@ -486,6 +587,97 @@ def unpack_body(body: bytes | bytearray | memoryview | BinBody) -> object:
 
 
 _NIL = b"\xc0"  # msgpack's nil: the body of a None result
+_NOT_SMALL = object()  # what _small_item gives for an item it leaves to msgpack
+
+
+def _small_item(b: Any, at: Any, end: int, depth: int) -> object:
+    """The compiled build's decoder of one small msgpack item at ``b[at[0]]``, below ``end``, as
+    ``msgpack.unpackb`` decodes it with svcframe's options (raw=False, strict UTF-8, lists, str map keys): nil,
+    a bool, an int of any width, a float, a str or a bin up to 255 bytes, and, ``depth`` below 2, a fixarray or a
+    fixmap with str keys (up to 15 entries) of such items; ``at[0]`` moves past it. ``_NOT_SMALL`` for anything
+    else (a truncated item, another type, a key that is not a str, invalid UTF-8): ``unpack_body`` then calls
+    msgpack, which decodes it or raises its error. A noop call's ``[0, None, None, b""]`` costs msgpack's call
+    more than its decoding (its keyword arguments)."""
+    pos = at[0]
+    if pos >= end:
+        return _NOT_SMALL
+    c = b[pos]
+    pos += 1
+    if c <= 0x7F:  # positive fixint
+        value: object = c
+    elif c >= 0xE0:  # negative fixint
+        value = cython.cast(cython.int, c) - 256
+    elif c == 0xC0:
+        value = None
+    elif c == 0xC2:
+        value = False
+    elif c == 0xC3:
+        value = True
+    elif 0xA0 <= c <= 0xBF or c == 0xD9 or c == 0xC4:  # fixstr, str 8, bin 8
+        if 0xA0 <= c <= 0xBF:
+            n = c & 0x1F
+        elif pos < end:
+            n = b[pos]
+            pos += 1
+        else:
+            return _NOT_SMALL
+        if n > end - pos:
+            return _NOT_SMALL
+        if c == 0xC4:
+            value = b[pos : pos + n]
+        else:
+            try:
+                value = PyUnicode_DecodeUTF8(cython.cast(cython.p_char, b + pos), n, cython.NULL)
+            except UnicodeDecodeError:
+                return _NOT_SMALL
+        pos += n
+    elif 0xCC <= c <= 0xD3:  # uint 8-64, int 8-64
+        width = 1 << ((c - 0xCC) & 3)
+        if end - pos < width:
+            return _NOT_SMALL
+        u = 0
+        for i in range(width):
+            u = (u << 8) | b[pos + i]
+        pos += width
+        if c <= 0xCF:
+            value = u
+        else:  # sign-extended from its width
+            shift = 64 - 8 * width
+            value = cython.cast(cython.longlong, u << shift) >> shift
+    elif c == 0xCA or c == 0xCB:  # float 32, float 64 (as msgpack reads them)
+        width = 4 if c == 0xCA else 8
+        if end - pos < width:
+            return _NOT_SMALL
+        if width == 4:
+            value = PyFloat_Unpack4(cython.cast(cython.p_char, b + pos), 0)
+        else:
+            value = PyFloat_Unpack8(cython.cast(cython.p_char, b + pos), 0)
+        pos += width
+    elif 0x80 <= c <= 0x9F and depth < 2:  # fixmap, fixarray
+        n = c & 0x0F
+        at[0] = pos
+        if c <= 0x8F:
+            mapping = {}
+            for _ in range(n):
+                key = _small_item(b, at, end, depth + 1)
+                if type(key) is not str:  # (_NOT_SMALL too; a key that is not a str is msgpack's to refuse)
+                    return _NOT_SMALL
+                item = _small_item(b, at, end, depth + 1)
+                if item is _NOT_SMALL:
+                    return _NOT_SMALL
+                mapping[key] = item
+            return mapping
+        items = []
+        for _ in range(n):
+            item = _small_item(b, at, end, depth + 1)
+            if item is _NOT_SMALL:
+                return _NOT_SMALL
+            items.append(item)
+        return items
+    else:
+        return _NOT_SMALL
+    at[0] = pos
+    return value
 
 
 def answer_call(waiter: Any, status: int, body: bytes | bytearray | memoryview | BinBody) -> None:

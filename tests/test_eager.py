@@ -259,7 +259,7 @@ async def test_no_batch_is_kept_once_dispatched(server: Engine, client: Engine) 
     """The engine keeps its batch of requests (for the CANCELs in it) only while it dispatches it: after, no
     frame of it, nor the buffer a large body lives in, stays referenced from the engine."""
     assert await client.call(server.address, "echo", b"x" * 100_000, provider_id=1) == b"x" * 100_000
-    assert len(server.handlers._dispatching) == 0
+    assert len(server.handlers.dispatching) == 0
 
 
 async def test_done_is_a_finished_coroutine_however_it_is_awaited() -> None:

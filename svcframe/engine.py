@@ -375,7 +375,9 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
         socket closed.
 
         Raises:
-            DeadlineExceeded, ConnectionLost, AuthenticationFailed; ConfigError for a malformed address.
+            DeadlineExceeded: the dial or the handshake did not complete in time.
+            ConnectionLost: the address could not be reached (AuthenticationFailed: the handshake was refused).
+            ConfigError: a malformed address.
         """
         conn = self._conns.get(address)
         if conn is not None and not conn.closed:

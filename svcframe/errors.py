@@ -277,7 +277,9 @@ def error_from_status(status: int, info: Any, name: str, provider_id: int, addre
     Args:
         status: the response's status (``Status`` value; unknown values give a plain ``RPCError``).
         info: the decoded response body (a message string, or the list the status defines).
-        name, provider_id, address: the call, named in the message.
+        name: the call's RPC name, named in the message.
+        provider_id: the call's provider id, named in the message.
+        address: the server's address, named in the message.
     """
     where = f"{name!r} (provider {provider_id}) at {address}"
     if status == Status.HANDLER_ERROR and isinstance(info, list) and len(info) == 3:

@@ -264,7 +264,7 @@ class BlobProvider(Provider):
         file_name = uuid.uuid4().hex
         path = self.path / file_name
         digest = hashlib.sha256()
-        # Nothing is allocated or created for the caller before its first bytes arrived (issue 13): the chunk
+        # Nothing is allocated or created for the caller before its first bytes arrived: the chunk
         # buffers are lazily committed mappings, and the file is created once the first chunk is in.
         chunk = min(self.settings.chunk_bytes, max(size, 1))
         buffers = (lazy_buffer(chunk), lazy_buffer(chunk))

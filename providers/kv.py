@@ -436,7 +436,7 @@ class KVProvider(Provider):
             raise ValueTooLarge(
                 f"the value is {size} bytes, over this provider's max_value_bytes ({self.settings.max_value_bytes})"
             )
-        # pages are committed as the owner's bytes arrive: a size claim alone costs nothing (issue 13)
+        # pages are committed as the owner's bytes arrive: a size claim alone costs nothing
         value = memoryview(lazy_buffer(size)) if size else b""
         if size:
             await req.engine.pull(handle, value, size=size, timeout_seconds=req.remaining_seconds())

@@ -23,8 +23,8 @@ started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the eng
 ``place-ahead`` a push ahead placed by the caller's decoder (FrameDecoder.place_ahead) or dispatched as frames;
 ``compiled-push`` a push ahead written and placed by the compiled twins (svcframe._speedups.push_ahead_now and
 place_ahead) or by their Python definitions (Engine.push, BulkServing._place_ahead); ``inline`` the method
-("on") or the same bytes returned as the call's ``bytes`` result ("off"): issue 14's "a bulk read >= the inline
-result". ``--async-handler``: the server's push handler written ``async def ... await
+("on") or the same bytes returned as the call's ``bytes`` result ("off"): does a bulk read beat the inline
+result? ``--async-handler``: the server's push handler written ``async def ... await
 req.engine.push(...)`` instead of a sync one returning ``req.engine.push(...)``.
 """
 

@@ -1,5 +1,5 @@
 """The compiled request, read and call paths (svcframe._speedups.serve_request, ConnectionState.buffer_updated and
-begin_call, issue 14) against their definitions (Handlers._on_request, Connection.buffer_updated and
+begin_call) against their definitions (Handlers._on_request, Connection.buffer_updated and
 Calls._call_once): the same calls, made through each, end the same way for the caller, count the same in both
 engines' statistics and leave nothing behind."""
 

@@ -1,4 +1,4 @@
-"""The compiled twin of the decoder's loop (svcframe/_speedups.c, issue 14): built where a compiler is, built from
+"""The compiled twin of the decoder's loop (svcframe/_speedups.c): built where a compiler is, built from
 this source, and deciding exactly as the pure-Python decoder does on valid, cut and hostile streams."""
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def snippet(record: dict[str, Any]) -> str:
         ps = quantity_range(p["ps"]["min"], p["ps"]["max"], p["unit"])
         rows.append((f"`{name}`", f"`Pc` {pc}, `Ps` {ps} per process; ridge `X*` {p['ridge']:.3g}"))
     rows.append(("commands", "<br>".join(f"`{c}`" for c in record["commands"])))
-    return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]) + "\n"
+    return "\n".join(["| the run | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]) + "\n"
 
 
 def measured(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -255,3 +255,11 @@ def test_the_plots_are_those_a_recorded_run_made() -> None:
         assert_png(ROOT / "docs" / "images" / name)
     shown = set(re.findall(r"\(\.\./images/([\w.-]+\.png)\)", (ROOT / "docs" / "guides" / "rooflines.md").read_text()))
     assert shown and shown <= set(figures.FIGURES.values())
+
+
+def test_the_performance_tables_are_the_bench_output() -> None:
+    """docs/snippets/bench.md is what tools/docs_bench.py makes of the `svcframe bench` results beside it."""
+    bench = _tool("docs_bench")
+    result = json.loads(bench.JSON_PATH.read_text())
+    assert result["kind"] == "svcframe-bench" and result["rows"]
+    assert bench.MARKDOWN_PATH.read_text() == bench.markdown(result)

@@ -1,15 +1,16 @@
 """Make the plots the documentation shows, from a real run on this machine, and record how they were made.
 
-    python tools/docs_figures.py            # about 4 minutes on 2 cores; writes docs/images/ and
+    python tools/docs_figures.py            # about 5 minutes on 2 cores; writes docs/images/ and
                                             # docs/snippets/figures.md (the parameters, shown beside the plots)
 
 It runs, in a temporary directory with its own results store, what docs/guides/selftest.md walks through:
-``svcframe roofline collect`` (the data-service rooflines of every metric, the server sweep, the I/O
-rooflines), the kv provider's ``put`` at two service ratios placed on them (``roofline place``, ``roofline
-io``), and the two-stage kv workflow measured twice and drawn on the workflow roofline (``roofline
-workflow``). The PNGs the commands wrote are copied into docs/images/; docs/images/figures.json keeps every
-command, the machine, the software and the measured parameters, and docs/snippets/figures.md says the same in
-a table that docs/guides/rooflines.md includes. Nothing is drawn by this script: the plots are the commands'.
+``svcframe roofline collect`` (the data-service rooflines of every metric, the server sweep), the kv
+provider's ``put`` at two service ratios placed on them (``roofline place``, ``roofline io``), and the
+two-stage kv workflow measured twice and drawn on the workflow roofline (``roofline workflow``); then the
+progress modes' bursts (``selftest bursts``, docs/guides/progress.md). The PNGs the commands wrote are copied
+into docs/images/; docs/images/figures.json keeps every command, the machine, the software and the measured
+parameters, and docs/snippets/figures.md says the same in a table that docs/guides/rooflines.md and
+docs/guides/progress.md include. Nothing is drawn by this script: the plots are the commands'.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ FIGURES = {
     "out/placement/placement.png": "placement-kv-put.png",
     "out/io/io.png": "io-kv-put.png",
     "out/workflow/workflow.png": "workflow-kv.png",
+    "out/bursts/bursts.png": "bursts-progress-modes.png",
 }
 
 
@@ -61,6 +63,10 @@ def commands(duration_seconds: float) -> list[str]:
         f"{workflow} --parallel-tasks 2",
         "svcframe roofline workflow examples/kv-workflow.json --runs out/kv/runs.json",
         "svcframe shutdown -g out/kv/group.json",
+        'svcframe launch "$(svcframe selftest config)" --procs 1 --pin --group-file out/bursts-group.json &',
+        "svcframe selftest bursts -g out/bursts-group.json --client-core 1 --bursts 3 --burst-seconds 4 "
+        "--gap-seconds 4 -o out/bursts",
+        "svcframe shutdown -g out/bursts-group.json",
     ]
 
 

@@ -2,7 +2,7 @@
 
 The ``blob`` provider keeps each blob's bytes in a file of its own directory and its index (name ->
 file, size, SHA-256) in a ``kv`` provider it depends on, in the same process or in another one
-(Bedrock's dependency grammar)::
+(Bedrock's dependency grammar):
 
     {"libraries": ["providers.kv", "providers.blob"],
      "providers": [
@@ -23,7 +23,7 @@ publishes it in the index, then deletes the file it replaced: a reader sees the 
 never a partial one. The SHA-256 is computed as the data arrives and returned by every call, so a client
 can check end to end (``BlobClient.get(verify=True)`` does).
 
-Config (every key optional)::
+Config (every key optional):
 
     {"path": "blob-<provider_id>", "chunk_bytes": 4194304, "max_blob_bytes": 1073741824,
      "index_prefix": "<provider name>/", "fsync": true}
@@ -39,15 +39,13 @@ Dependencies: ``index`` (type ``kv``, required).
 
 RPCs (argument -> result; ``name`` is a non-empty string):
 
-=========  ======================================  =================================================
-``put``    ``{name, bulk, size?}``                 ``{name, size, sha256}`` (pulls ``size`` bytes,
-                                                   default the whole readable handle)
-``get``    ``{name, bulk}``                        ``{name, size, sha256}`` after pushing the blob into
-                                                   the start of the writable handle; None if missing
-``stat``   ``{name}``                              ``{name, size, sha256}``, or None
-``erase``  ``{name}``                              True if it existed
-``list``   ``{prefix?, max?, start_after?}``       sorted names
-=========  ======================================  =================================================
+| RPC | argument | result |
+|---|---|---|
+| ``put`` | ``{name, bulk, size?}`` | ``{name, size, sha256}`` (pulls ``size`` bytes, default the whole readable handle) |
+| ``get`` | ``{name, bulk}`` | ``{name, size, sha256}`` after pushing the blob into the start of the writable handle; None if missing |
+| ``stat`` | ``{name}`` | ``{name, size, sha256}``, or None |
+| ``erase`` | ``{name}`` | True if it existed |
+| ``list`` | ``{prefix?, max?, start_after?}`` | sorted names |
 
 Size errors reach the caller as ``svcframe.errors.AppError`` with ``code`` ``"BlobTooLarge"`` or
 ``"BufferTooSmall"``; malformed arguments as ``RemoteError`` (``remote_type`` ``"TypeError"``/``"ValueError"``);
@@ -264,7 +262,7 @@ class BlobProvider(Provider):
         file_name = uuid.uuid4().hex
         path = self.path / file_name
         digest = hashlib.sha256()
-        # Nothing is allocated or created for the caller before its first bytes arrived (issue 13): the chunk
+        # Nothing is allocated or created for the caller before its first bytes arrived: the chunk
         # buffers are lazily committed mappings, and the file is created once the first chunk is in.
         chunk = min(self.settings.chunk_bytes, max(size, 1))
         buffers = (lazy_buffer(chunk), lazy_buffer(chunk))

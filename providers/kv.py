@@ -5,7 +5,7 @@ thread per provider, so the event loop never waits for the disk. Small values tr
 argument or result; values larger than ``inline_max_bytes`` move by bulk transfer: for ``put_bulk`` the
 server pulls them from a buffer the client exposed, for ``get_bulk`` it pushes them into one.
 
-Example::
+Example:
 
     from svcframe import Engine
     from providers.kv import KVClient, KVProvider
@@ -30,7 +30,7 @@ Example::
 Keys are byte strings: a ``str`` key is stored as its UTF-8 encoding, so ``"a"`` and ``b"a"`` name the
 same entry, and ``list_keys`` returns ``bytes``. Values are byte strings.
 
-Config (JSON, every key optional)::
+Config (JSON, every key optional):
 
     {"path": "kv-<provider_id>.sqlite", "durability": "durable", "inline_max_bytes": 65536}
 
@@ -49,18 +49,18 @@ Config (JSON, every key optional)::
 
 RPCs (argument -> result; keys are ``str | bytes``):
 
-=============  ==========================================  =============================================
-``put``        ``{key, value}``                            None
-``get``        ``{key}``                                   bytes, or None when the key is missing
-``put_bulk``   ``{key, bulk, size}``                       None (``bulk``: a readable handle's wire form)
-``get_bulk``   ``{key, bulk}``                             the value's length in bytes, or None
-``length``     ``{key}``                                   the value's length in bytes, or None
-``erase``      ``{key}``                                   True if the key existed
-``exists``     ``{key}``                                   bool
-``list_keys``  ``{prefix?, max?, start_after?}`` or None   sorted list of keys (bytes)
-``count``      None                                        number of keys
-``stats``      None                                        config plus the live SQLite settings
-=============  ==========================================  =============================================
+| RPC | argument | result |
+|---|---|---|
+| ``put`` | ``{key, value}`` | None |
+| ``get`` | ``{key}`` | bytes, or None when the key is missing |
+| ``put_bulk`` | ``{key, bulk, size}`` | None (``bulk``: a readable handle's wire form) |
+| ``get_bulk`` | ``{key, bulk}`` | the value's length in bytes, or None |
+| ``length`` | ``{key}`` | the value's length in bytes, or None |
+| ``erase`` | ``{key}`` | True if the key existed |
+| ``exists`` | ``{key}`` | bool |
+| ``list_keys`` | ``{prefix?, max?, start_after?}`` or None | sorted list of keys (bytes) |
+| ``count`` | None | number of keys |
+| ``stats`` | None | config plus the live SQLite settings |
 
 The size errors below reach the caller as ``svcframe.errors.AppError`` with ``code`` ``"ValueTooLarge"``
 or ``"BufferTooSmall"`` (no traceback); malformed arguments as ``RemoteError`` (``remote_type``
@@ -436,7 +436,7 @@ class KVProvider(Provider):
             raise ValueTooLarge(
                 f"the value is {size} bytes, over this provider's max_value_bytes ({self.settings.max_value_bytes})"
             )
-        # pages are committed as the owner's bytes arrive: a size claim alone costs nothing (issue 13)
+        # pages are committed as the owner's bytes arrive: a size claim alone costs nothing
         value = memoryview(lazy_buffer(size)) if size else b""
         if size:
             await req.engine.pull(handle, value, size=size, timeout_seconds=req.remaining_seconds())
@@ -532,7 +532,7 @@ class KVClient:
         timeout_seconds: deadline of each call (default: the engine's default).
 
     Every method raises the errors of ``Engine.call`` (svcframe.errors): ``RemoteError`` for the
-    provider's errors, ``NoSuchProvider``, ``TimeoutError_``, ``ConnectionLost``...
+    provider's errors, ``NoSuchProvider``, ``DeadlineExceeded``, ``ConnectionLost``...
     """
 
     #: How many times ``get`` retries when the value changes size between ``length`` and the read.

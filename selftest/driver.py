@@ -71,7 +71,7 @@ from .provider import DIRECTIONS, STORAGE_OPS, work_arg
 #: The self-test's workloads (Quintain's, and storage, the future work of Carns et al. 2025 §4.3): ``noop``
 #: calls ``work`` with request/response payloads only, ``bulk`` adds a bulk pull or push of ``bulk_size`` bytes,
 #: ``storage`` calls ``storage`` (server-local disk I/O of ``storage_block_size`` bytes), ``rpc`` calls any
-#: provider's RPC (issue 16: a service's own workload, ``selftest/rpc_workload.py``).
+#: provider's RPC (a service's own workload, ``selftest/rpc_workload.py``).
 WORKLOADS = ("noop", "bulk", "storage", "rpc")
 
 

@@ -1,8 +1,8 @@
 """The one place the self-test's plots get matplotlib, an optional dependency (``pip install 'svcframe[plot]'``):
 a server never imports it, and a plot without it is one clear error, not an ImportError traceback.
 
-Imports nothing of svcframe: the roofline models and their plots run on JSON files with no engine loaded
-(issue 16 item 6). The commands of ``selftest/cli`` turn :class:`PlottingUnavailable` into their one-line error.
+Imports nothing of svcframe: the roofline models and their plots run on JSON files with no engine loaded.
+The commands of ``selftest/cli`` turn :class:`PlottingUnavailable` into their one-line error.
 """
 
 from __future__ import annotations

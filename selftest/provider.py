@@ -107,7 +107,7 @@ class SelftestProvider(Provider):
     def _keep(self, size: int, buf: Any) -> None:
         """Keep ``buf`` for the next call of its size, within ``_KEEP_BUFFER_BYTES`` in all (the least recently
         used go first): a caller that names many or large sizes, or a transfer that never comes, leaves at most
-        that behind (issue 13)."""
+        that behind."""
         buffers = self._buffers
         buffers[size] = buf
         while buffers and sum(buffers) > _KEEP_BUFFER_BYTES:
@@ -119,7 +119,7 @@ class SelftestProvider(Provider):
             if not 0 <= size <= self.settings.max_response_bytes:
                 raise ValueError(f"resp_buffer_size {size} is outside 0..{self.settings.max_response_bytes}")
             responses = self._responses
-            while len(responses) >= _KEEP_RESPONSES:  # at most a few sizes (issue 13: one per size grew without end)
+            while len(responses) >= _KEEP_RESPONSES:  # at most a few sizes (one per size would grow without end)
                 del responses[next(iter(responses))]
             resp = responses[size] = bytes(size)
         return resp

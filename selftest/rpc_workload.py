@@ -1,4 +1,4 @@
-"""Any RPC of any provider as a self-test workload (issue 16 item 1): ``svcframe selftest run --rpc``.
+"""Any RPC of any provider as a self-test workload: ``svcframe selftest run --rpc``.
 
 The driver (``selftest/driver.py``) runs it as it runs ``noop``: client processes, ``depth`` calls in flight
 each, warm-up, barrier, timed loop, one results document. What this module adds:

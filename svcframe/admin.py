@@ -79,15 +79,15 @@ log = logging.getLogger("svcframe.admin")
 #: reach the caller before the caller gives up.
 _REPLY_MARGIN_SECONDS = 0.5
 #: Longest JMESPath expression query_config evaluates. jmespath keeps up to 128 parsed expressions in a
-#: process-wide cache, so this also bounds what callers can make the server keep (issue 13: 4 x 800 KB
-#: expressions kept the loop busy 7-10 s and 424 MiB in that cache).
+#: process-wide cache, so this also bounds what callers can make the server keep (a few expressions of
+#: hundreds of KB each would keep the loop busy for seconds and hundreds of MiB in that cache).
 MAX_QUERY_CHARS = 4096
 
 
 #: The work a query may do (JMESPath AST nodes visited, plus elements of the lists and maps it builds) and the
 #: size of its answer (values, counting each time a shared one recurs): a short expression can still do
 #: exponential work (``[@,@][][@,@][]...`` doubles a list per step) or return a graph whose serialisation
-#: explodes (``[@,@]|[@,@]|...``: 40 steps, 2^40 copies), so both are counted and bounded (issue 13).
+#: explodes (``[@,@]|[@,@]|...``: 40 steps, 2^40 copies), so both are counted and bounded.
 MAX_QUERY_STEPS = 20_000
 
 
@@ -188,7 +188,7 @@ class AdminProvider(Provider):
     @rpc
     def statistics(self, req: Request, arg: Any) -> dict[str, Any]:
         reset = isinstance(arg, dict) and arg.get("reset")
-        if reset:  # forgetting what was measured changes the server: an admin mutation (issue 13)
+        if reset:  # forgetting what was measured changes the server: an admin mutation
             self._mutation("statistics reset", req)
         stats = self.engine.statistics()
         # for svcframe.diagnosis: which calls are the tools' own, and which handlers are async

@@ -161,7 +161,10 @@ class BulkTransfers:
         into ``dest`` at ``dest_offset`` (a new bytearray when ``dest`` is None). Returns ``dest``.
 
         Raises:
-            BulkUsageError (bad range or mode, checked locally), BulkError (refused by the owner), DeadlineExceeded, ConnectionLost.
+            BulkUsageError: a bad range or mode, checked locally before anything is sent.
+            BulkError: the owner refused the transfer.
+            DeadlineExceeded: the deadline passed.
+            ConnectionLost: the owner went away.
         """
         size = handle.size - offset if size is None else size
         _check_range(handle, offset, size, READ)

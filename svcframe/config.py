@@ -104,7 +104,7 @@ class ProviderSpec(StrictModel):
         return None if value == ANY_PROVIDER_ID else value
 
 
-# -- Mochi's names (issue 17) --------------------------------------------------------------------------------
+# -- Mochi's names ------------------------------------------------------------------------------------------
 #: Margo settings (mochi-margo 0.24, src/margo-config.c, and names its older docs still show) that svcframe has
 #: no equivalent for: ignored, named in one warning. Margo's ``progress_timeout_ub_msec``,
 #: ``progress_spindown_msec`` and ``plumber`` (``bucket_policy``, ``nic_policy``) are svcframe's names for the

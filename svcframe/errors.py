@@ -35,8 +35,8 @@ the wire's status codes and those errors.
             └── FrameTooLarge       a frame announced a body larger than the configured maximum
 
 ``DeadlineExceeded`` deliberately does not derive from the builtin ``TimeoutError`` (an ``OSError``): an
-``except OSError`` around a socket or a system call must never swallow a deadline (issue 12: a CMA push past
-its deadline was once reported as "CMA refused"). ``TimeoutError_`` is kept as an alias.
+``except OSError`` around a socket or a system call must never swallow a deadline (a cross-memory
+attach push past its deadline would be reported as "CMA refused"). ``TimeoutError_`` is kept as an alias.
 
 Lower layers raise these; the engine translates socket and codec exceptions at its boundary and keeps
 the original as ``__cause__``. A server answers a failed call with a ``Status`` and a msgpack body; the
@@ -116,7 +116,7 @@ class Dropped(DeadlineExceeded):
     so it is safe to send again."""
 
 
-TimeoutError_ = DeadlineExceeded  # the name before issue 12, kept for callers
+TimeoutError_ = DeadlineExceeded  # an older name, kept for callers
 
 
 class ConnectionLost(RPCError):
@@ -277,7 +277,9 @@ def error_from_status(status: int, info: Any, name: str, provider_id: int, addre
     Args:
         status: the response's status (``Status`` value; unknown values give a plain ``RPCError``).
         info: the decoded response body (a message string, or the list the status defines).
-        name, provider_id, address: the call, named in the message.
+        name: the call's RPC name, named in the message.
+        provider_id: the call's provider id, named in the message.
+        address: the server's address, named in the message.
     """
     where = f"{name!r} (provider {provider_id}) at {address}"
     if status == Status.HANDLER_ERROR and isinstance(info, list) and len(info) == 3:

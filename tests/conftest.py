@@ -238,7 +238,7 @@ def readme_quickstart() -> tuple[str, str]:
     """The README's quick start: (counter.py source, counter.json text), taken from README.md itself so
     the tests that run them keep the README true."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n(# counter\.py\n.*?)```", readme, re.S)
-    config = re.search(r"```json\n(\{\"libraries\": \[\"counter\"\].*?)```", readme, re.S)
+    code = re.search(r"```python[^\n]*\n(# counter\.py\n.*?)```", readme, re.S)
+    config = re.search(r"```json[^\n]*\n(\{\"libraries\": \[\"counter\"\].*?)```", readme, re.S)
     assert code and config, "README.md lost its quick start"
     return code.group(1), config.group(1)

@@ -1,4 +1,4 @@
-"""Shared by the reliability tests (issue 9): real server processes, raw hostile peers, measurements.
+"""Shared by the reliability tests: real server processes, raw hostile peers, measurements.
 
 Server processes are started as ``python -m svcframe serve CONFIG --ready-fd FD`` (readiness is the JSON line
 on the pipe, never a sleep), with the tests directory on ``PYTHONPATH`` so they can load the

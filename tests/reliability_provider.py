@@ -1,4 +1,4 @@
-"""A provider library for the reliability tests (issue 9), loaded by real server processes.
+"""A provider library for the reliability tests, loaded by real server processes.
 
 Config: ``{"type": "reltest", "config": {"journal": "/path/journal.txt", "hold_cap_seconds": 0}}`` with ``libraries:
 ["reliability_provider"]`` and the tests directory on the server's ``PYTHONPATH``.

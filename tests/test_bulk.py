@@ -386,7 +386,7 @@ async def test_concurrent_bulk_transfers_share_one_connection_without_tripping_t
 async def test_a_bound_handle_serves_only_its_peer_and_dies_with_the_connection(
     address: str, make_engine: MakeEngine
 ) -> None:
-    """Issue 13: expose(..., peer=ADDRESS) lets only that server use the handle, over the connection this
+    """Expose(..., peer=ADDRESS) lets only that server use the handle, over the connection this
     engine dialled to it, and revokes the handle when that connection ends."""
     server, client, _ = await setup(address, make_engine)
     other, _, _ = await setup("tcp://127.0.0.1:0", make_engine)
@@ -403,7 +403,7 @@ async def test_a_bound_handle_serves_only_its_peer_and_dies_with_the_connection(
 
 
 async def test_a_pull_allocates_nothing_before_the_owner_answers(address: str, make_engine: MakeEngine) -> None:
-    """Issue 13: pull(dest=None) allocated the claimed size before the owner said anything; a caller that
+    """Pull(dest=None) allocated the claimed size before the owner said anything; a caller that
     claims 256 MiB and exposes 16 bytes made the server allocate 256 MiB. Now the destination is allocated
     when the owner's first bytes (or address) arrive."""
     import tracemalloc

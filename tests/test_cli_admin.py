@@ -254,7 +254,7 @@ def test_version_is_the_installed_one() -> None:
 
 
 def test_call_takes_bytes_and_a_group(group: tuple[str, list[Member]], tmp_path: Path) -> None:
-    """Issue 15: the kv provider's put needs bytes, which the CLI could not pass; --group picks a member."""
+    """The kv provider's put needs bytes, which the CLI could not pass; --group picks a member."""
     path, members = group
     value = tmp_path / "value.bin"
     value.write_bytes(b"\x00\x01binary")

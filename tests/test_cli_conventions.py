@@ -1,7 +1,7 @@
 """The command line's conventions, run as a user runs them (``python -m svcframe ...`` in a pipe, real server
 processes): group files (svcframe's and Mochi Flock's), ``-g`` that always reads, ``$SVCFRAME_GROUP``,
 ``--ranks``, one-line user errors, plugins from the ``svcframe.cli`` entry points, and choices that come from
-the registries (issues 12, 15, 17)."""
+the registries."""
 
 from __future__ import annotations
 
@@ -285,7 +285,7 @@ def test_choices_and_schema_enums_come_from_the_registries() -> None:
         "workload": list(WORKLOADS), "bulk_direction": list(DIRECTIONS), "storage_op": list(STORAGE_OPS),
         "progress_mode": list(PROGRESS_MODES), "event_loop": list(EVENT_LOOPS),
     }  # fmt: skip
-    assert "storage" in WORKLOADS  # issue 12: the CLI offered noop|bulk while the model had storage too
+    assert "storage" in WORKLOADS  # the CLI offered noop|bulk while the model had storage too
     defs = service_schema(())["$defs"]
     assert defs["EngineConfig"]["properties"]["progress_mode"]["enum"] == list(PROGRESS_MODES)
     assert defs["EngineConfig"]["properties"]["event_loop"]["enum"] == list(EVENT_LOOPS)

@@ -1,5 +1,5 @@
 """Output that reads well in a pipe, in an 80-column terminal and in a log file, and plots that state their
-parameters (issue 15, must show 4 and 6), checked as a user runs the commands (``python -m svcframe ...`` in a
+parameters, checked as a user runs the commands (``python -m svcframe ...`` in a
 pipe, or under a pseudo-terminal 80 columns wide) against real server processes:
 
 * every command of the click tree (plugins included, so a new command is covered without a change here),

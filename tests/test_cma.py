@@ -308,7 +308,7 @@ async def test_cma_requests_from_a_raw_peer(procs: Procs, tmp_path: Path, sockdi
 
 @uvloop_test
 async def test_cma_pull_past_its_deadline_is_a_deadline_error_not_a_socket_retry(sockdir: Path) -> None:
-    """Issue 12: a deadline raised between two pieces of a cross-memory copy was an OSError (the old
+    """A deadline raised between two pieces of a cross-memory copy was an OSError (the old
     TimeoutError_ derived from the builtin TimeoutError), so the CMA path swallowed it and pulled again over
     the socket with the full timeout: about twice the deadline. Now the deadline ends the pull, and nothing
     goes over the socket."""

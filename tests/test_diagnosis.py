@@ -1,4 +1,4 @@
-"""``svcframe stats diagnose`` on real runs (issue 15): shares from exact counts x sampled means, the tool's own
+"""``svcframe stats diagnose`` on real runs: shares from exact counts x sampled means, the tool's own
 admin calls left out, parent RPCs of other processes named, a callpath from several peers shown once with its
 peers, and advice that fits the step and the handler (bulk, nested calls, async vs sync)."""
 
@@ -162,7 +162,7 @@ def test_bulk_workload_gets_bulk_advice(selftest_server: str) -> None:
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_shares_weigh_exact_counts_not_timed_samples() -> None:
-    """Issue 15: 57,171 sampled-down ``work`` calls against one fully timed call made the one call look like 27%
+    """57,171 sampled-down ``work`` calls against one fully timed call made the one call look like 27%
     of the time. Here 2,000 short calls (about 180 of them timed) and one call as long as ~40 short ones: by
     calls x mean the short ones dominate; by the sampled sums the long call would weigh about 11 times more."""
     async with Engine("tcp://127.0.0.1:0") as server, Engine(None) as client:

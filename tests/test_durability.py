@@ -1,4 +1,4 @@
-"""Promise 4 of issue 9: acknowledged writes are never lost.
+"""A promise: acknowledged writes are never lost.
 
 * >= 5,000 acknowledged key-value writes in the default (durable) mode while the server process is killed
   (-9) at random points 10 times: after each kill the database passes ``PRAGMA integrity_check``, and holds

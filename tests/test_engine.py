@@ -178,7 +178,7 @@ async def test_app_error_reaches_the_caller_with_code_and_details(server: Engine
 
 async def test_a_deadline_that_passes_before_the_handler_runs_is_dropped(server: Engine, client: Engine) -> None:
     """Dropped (safe to retry) only when the handler never started; once it ran, DeadlineExceeded says the
-    outcome is unknown (issue 13: a write applied and reported as dropped would be written twice)."""
+    outcome is unknown (a write applied and reported as dropped would be written twice)."""
     ran: list[str] = []
 
     async def slow_write(req: Request, arg: Any) -> Any:
@@ -255,7 +255,7 @@ async def test_timeout(server: Engine, client: Engine) -> None:
         with pytest.raises(TimeoutError_) as info:
             await call1(client, server, "sleep", 30, timeout_seconds=timeout)
         elapsed = loop.time() - start
-        # a deadline is an RPCError, never an OSError (an `except OSError` must not swallow it: issue 12)
+        # a deadline is an RPCError, never an OSError (an `except OSError` must not swallow it)
         assert isinstance(info.value, RPCError) and not isinstance(info.value, OSError)
         assert timeout - 0.002 <= elapsed < timeout + 0.1
         await assert_serves(client, server)

@@ -1,4 +1,4 @@
-"""Bulk handles as capabilities (issue 13), against real server processes with hand-made frames.
+"""Bulk handles as capabilities, against real server processes with hand-made frames.
 
 * A bulk id is 128 random bits: guessing small integers, or random ids, reads and writes nothing.
 * A server pulls a caller's handle over the caller's own connection: a peer that says HELLO with the
@@ -88,7 +88,7 @@ run(main())
 
 @uvloop_test
 async def test_a_hello_with_another_engines_id_gets_none_of_its_bulk_traffic(tmp_path: Path, figures: Any) -> None:
-    """The attack of issue 13: with no shared secret, a peer says HELLO with the victim's engine id. Before,
+    """An attack: with no shared secret, a peer says HELLO with the victim's engine id. Before,
     the server's next pull of the victim's handle went to the attacker, who supplied the bytes stored
     under the victim's key while the victim was told OK. Now the server pulls over the caller's connection."""
     import subprocess
@@ -141,7 +141,7 @@ async def _serve_pulls_with_garbage(reader: asyncio.StreamReader, writer: asynci
 
 @uvloop_test
 async def test_a_server_is_no_confused_deputy(procs: Procs, tmp_path: Path, figures: Any) -> None:
-    """Issue 13: a caller passed another engine's bulk handle to kv put_bulk and the server pulled the
+    """A caller passed another engine's bulk handle to kv put_bulk and the server pulled the
     victim's buffer for it. Now a handler moves bulk data only for the caller that exposed the handle."""
     from svcframe import BulkError
 
@@ -162,7 +162,7 @@ async def test_a_server_is_no_confused_deputy(procs: Procs, tmp_path: Path, figu
 
 @uvloop_test
 async def test_forged_sizes_cost_the_server_nothing(procs: Procs, tmp_path: Path, figures: Any) -> None:
-    """Issue 13: four 158-byte put_bulk requests claiming 256 MiB made the server allocate 1 GiB before the
+    """Four 158-byte put_bulk requests claiming 256 MiB made the server allocate 1 GiB before the
     owner answered. Now the claim is checked against kv max_value_bytes, and what is allocated is committed
     only as the owner's bytes arrive."""
     from svcframe import AppError, BulkError
@@ -191,7 +191,7 @@ async def test_forged_sizes_cost_the_server_nothing(procs: Procs, tmp_path: Path
 
 @uvloop_test
 async def test_forged_sizes_in_the_self_test_keep_nothing(procs: Procs, tmp_path: Path, figures: Any) -> None:
-    """Issue 13: forged bulk sizes in the self-test's ``work`` RPC left 384 MiB kept after the calls failed.
+    """Forged bulk sizes in the self-test's ``work`` RPC left 384 MiB kept after the calls failed.
     Now buffers are committed as data lands (nothing lands when the owner refuses) and four sizes at most
     are kept."""
     from reliability_kit import SELFTEST_ID

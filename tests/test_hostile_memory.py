@@ -1,4 +1,4 @@
-"""Memory before trust (issue 13): what a hostile peer can make a real server process hold is bounded by
+"""Memory before trust: what a hostile peer can make a real server process hold is bounded by
 what it sent, not by what it declared, and a flood of connections never locks a good client out.
 
 Each test prints its figures (server RSS in MiB, a good client's worst call latency in ms). CI runs the

@@ -1,4 +1,4 @@
-"""Operator safety and expensive reads (issue 13), with real server processes and the CLI as a user runs it:
+"""Operator safety and expensive reads, with real server processes and the CLI as a user runs it:
 a unix address naming a file is refused and the file kept; a provider whose start() hangs fails the start-up;
 a 100,000-deep config is a config error; statistics reset is an admin mutation; JMESPath queries are bounded;
 short connections from one host do not grow the statistics.
@@ -177,7 +177,7 @@ async def _engine_refuses_empty_env() -> None:
 @uvloop_test
 async def test_claimed_addresses_cannot_grow_the_statistics(procs: Procs, tmp_path: Path, figures: Any) -> None:
     """A peer's HELLO may claim any address, and statistics are kept per peer address: past 1,024 distinct
-    peers, new ones share one "other" record (issue 13)."""
+    peers, new ones share one "other" record."""
     from reliability_kit import close_writer, open_raw, raw_handshake, read_frame, request, secret
 
     from svcframe.engine import MAX_PEER_LABELS

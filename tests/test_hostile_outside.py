@@ -1,4 +1,4 @@
-"""Issue 13 again, from the outside: an attacker and a careless operator against real ``svcframe serve``
+"""From the outside: an attacker and a careless operator against real ``svcframe serve``
 processes, with hand-made frames (svcframe.wire) and the public testing kit (svcframe.testing), written from
 the issue's table and its "Must show" lines, not from the project's other tests.
 

@@ -161,7 +161,7 @@ def test_servers_exit_when_the_launcher_is_killed(tmp_path) -> None:
 
 
 def test_a_clean_launch_leaves_no_work_directory(tmp_path: Path) -> None:
-    """Issue 15: every launch left /tmp/svcframe-launch-* behind; now only a failed one keeps its logs."""
+    """Every launch left /tmp/svcframe-launch-* behind; now only a failed one keeps its logs."""
     from svcframe.config import parse_config
     from svcframe.launch import Launch
 
@@ -172,7 +172,7 @@ def test_a_clean_launch_leaves_no_work_directory(tmp_path: Path) -> None:
 
 
 def test_serve_imports_libraries_from_the_current_directory(tmp_path: Path) -> None:
-    """Issue 15: the README's quick start (counter.py beside counter.json) failed with `svcframe serve`."""
+    """The README's quick start (counter.py beside counter.json) failed with `svcframe serve`."""
     code, config = readme_quickstart()
     (tmp_path / "counter.py").write_text(code)
     (tmp_path / "counter.json").write_text(config)

@@ -1,4 +1,4 @@
-"""Layers point one way (issue 12): the imports of ``svcframe`` (the framework), ``providers`` and ``selftest``
+"""Layers point one way: the imports of ``svcframe`` (the framework), ``providers`` and ``selftest``
 (the application), read from the source with ``ast`` (module-level, function-level and ``TYPE_CHECKING``
 imports), have no upward edge (svcframe imports neither providers nor selftest, providers does not import
 selftest; type-only imports included) and no cycle between modules, even through type annotations. The package ships ``py.typed``

@@ -1,4 +1,4 @@
-"""A bare server carries only what serving needs: neither numpy nor matplotlib (issue 17), whether one
+"""A bare server carries only what serving needs: neither numpy nor matplotlib, whether one
 imports what `svcframe serve` imports for a shipped config, or asks a real `svcframe serve` process that has
 served calls and folded its statistics what it has mapped."""
 

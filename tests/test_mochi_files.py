@@ -1,4 +1,4 @@
-"""Mochi files accepted (issue 17, item 5): Bedrock's ``margo`` and ``bedrock`` sections are read as ``engine``
+"""Mochi files accepted: Bedrock's ``margo`` and ``bedrock`` sections are read as ``engine``
 and ``admin``, Margo settings svcframe has no equivalent for are ignored with ONE warning naming them, the
 names both share apply; provider ids are 0-65534 and 65535 means "choose one" (the lowest free), in config
 validation, ``provider add`` and the engine. The Mochi files are the real ones (tests/data/mochi/SOURCES.md);

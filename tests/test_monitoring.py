@@ -293,7 +293,7 @@ def test_cli_stats_trace_and_monitor(relays: list[str], tmp_path: Path) -> None:
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_monitor_counts_every_call_not_the_timed_sample() -> None:
-    """Issue 15: ``svcframe monitor`` showed about 1/16 of the calls (the timed sample's count)."""
+    """``svcframe monitor`` showed about 1/16 of the calls (the timed sample's count)."""
     from svcframe.cli.observe import stats_rows
 
     async with Engine("tcp://127.0.0.1:0", monitoring={"timing_sample_every": 16}) as server, Engine(None) as client:
@@ -308,7 +308,7 @@ async def test_monitor_counts_every_call_not_the_timed_sample() -> None:
 
 @pytest.mark.asyncio
 async def test_prometheus_exposition_of_many_servers_is_valid() -> None:
-    """Issue 15: one HELP/TYPE per metric name over several servers, Prometheus names (no _bytes_bytes, no
+    """One HELP/TYPE per metric name over several servers, Prometheus names (no _bytes_bytes, no
     usec), checked by promtool (Debian's prometheus package; .ci/run installs it) where it is installed."""
     import re
     import shutil
@@ -338,7 +338,7 @@ async def test_prometheus_exposition_of_many_servers_is_valid() -> None:
 
 @pytest.mark.asyncio
 async def test_calls_dropped_at_their_deadline_are_errors() -> None:
-    """Issue 15: calls ended by their deadline on the server were counted with errors: 0. (Whichever comes
+    """Calls ended by their deadline on the server were counted with errors: 0. (Whichever comes
     first, the server's deadline timer or the caller's CANCEL at the same deadline, the call is an error.)"""
     from conftest import wait_until
 
@@ -359,7 +359,7 @@ async def test_calls_dropped_at_their_deadline_are_errors() -> None:
 
 
 def test_traces_connect_across_processes_for_an_untraced_client(relays: list[str]) -> None:
-    """Issue 15: with tracing on in the servers but not in the client, the first server's handler span
+    """With tracing on in the servers but not in the client, the first server's handler span
     and the calls it makes had different trace ids and a zero parent. Now the first server starts the
     trace: every hop of one call shares its trace id, and each nested call's parent is its caller's span."""
     a, b, c = relays

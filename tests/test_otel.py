@@ -1,4 +1,4 @@
-"""OpenTelemetry export (issue 15, must show 3): ``engine.monitoring.otel: true`` and nothing else. Spans follow the
+"""OpenTelemetry export: ``engine.monitoring.otel: true`` and nothing else. Spans follow the
 RPC semantic conventions and form the call tree; in a real server process the exporter comes from the standard
 ``OTEL_*`` variables (console here), and an exporter that is not installed is a clear start-up error."""
 

@@ -258,7 +258,7 @@ async def test_engine_in_block_mode_serves_without_polling(address: str, make_en
     assert server.progress.polls == 0 and client.progress.polls == 0
 
 
-# --- spindown on a shared core (issue 14, item 3) ---------------------------------------------------------------------
+# --- spindown on a shared core ---------------------------------------------------------------------
 
 
 @contextlib.contextmanager

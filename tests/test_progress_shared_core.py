@@ -1,4 +1,4 @@
-"""Spindown on a core shared with the peer it serves (issue 14, item 3): real processes, a real socket."""
+"""Spindown on a core shared with the peer it serves: real processes, a real socket."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Provider configs are first-class (issue 12, item 5): ``svcframe config check`` imports the libraries and checks
+"""Provider configs are first-class: ``svcframe config check`` imports the libraries and checks
 every provider's config by its type's ``Config`` model, its id and its dependencies, with the very check
 ``svcframe serve`` runs at start-up (one function); ``svcframe config schema`` describes ``providers[].config``
 as a union discriminated on ``type``; providers read typed settings, and the live configuration still

@@ -1,4 +1,4 @@
-"""Promises 1 and 2 of issue 9, call by call, against real server processes (conformance cases in the
+"""Calls are answered or fail clearly, and none is lost, call by call, against real server processes (conformance cases in the
 spirit of gRPC's interop suite):
 
 * empty and large calls, unknown RPC and provider, a handler error, a 1 ms deadline;

@@ -1,4 +1,4 @@
-"""Faults (issue 9, promises 1-3): real server processes killed, stopped, cut off, restarted, terminated and
+"""Faults: real server processes killed, stopped, cut off, restarted, terminated and
 reconfigured under load, and bulk transfers checked end to end.
 
 * kill -9 with 32 calls in flight: 32 typed errors, none hung, detected within 100 ms;

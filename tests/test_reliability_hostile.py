@@ -1,4 +1,4 @@
-"""Promise 3 and 5 of issue 9: hostile or slow peers cannot crash or exhaust a server; secure by default.
+"""Hostile or slow peers cannot crash or exhaust a server; secure by default.
 
 * the decoder, fuzzed with valid frames mutated and split at every byte: typed protocol errors only;
 * live malformed frames from several attacker connections against a real server process: no crash,
@@ -741,7 +741,7 @@ async def test_authentication_refuses_missing_wrong_and_replayed_handshakes(
 
     async with Engine(None, secret=key) as good:
         proxy = await _RecordingProxy(server.address).start()
-        try:  # a relay fails (issue 13): the client's proof names the endpoint it dialled, the proxy's
+        try:  # a relay fails: the client's proof names the endpoint it dialled, the proxy's
             with pytest.raises(AuthenticationFailed):
                 await good.call(proxy.address, "record", {"id": "good-1"}, provider_id=RELTEST_ID, timeout_seconds=5)
         finally:

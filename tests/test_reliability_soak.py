@@ -1,4 +1,4 @@
-"""Soak (issue 9, promise 2): 64 clients, a mixed load of no-op, key-value and bulk calls, each with a unique
+"""Soak: 64 clients, a mixed load of no-op, key-value and bulk calls, each with a unique
 request id, against one real server process. Nothing lost (every call answered, and answered with its
 own id), nothing duplicated (the server's journal and the key-value table hold each id exactly once), no
 errors, the server's memory within 32 MiB of where it started; rate and p99 latency printed.

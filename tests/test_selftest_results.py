@@ -1,5 +1,5 @@
-"""What a self-test's results carry beyond rates (issue 15): both sides' progress modes, q1/q3, user/system CPU
-per process, an optional per-sample trace; and Quintain's parameter files (issue 17 item 5), in the real shapes
+"""What a self-test's results carry beyond rates: both sides' progress modes, q1/q3, user/system CPU
+per process, an optional per-sample trace; and Quintain's parameter files, in the real shapes
 (tests/data/quintain.md names their source)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _set_progress(address: str, mode: str) -> None:
 
 
 def test_results_name_both_progress_modes_and_carry_quartiles_cpu_and_trace(server: str) -> None:
-    _set_progress(server, "block")  # issue 15: the results said spindown (the client's) for a block server
+    _set_progress(server, "block")  # the results said spindown (the client's) for a block server
     try:
         params = SelftestParams(clients=2, duration_seconds=0.4, warmup_iterations=3, trace_samples=40)
         results = run_selftest(params, [server])

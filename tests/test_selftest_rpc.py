@@ -1,4 +1,4 @@
-"""Any RPC as a self-test workload (issue 16 item 1, selftest/rpc_workload.py): the kv and blob providers in real
+"""Any RPC as a self-test workload (selftest/rpc_workload.py): the kv and blob providers in real
 server processes driven by ``run_selftest`` and by ``svcframe selftest run --rpc`` in a pipe; the bytes per call
 the clients measured; the service's own state proving every call ran with its own argument."""
 

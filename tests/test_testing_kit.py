@@ -4,6 +4,7 @@ process with readiness, and a raw peer for hand-made frames, each against the re
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,17 +44,19 @@ async def test_provider_for_validates_the_config_as_serve_would() -> None:
             pass
 
 
-def test_the_readme_quick_start_provider_test_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README shows how to test the quick start's provider with the kit: run exactly that."""
+def test_the_getting_started_provider_test_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/getting-started.md shows how to test the quick start's provider with the kit: run exactly that,
+    here in this process (tests/test_docs.py runs it as the page says, with pytest)."""
     code, _ = readme_quickstart()
     (tmp_path / "counter.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    test_code = readme.split("# test_counter.py\n", 1)[1].split("```", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
+    found = re.search(r'```python \{\.file title="test_counter\.py"\}\n(.*?)```', page, re.S)
+    assert found, "docs/getting-started.md lost its provider test"
     namespace: dict[str, Any] = {}
-    exec(compile(test_code, "test_counter.py", "exec"), namespace)
+    exec(compile(found.group(1), "test_counter.py", "exec"), namespace)
     tests = [fn for name, fn in namespace.items() if name.startswith("test_") and callable(fn)]
-    assert tests, "the README's provider test defines no test function"
+    assert tests, "the page's provider test defines no test function"
     try:
         for fn in tests:
             run(fn())

@@ -1,4 +1,4 @@
-"""Every view of a server's statistics tells the same, exact call count (issue 15, must show 1): after a self-test
+"""Every view of a server's statistics tells the same, exact call count: after a self-test
 of N calls run through the CLI, ``svcframe monitor`` (one snapshot, in a pipe and as JSON), ``svcframe stats
 diagnose``, ``svcframe stats dump`` (JSON and Prometheus ``calls_total``), the admin ``statistics`` RPC and the
 diagnosis the self-test prints all report N ``work`` calls, N being the self-test's own count."""

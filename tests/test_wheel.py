@@ -1,4 +1,4 @@
-"""The distribution (issue 17): the wheel and the sdist this checkout builds, file by file, and the two names of
+"""The distribution: the wheel and the sdist this checkout builds, file by file, and the two names of
 the packages svcframe ships (``providers``/``selftest`` in the repository, ``svcframe_providers``/
 ``svcframe_selftest`` in the wheel) working the repository's way. tools/wheel_smoke.sh (run by .ci/run) installs
 the wheel into a fresh venv and runs it away from the checkout."""

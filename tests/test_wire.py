@@ -314,8 +314,7 @@ def test_a_dialled_connection_reads_a_large_result_in_one_read_and_keeps_its_pag
     read (it was two: the first read stopped at KEEP_RECEIVE_BYTES), and the buffer's pages stay committed
     between reads (they were given back after each batch and faulted in again: 9 page faults per 64 KiB read
     in the bench) until release_idle(), the engine's sweep of an idle connection. An accepted connection
-    still reads at most KEEP_RECEIVE_BYTES into an empty buffer and gives its pages back after every batch
-    (issue 13)."""
+    still reads at most KEEP_RECEIVE_BYTES into an empty buffer and gives its pages back after every batch."""
     frame = encode_frame(Kind.RESPONSE, 1, pack_body(os.urandom(64 * 1024)))
     dialled, accepted = FrameDecoder(), FrameDecoder()
     dialled.reuse_large = True
@@ -331,7 +330,7 @@ def test_a_dialled_connection_reads_a_large_result_in_one_read_and_keeps_its_pag
 @pytest.mark.parametrize("cut", [HEADER_SIZE + 3, HEADER_SIZE + 5, HEADER_SIZE + 6, 200_000, None])
 def test_a_large_bytes_result_is_received_into_the_bytes_the_call_returns(cut: int | None) -> None:
     """A dialled connection (reuse_large, compiled build) receives an OK RESPONSE whose body is one bin 32
-    straight into a new ``bytes`` (wire.BinBody): decoding it makes no second copy (issue 14: a 4 MiB inline
+    straight into a new ``bytes`` (wire.BinBody): decoding it makes no second copy (a 4 MiB inline
     read was 0.58x raw uvloop's bandwidth), and two results are two objects (nothing reused under them). Cut
     anywhere, even inside the bin header, the value is the same; what does not qualify (another status,
     another kind, a body that is not one bin 32, an accepted connection) is decoded as before."""

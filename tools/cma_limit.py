@@ -50,7 +50,7 @@ def main() -> None:
                 cma.read(child, address, dest)
             seconds.append((time.perf_counter() - t0) / args.reads)
     except OSError as exc:
-        raise SystemExit(f"cma_limit: the kernel refused the copy ({exc}); see README, cross-memory attach") from None
+        raise SystemExit(f"cma_limit: the kernel refused the copy ({exc}); see docs/guides/providers.md") from None
     finally:
         os.write(w, b"x")
         os.waitpid(child, 0)

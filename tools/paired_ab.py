@@ -20,9 +20,8 @@ each set in both processes: ``offers`` the reader's write offers
 (Connection.peer_push_ahead: over the socket, so over tcp, or over unix below 256 KiB); ``eager`` handlers
 started eagerly (svcframe.eager) or as tasks (``loop.create_task``: what the engine did before);
 ``place-ahead`` a push ahead placed by the caller's decoder (FrameDecoder.place_ahead) or dispatched as frames;
-``inline`` the method
-("on") or the same bytes returned as the call's ``bytes`` result ("off"): issue 14's "a bulk read >= the inline
-result". ``--async-handler``: the server's push handler written ``async def ... await
+``inline`` the method ("on") or the same bytes returned as the call's ``bytes`` result ("off"): does a bulk read
+beat the inline result? ``--async-handler``: the server's push handler written ``async def ... await
 req.engine.push(...)`` instead of a sync one returning ``req.engine.push(...)``.
 """
 

@@ -7,7 +7,7 @@ reference peers (selftest/bench_peers.py). The client runs in this process, on t
 mode ``--mode``, with the same client code as ``svcframe bench --workload client`` (selftest/bench_client.py). Prints the client's CPU µs per call (its
 process CPU time over the calls) and, with ``--profile``, the ``--top`` functions by own time (cProfile),
 per call; with ``--bytecodes``, the Python bytecodes the calls ran, per call, in all and by function (a trace
-of every opcode: exact and independent of the machine, slow; how the work of issue 14 was found and counted).
+of every opcode: exact and independent of the machine, slow).
 ``--in-process`` runs the server in this process instead, on the client's loop, so that both count both sides.
 
     python tools/profile_client.py [--impl svcframe|raw|msgpack] [--calls 20000] [--depth 1]

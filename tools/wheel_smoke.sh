@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheel on its own (issue 17): build the wheel and the sdist of this checkout, install the WHEEL into a fresh
+# The wheel on its own: build the wheel and the sdist of this checkout, install the WHEEL into a fresh
 # venv in a temporary directory and, from there (the checkout is nowhere on sys.path), run what a user would:
 # --version, the config tools with the libraries' repository names, launch from the shipped self-test config,
 # a short self-test, then with the plot extra a short roofline collect. Says each step; exits non-zero at the

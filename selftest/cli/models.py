@@ -1,5 +1,5 @@
 """``svcframe roofline place | io | workflow``: measured workloads on the three rooflines of a stored platform
-(issue 16; DESIGN.md section 6b), registered under ``svcframe roofline`` by ``roofline.py``.
+(DESIGN.md section 6b), registered under ``svcframe roofline`` by ``roofline.py``.
 
 * ``place``: a workload (self-test ``--rpc`` results, a workload JSON, or a running service's statistics over
   a window) on the data-service ceilings: score, region, headroom and limit per point; PNG, JSON, and the

@@ -1,5 +1,5 @@
 """A measured workload placed on the data-service rooflines of a platform: how far it is from what the
-machine allows, what bounds it, and what to change (issue 16; Carns et al. 2025, section 7: "apply the
+machine allows, what bounds it, and what to change (Carns et al. 2025, section 7: "apply the
 roofline to real-world data service implementations", combining metric rooflines to suit a use case).
 
 A *workload* (:class:`Workload`, a small JSON document validated with pydantic) is one RPC measured at one

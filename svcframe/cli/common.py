@@ -53,7 +53,7 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def import_from_cwd() -> None:
-    """Import provider libraries as ``python -m`` would: the current directory first (issue 15)."""
+    """Import provider libraries as ``python -m`` would: the current directory first."""
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
 

@@ -28,7 +28,7 @@ def _not_a_reader(ctx: click.Context, param: click.Parameter, value: tuple[str, 
 
 
 def _no_group_flag(fn: Any) -> Any:
-    """``-g`` on a command that writes a group file: a clear error (it meant "write" there before issue 15)."""
+    """``-g`` on a command that writes a group file: a clear error (it once meant "write" there)."""
     return click.option("-g", "group_flag", multiple=True, hidden=True, expose_value=False, callback=_not_a_reader)(fn)
 
 
@@ -53,7 +53,7 @@ def serve(
     Under a launcher (srun, mpiexec) each process learns its rank from the environment (or mpi4py); with
     --group-file the group is published when all ranks accept calls (svcframe/ranks.py).
 
-    Libraries are imported as ``python -m`` would: the current directory first (issue 15)."""
+    Libraries are imported as ``python -m`` would: the current directory first."""
     from ..server import run_server
 
     import_from_cwd()

@@ -33,27 +33,27 @@ from .errors import (
 )
 from .monitoring import ALWAYS_TIMED, FOLD_AT, Monitor
 from .protocol import IncomingPull
-from .registration import RegistrationTable
+from .registration import RegistrationTable, row_key
 from .request import _sync, _task_request
 from .tracing import Tracer, new_span_id, new_trace_id
-from .wire import (
-    F_CMA,
-    F_IDEMPOTENT,
-    F_INTO,
-    F_TRACED,
-    NO_PARENT_PROVIDER,
-    S_OK,
-    ZERO_TRACE_ID,
-    callpath_extend,
-    pack_body,
-    request_frame,
-)
+from .wire import ZERO_TRACE_ID, callpath_extend, pack_body, request_frame
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # (compiled: wire.pxd's C constants)
+    from .wire import F_CMA, F_IDEMPOTENT, F_INTO, F_TRACED, NO_PARENT_PROVIDER, S_OK
 
 if TYPE_CHECKING:
     from .bulk import BulkTransfers
     from .connections import Connections
+    from .monitoring import Record
     from .progress import Progress
     from .settings import EngineConfig
+    from .split_read import SplitWrite
+    from .transport import Connection
 
 perf_ns = time.perf_counter_ns
 _S_LENT = Status.LENT  # an into read's result lent by address (svcframe.bulk_serving._lend): not an error
@@ -98,7 +98,7 @@ class Calls:
         self.tracer: Tracer | None = None
         self.default_timeout_seconds = config.default_timeout_seconds
         self.bulk_cma = bulk_cma
-        self._root_callpaths: dict[tuple[int, int], int] = {}
+        self._root_callpaths: dict[int, int] = {}  # the callpath of a call made outside any handler, by row_key
         self._loop: asyncio.AbstractEventLoop | None = None
         self._epoch_offset_us = time.time() * 1e6 - time.perf_counter_ns() / 1e3
 
@@ -152,7 +152,7 @@ class Calls:
             LocalProtocolError: ``arg`` cannot be encoded.
         """
         if not idempotent:
-            return self._call(address, name, arg, provider_id, timeout_seconds, 0, into)
+            return self._call_once(address, name, arg, provider_id, timeout_seconds, 0, into)
         return self._call_retrying(address, name, arg, provider_id, timeout_seconds, max_attempts, into)
 
     async def _call_retrying(
@@ -171,7 +171,9 @@ class Calls:
         attempts = max(1, min(max_attempts, 5))
         for attempt in range(attempts):
             try:
-                return await self._call(address, name, arg, provider_id, deadline - loop.time(), F_IDEMPOTENT, into)
+                return await self._call_once(
+                    address, name, arg, provider_id, deadline - loop.time(), F_IDEMPOTENT, into
+                )
             except (ConnectionLost, ShuttingDown) as exc:
                 if isinstance(exc, AuthenticationFailed) or attempt == attempts - 1:
                     raise
@@ -191,18 +193,71 @@ class Calls:
         flags: int,
         into: Any = None,
     ) -> Any:
-        loop = self._loop or asyncio.get_running_loop()
         timeout = self.default_timeout_seconds if timeout_seconds is None else timeout_seconds
-        start = loop.time()
-        remaining = timeout
-        connect_ns = 0  # the wait for a new connection: part of the caller's round trip (origin total_usec)
-        conn = self._dialled.get(address)
-        if conn is None or conn.closed:
-            connect_ns = perf_ns()
+        call = self._begin(address, name, arg, provider_id, timeout, flags, into, None, 0.0, 0)
+        if call is None:  # no open connection to ``address`` yet: its wait is part of the call's round trip
+            loop = self._loop or asyncio.get_running_loop()
+            start, connect_ns = loop.time(), perf_ns()
             conn = await self.connections.connection(address, timeout)
-            connect_ns = perf_ns() - connect_ns
+            call = self._begin(
+                address, name, arg, provider_id, timeout, flags, into, conn, start, perf_ns() - connect_ns
+            )
+            assert call is not None
+        status = -1
+        payload: Any = None
+        payload_bytes = 0
+        try:
+            status, payload, payload_bytes = await call.future
+        except DeadlineExpired:
+            call.conn.cancel(call.request_id)  # nobody waits any more: tell the server
+            raise no_response(name, provider_id, address, timeout) from None
+        except asyncio.CancelledError:
+            call.conn.cancel(call.request_id)  # the caller gave up: tell the server
+            raise
+        finally:
+            if call.offer is not None and status < 0:  # no answer: the server may still lend, and write its part
+                await call.offer.settle()
+            self._end(call, status, payload_bytes)
+        if status == _S_LENT and call.flags & F_CMA:
+            assert call.into is not None  # (flagged CMA: an into= call)
+            return await self.bulk.take_lent(
+                call.conn, address, call.request_id, payload, call.into, call.start + timeout, call.offer
+            )
+        if call.offer is not None:  # answered without a lend: the server will not write
+            call.offer.drop()
+        if status == S_OK:
+            if call.into_pull is not None and call.into_pull.overflowed:
+                raise too_large(name, provider_id, address, payload, len(call.into or b""))
+            return payload  # (decoded by the connection's decoder or dispatch)
+        raise error_from_status(status, payload, name, provider_id, address)
+
+    def _begin(
+        self,
+        address: str,
+        name: str,
+        arg: Any,
+        provider_id: int,
+        timeout: float,
+        flags: int,
+        into: Any,
+        conn: Connection | None,
+        start: float,
+        connect_ns: int,
+    ) -> _Call | None:
+        """A call's work before its answer: the request encoded and sent on ``conn`` (the open connection to
+        ``address`` when None: None when there is none yet, nothing done), its future in the connection's
+        table, its deadline set, its statistics begun. ``start``: loop time the call began (0: now)."""
+        loop = self._loop or asyncio.get_running_loop()
+        if conn is None:
+            conn = self._dialled.get(address)
+            if conn is None or conn.closed:
+                return None
+            start = loop.time()
+            remaining = timeout
+        else:
             remaining = timeout - (loop.time() - start)
         body = _NIL if arg is None else pack_body(arg)
+        into_pull = None
         if into is not None:
             into = as_byte_view(into, writable=True)
             flags |= F_INTO
@@ -215,11 +270,17 @@ class Calls:
                 f"the argument of {name!r} encodes to {len(body)} bytes, over the {conn.peer_max_body_bytes}-byte "
                 f"limit of {address}; pass large data as a bulk handle (engine.expose)"
             )
-        rid = self._rpc_ids.get(name) or self.table.rpc_id(name)
-        parent = _sync.request or _task_request.get()  # current_request.get(), inlined
+        rid = self._rpc_ids.get(name)
+        if rid is None:
+            rid = self.table.rpc_id(name)
+        parent = _sync.request
+        if parent is None:
+            parent = _task_request.get()  # (current_request.get(), inlined)
         if parent is None:
             parent_rpc, parent_provider = 0, NO_PARENT_PROVIDER
-            callpath = self._root_callpaths.get((rid, provider_id)) or self._root_callpath(rid, provider_id)
+            callpath = self._root_callpaths.get(row_key(provider_id, rid))
+            if callpath is None:
+                callpath = self._root_callpaths[row_key(provider_id, rid)] = callpath_extend(0, rid, provider_id)
         else:
             pf = parent.frame
             parent_rpc, parent_provider = pf.rpc_id, pf.provider_id
@@ -232,6 +293,7 @@ class Calls:
             span_id = new_span_id()
             lamport = tracer.tick() if tracer is not None else 0
         rec = None
+        timed = False
         monitor = self.monitor
         if monitor.enabled:
             key = (parent_rpc, parent_provider, rid, provider_id, address)
@@ -239,17 +301,15 @@ class Calls:
             if rec is None:
                 rec = monitor.origin_record(key)
                 monitor.names[rid] = name
-            n = rec.calls = rec.calls + 1
-            timed = n <= ALWAYS_TIMED or not n % monitor.sample_every
-        else:
-            timed = False
+            rec.calls += 1
+            timed = rec.calls <= ALWAYS_TIMED or not rec.calls % monitor.sample_every
         t0 = perf_ns() if timed or flags & F_TRACED else 0
         if conn.closed:  # closed (e.g. refused by the peer) after we got it: fail now, not at the deadline
             raise conn.close_reason or ConnectionLost(f"connection to {address} is closed")
         usec = int(remaining * 1_000_000)  # deadlines.wire_deadline, inlined (a call per RPC saved)
         deadline_usec = (usec if usec > 0 else 1) if usec <= 0xFFFF_FFFF else 0
         request_id = conn.next_request_id()
-        future: asyncio.Future[tuple[int, Any, int]] = loop.create_future()
+        future = loop.create_future()
         pending = conn.pending
         pending[request_id] = future
         request = request_frame(
@@ -265,58 +325,55 @@ class Calls:
                 offer = self.bulk.offer_write(conn, request_id, into, request)
             else:
                 conn.send_request(request, len(pending) > 1)
-        t1 = perf_ns() if t0 else 0
         progress = self.progress
         progress.inflight += 1
         if not progress.blocking:
             progress.activity()
         self.deadlines.add(start + timeout, pending, request_id)
-        status = -1
-        payload_bytes = 0
-        try:
-            status, payload, payload_bytes = await future
-        except DeadlineExpired:
-            conn.cancel(request_id)  # nobody waits any more: tell the server
-            raise no_response(name, provider_id, address, timeout) from None
-        except asyncio.CancelledError:
-            conn.cancel(request_id)  # the caller gave up: tell the server
-            raise
-        finally:
-            pending.pop(request_id, None)
-            if into is not None:
-                conn.protocol.pulls.pop(request_id, None)
-            if offer is not None and status < 0:  # no answer: the server may still lend, and write its part
-                await offer.settle()
-            progress.inflight -= 1
-            if not progress.blocking:
-                progress.activity()
-            if rec is not None:
-                if status != S_OK and status != _S_LENT:
-                    rec.errors += 1
-                if timed:
-                    buf = rec.buffer
-                    buf.extend((perf_ns() - t0 + connect_ns, t1 - t0, len(body), payload_bytes if status >= 0 else 0))
-                    if len(buf) > FOLD_AT:
-                        rec.fold()
-            if flags & F_TRACED and tracer is not None:
-                parent_span = parent.frame.span_id if parent is not None else 0
-                tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
-                              parent_span, lamport, address, S_OK if status == _S_LENT else status, provider_id)  # fmt: skip
-        if status == _S_LENT and flags & F_CMA:
-            return await self.bulk.take_lent(conn, address, request_id, payload, into, start + timeout, offer)
-        if offer is not None:  # answered without a lend: the server will not write
-            offer.drop()
-        if status == S_OK:
-            if into is not None and into_pull.overflowed:
-                raise too_large(name, provider_id, address, payload, len(into))
-            return payload  # decoded by the engine's dispatch (Engine.on_frames)
-        raise error_from_status(status, payload, name, provider_id, address)
+        call = _Call.__new__(_Call)
+        call.conn, call.future, call.request_id, call.flags = conn, future, request_id, flags
+        call.start, call.t0, call.t1, call.connect_ns = start, t0, perf_ns() if t0 else 0, connect_ns
+        call.rec, call.timed, call.body_bytes, call.into, call.into_pull, call.offer = (
+            rec,
+            timed,
+            len(body),
+            into,
+            into_pull,
+            offer,
+        )
+        call.traced = None
+        if tracer is not None or flags & F_TRACED:
+            call.traced = (name, address, provider_id, trace_id, span_id, lamport,
+                           parent.frame.span_id if parent is not None else 0, tracer)  # fmt: skip
+        return call
 
-    _call = _call_once
-
-    def _root_callpath(self, rid: int, provider_id: int) -> int:
-        cp = self._root_callpaths[(rid, provider_id)] = callpath_extend(0, rid, provider_id)
-        return cp
+    def _end(self, call: _Call, status: int, payload_bytes: int) -> None:
+        """A call's work after its answer (``status``: -1 when there is none: a deadline, a cancellation, a lost
+        connection): its future out of the connection's table, its statistics and trace recorded."""
+        conn = call.conn
+        conn.pending.pop(call.request_id, None)
+        if call.into is not None:
+            conn.protocol.pulls.pop(call.request_id, None)
+        progress = self.progress
+        progress.inflight -= 1
+        if not progress.blocking:
+            progress.activity()
+        rec = call.rec
+        if rec is not None:
+            if status != S_OK and status != _S_LENT:
+                rec.errors += 1
+            if call.timed:
+                buf = rec.buffer
+                buf.extend((perf_ns() - call.t0 + call.connect_ns, call.t1 - call.t0, call.body_bytes,
+                            payload_bytes if status >= 0 else 0))  # fmt: skip
+                if len(buf) > FOLD_AT:
+                    rec.fold()
+        traced = call.traced
+        if traced is not None and traced[7] is not None:
+            name, address, provider_id, trace_id, span_id, lamport, parent_span, tracer = traced
+            t0 = call.t0
+            tracer.origin(name, t0 / 1e3 + self._epoch_offset_us, (perf_ns() - t0) / 1e3, trace_id, span_id,
+                          parent_span, lamport, address, S_OK if status == _S_LENT else status, provider_id)  # fmt: skip
 
 
 def no_response(name: str, provider_id: int, address: str, timeout: float) -> DeadlineExceeded:
@@ -330,3 +387,23 @@ def too_large(name: str, provider_id: int, address: str, size: int, room: int) -
         f"{name!r} (provider {provider_id}) at {address}: the result is {size} bytes; the buffer given as into= "
         f"holds {room} (it may hold the result's first bytes)"
     )
+
+
+class _Call:
+    """A call under way (``Calls._begin``): what its ``await`` and its ending need."""
+
+    conn: Connection
+    future: asyncio.Future[tuple[int, Any, int]]
+    request_id: int
+    flags: int
+    start: float
+    t0: int
+    t1: int
+    connect_ns: int
+    rec: Record | None
+    timed: bool
+    body_bytes: int
+    into: memoryview | None
+    into_pull: IncomingPull | None
+    offer: SplitWrite | None
+    traced: tuple[Any, ...] | None

@@ -25,8 +25,6 @@ class Deadlines:
     On expiry, a waiting future gets ``DeadlineExpired`` (its caller raises DeadlineExceeded).
     """
 
-    __slots__ = ("_heap", "_loop", "_seq", "_timer", "_timer_at")
-
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, dict[int, asyncio.Future[Any]], int]] = []
         self._seq = 0

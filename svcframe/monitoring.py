@@ -146,8 +146,6 @@ class Summary:
 class Record:
     """One key's buffered samples and folded summaries."""
 
-    __slots__ = ("_shown", "_shown_at", "buffer", "calls", "errors", "steps", "summaries")
-
     def __init__(self, steps: tuple[str, ...]) -> None:
         self.steps = steps
         self.buffer: list[int] = []

@@ -29,3 +29,8 @@ cdef inline void _put32(unsigned char *p, uint32_t v) noexcept:
 cdef inline void _put64(unsigned char *p, uint64_t v) noexcept:
     _put32(p, <uint32_t>v)
     _put32(p + 4, <uint32_t>(v >> 32))
+
+cdef inline void _put64be(unsigned char *p, uint64_t v) noexcept:
+    cdef int i
+    for i in range(8):
+        p[i] = (v >> (56 - 8 * i)) & 0xFF

@@ -52,14 +52,20 @@ from .split_read import (
     cma_read,
 )
 from .wire import (
-    F_CMA,
-    F_NO_REPLY,
     Frame,
     Kind,
     encode_frame,
     pack_body,
     push_ahead_frames,
 )
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # (compiled: wire.pxd's C constants)
+    from .wire import F_CMA, F_NO_REPLY
 
 if TYPE_CHECKING:
     from .bulk_serving import BulkServing

@@ -46,11 +46,6 @@ from .split_read import (
     cma_read,
 )
 from .wire import (
-    F_CMA,
-    F_INTO,
-    F_NO_REPLY,
-    K_BULK_PUSH,
-    K_RESPONSE,
     BinBody,
     Frame,
     Kind,
@@ -59,6 +54,14 @@ from .wire import (
     pack_body,
     unpack_body,
 )
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # (compiled: wire.pxd's C constants)
+    from .wire import F_CMA, F_INTO, F_NO_REPLY, K_BULK_PUSH, K_RESPONSE
 
 #: Results lent by address (reads into the caller's buffer by cross-memory attach) that callers have not yet
 #: read, in bytes, over all connections; past it results are sent as data (a caller that never reads holds

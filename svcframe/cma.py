@@ -39,6 +39,23 @@ import select
 import socket
 import struct
 import sys
+from typing import Any
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from . import _cython as cython
+
+if not cython.compiled:  # the C functions and types the compiled branches use (cma.pxd): never reached here
+    PyObject_GetBuffer: Any = None
+    PyBuffer_Release: Any = None
+    Py_buffer: Any = None
+    PyBUF_SIMPLE: Any = None
+    PyBUF_WRITABLE: Any = None
+    iovec: Any = None
+    c_process_vm_readv: Any = None
+    c_process_vm_writev: Any = None
+    c_errno: Any = None
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _MAX_ADDRESS = (1 << 64) - 1
@@ -176,6 +193,12 @@ def buffer_address(view: memoryview) -> int:
     """
     if not len(view):
         return 0
+    if cython.compiled:
+        pybuf = cython.declare(Py_buffer)
+        PyObject_GetBuffer(view, cython.address(pybuf), PyBUF_SIMPLE)  # raises the BufferError the view sets
+        address = cython.cast(cython.size_t, pybuf.buf)
+        PyBuffer_Release(cython.address(pybuf))
+        return address  # type: ignore[no-any-return]  # (an int: the address)
     buffer = _PyBuffer()
     _get_buffer(view, ctypes.byref(buffer), _PyBUF_SIMPLE)  # raises the BufferError the view sets
     try:
@@ -187,7 +210,7 @@ def buffer_address(view: memoryview) -> int:
 def read(pid: int, address: int, dest: memoryview) -> None:
     """Copy ``len(dest)`` bytes at ``address`` in process ``pid`` into ``dest`` (one kernel copy).
 
-    The call releases the GIL (ctypes), so large copies may run in a worker thread.
+    The call releases the GIL, so large copies may run in a worker thread.
 
     Raises:
         OSError: the kernel refused (EPERM: no ptrace access; ESRCH: no such process; EFAULT: the range
@@ -196,6 +219,9 @@ def read(pid: int, address: int, dest: memoryview) -> None:
     """
     if dest.readonly and len(dest):
         raise ValueError("the destination of a CMA read must be writable")
+    if cython.compiled and _process_vm_readv is not None:
+        _vm_copy(False, pid, address, dest, 0, b"")
+        return
     _transfer(_process_vm_readv, "process_vm_readv", pid, address, dest)
 
 
@@ -209,6 +235,9 @@ def write(pid: int, address: int, src: memoryview, mark_address: int = 0, mark: 
         OSError: as ``read`` (EFAULT: the range is not mapped, or not writable, in the peer; a write cut
             short, with a mark, is EFAULT too: the mark was not written; with a mark, at most 2 GiB).
     """
+    if cython.compiled and _process_vm_writev is not None:
+        _vm_copy(True, pid, address, src, mark_address, mark)
+        return
     if not mark_address:
         _transfer(_process_vm_writev, "process_vm_writev", pid, address, src)
         return
@@ -245,3 +274,57 @@ def _transfer(fn: object | None, name: str, pid: int, address: int, local_view: 
             err = ctypes.get_errno() if got < 0 else 14  # EFAULT: nothing copied
             raise OSError(err, f"{name} with pid {pid}: {os.strerror(err)}")
         done += got
+
+
+def _vm_copy(writing: bool, pid: int, address: int, local: memoryview, mark_address: int, mark: bytes) -> int:
+    """The compiled build's copy: ``len(local)`` bytes between ``local`` and ``address`` in ``pid``
+    (``process_vm_writev`` when ``writing``, else ``process_vm_readv``), the GIL released meanwhile; a write
+    with ``mark_address`` puts ``mark`` there after the data in the same call, as ``write`` says. The errors
+    of ``read`` and ``write``; 0 when done."""
+    name = "process_vm_writev" if writing else "process_vm_readv"
+    size = len(local)
+    marked = len(mark) if writing and mark_address else 0
+    if not size and not marked:
+        return 0
+    if size and not 0 < address <= _MAX_ADDRESS - size:  # a peer's address is data from the wire: bound it
+        raise OSError(14, f"{name} with pid {pid}: address {address:#x} + {size} is out of range")
+    if marked and not 0 < mark_address <= _MAX_ADDRESS - marked:
+        raise OSError(14, f"{name} with pid {pid}: address out of range")
+    remote = address if size else 0  # (in range: checked above)
+    remote_mark = mark_address if marked else 0
+    pybuf = cython.declare(Py_buffer)
+    PyObject_GetBuffer(local, cython.address(pybuf), PyBUF_SIMPLE if writing else PyBUF_WRITABLE)
+    try:
+        base = cython.cast(cython.p_char, pybuf.buf)
+        liov = cython.declare(iovec[2])
+        riov = cython.declare(iovec[2])
+        done = 0
+        while True:
+            n = 0
+            if done < size:
+                liov[0].iov_base, liov[0].iov_len = base + done, size - done
+                riov[0].iov_base, riov[0].iov_len = cython.cast(cython.p_void, remote + done), size - done
+                n = 1
+            if marked:  # (the data and the mark in one call, the mark after the data)
+                liov[n].iov_base, liov[n].iov_len = cython.cast(cython.p_char, mark), marked
+                riov[n].iov_base, riov[n].iov_len = cython.cast(cython.p_void, remote_mark), marked
+                n += 1
+            with cython.nogil:
+                if writing:
+                    got = c_process_vm_writev(pid, liov, n, riov, n, 0)
+                else:
+                    got = c_process_vm_readv(pid, liov, n, riov, n, 0)
+            err = c_errno
+            if marked:
+                if got != size - done + marked:  # cut short: the mark was not written
+                    err = err if got < 0 else 14
+                    raise OSError(err, f"{name} with pid {pid}: {os.strerror(err)}")
+                return 0
+            if got <= 0:
+                err = err if got < 0 else 14  # EFAULT: nothing copied
+                raise OSError(err, f"{name} with pid {pid}: {os.strerror(err)}")
+            done += got
+            if done >= size:  # (the kernel may copy less than asked: at most 2 GiB - 4 KiB a call)
+                return 0
+    finally:
+        PyBuffer_Release(cython.address(pybuf))

@@ -1,9 +1,10 @@
 # The C types of svcframe/decoder.py's compiled build (Cython's pure-Python mode: the .py is the source of both).
 cimport cython
-from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport Py_buffer
 from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcpy
 
 from svcframe._bytes cimport _u16, _u32, _u32be, _u64
 from svcframe.wire cimport (
@@ -73,10 +74,13 @@ cdef class FrameDecoder:
 @cython.locals(h="const unsigned char *", f=Frame)
 cdef Frame _new_frame(const unsigned char *b, Py_ssize_t start, object body)
 
+cdef int _copy_into(object dest, const unsigned char *p, Py_ssize_t n) except -1
+
 @cython.locals(mv="const unsigned char[:]")
 cdef const unsigned char *_address(object view) except? NULL
 
-@cython.locals(n=Py_ssize_t, c=cython.uint, width=Py_ssize_t, values=list)
+@cython.locals(n=Py_ssize_t, c=cython.uint, width=cython.int, i=cython.int, k=cython.int, value=uint64_t,
+               offset=uint64_t, size=uint64_t)
 cdef tuple _ahead_body(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end)
 
 

@@ -57,6 +57,10 @@ if not cython.compiled:  # (compiled: wire.pxd's C constants, and the C function
     PyBytes_FromStringAndSize: Any = None
     PyBytes_AS_STRING: Any = None
     PyBuffer_FillInfo: Any = None
+    PyObject_GetBuffer: Any = None
+    PyBuffer_Release: Any = None
+    PyBUF_WRITABLE: Any = None
+    memcpy: Any = None
     Py_buffer: Any = None
     _u16: Any = None  # (these four: svcframe/_bytes.pxd)
     _u32: Any = None
@@ -87,7 +91,6 @@ BulkSink = Callable[[int, int, int], memoryview]
 #: being its data's length) to the buffer of exactly that length the data goes into, or None: the frames are then
 #: decoded as usual (FrameDecoder.place_ahead).
 PlaceAhead = Callable[[int, bytes, int, int], "memoryview | None"]
-_UINT_WIDTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack's uint 8, 16, 32, 64
 
 
 class FrameDecoder:
@@ -399,7 +402,10 @@ class FrameDecoder:
                     raise RemoteProtocolError(f"bulk sink returned {len(dest)} bytes for {length}")
                 frame = _new_frame(base, start, None)
                 if body_end <= end:  # all of it here: copied, and complete
-                    dest[:] = self._view[body_start:body_end]
+                    if cython.compiled:
+                        _copy_into(dest, base + body_start, length)
+                    else:
+                        dest[:] = self._view[body_start:body_end]
                     start = body_end
                     self._data_max = 0 if length >= HEADER_FIRST_AFTER_BYTES else HEADER_FIRST_AFTER_BYTES
                     if flags & F_INTO and kind == K_BULK_DATA_REPLY and self._into_answered(request_id):
@@ -531,7 +537,10 @@ class FrameDecoder:
             return 0
         if len(dest) != length:
             raise RemoteProtocolError(f"push ahead placed in {len(dest)} bytes for {length}")
-        dest[:] = self._view[data_start:data_end]
+        if cython.compiled:
+            _copy_into(dest, base + data_start, length)
+        else:
+            dest[:] = self._view[data_start:data_end]
         return data_end  # type: ignore[no-any-return]  # (an int: a header field plus offsets)
 
     def _start_direct(self, dest: memoryview, frame: Frame, body_start: int, frames: list[Frame]) -> None:
@@ -593,6 +602,15 @@ def _new_frame(b: Any, start: int, body: bytes | bytearray | memoryview | BinBod
 
 
 # -- the compiled build's own ------------------------------------------------------------------------------
+def _copy_into(dest: Any, p: Any, n: int) -> int:
+    """Copy the ``n`` received bytes at ``p`` into ``dest``, a writable buffer of ``n`` bytes or more; 0."""
+    pybuf = cython.declare(Py_buffer)
+    PyObject_GetBuffer(dest, cython.address(pybuf), PyBUF_WRITABLE)
+    memcpy(pybuf.buf, p, n)
+    PyBuffer_Release(cython.address(pybuf))
+    return 0
+
+
 def _address(view: memoryview) -> Any:
     """The address of ``view``'s first byte (NULL when it is empty); ``view`` keeps the buffer in place."""
     if not len(view):
@@ -635,22 +653,31 @@ def _describe_bad_header(header: bytes | memoryview) -> str:
     return f"unknown frame kind {raw[3]}"
 
 
-def _ahead_body(b: memoryview, pos: int, end: int) -> tuple[bytes, int, int] | None:
+def _ahead_body(b: Any, pos: int, end: int) -> tuple[bytes, int, int] | None:
     """A push ahead's BULK_PUSH body ``b[pos:end]`` in the form its pushers pack it (svcframe.bulk: msgpack
     ``[bulk id, offset, size, call id]``, the bulk id a bin 8, the others unsigned ints): (bulk id, offset,
     size); None for any other body (decoded as usual: ``_on_push_ahead`` has the whole of the semantics)."""
     if end - pos < 3 or b[pos] != 0x94 or b[pos + 1] != 0xC4 or pos + 3 + b[pos + 2] > end:
         return None
-    bulk_id = bytes(b[pos + 3 : pos + 3 + b[pos + 2]])
-    pos += 3 + b[pos + 2]
-    values = []
-    for _ in range(3):  # offset, size, call id
+    n = b[pos + 2]
+    bulk_id = b[pos + 3 : pos + 3 + n]
+    pos += 3 + n
+    offset = size = 0
+    for i in range(3):  # offset, size, call id: each a positive fixint or a uint 8, 16, 32 or 64
         if pos >= end:
             return None
         c = b[pos]
-        width = 0 if c <= 0x7F else _UINT_WIDTHS.get(c)
-        if width is None or pos + 1 + width > end:
+        width = 0 if c <= 0x7F else (1 << (c - 0xCC)) if 0xCC <= c <= 0xCF else -1
+        if width < 0 or pos + 1 + width > end:
             return None
-        values.append(c if not width else int.from_bytes(b[pos + 1 : pos + 1 + width], "big"))
+        value = c
+        if width:
+            value = 0
+            for k in range(1, width + 1):
+                value = (value << 8) | b[pos + k]
+        if i == 0:
+            offset = value
+        elif i == 1:
+            size = value
         pos += 1 + width
-    return (bulk_id, values[0], values[1]) if pos == end else None
+    return (bulk_id, offset, size) if pos == end else None

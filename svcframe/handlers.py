@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .bulk_handles import as_byte_view
-from .eager import FINISHED, SUSPENDED, Done, first_step, start_eagerly
+from .eager import DONE, FINISHED, SUSPENDED, Done, first_step, start_eagerly
 from .errors import (
     AppError,
     BulkUsageError,
@@ -204,6 +204,8 @@ class Handlers:
         sync.request = req
         try:
             result = reg.handler(req, arg)
+            if result is DONE:  # a push ahead written at once (svcframe.eager.DONE): its value, None
+                result = None
             if (result is None or (type(result) is bytes and len(result) <= _SMALL_RESULT_BYTES)) and not (
                 start_ns or frame.flags & _NOT_FAST
             ):  # the common case, untimed and untraced: None or small bytes, answered here

@@ -175,8 +175,6 @@ class IncomingPull:
     ``overflow_ok``: more data than ``dest`` holds is discarded and ``overflowed`` set (a result larger than
     the caller's buffer: its call fails) instead of breaking the protocol (a pull is asked for a size)."""
 
-    __slots__ = ("cursor", "dest", "overflow_ok", "overflowed")
-
     def __init__(self, dest: Any, *, overflow_ok: bool = False) -> None:
         self.dest = dest  # a memoryview, or an object that makes one when sliced (bulk's lazy destination)
         self.cursor = 0
@@ -201,8 +199,6 @@ class WriteOffer(NamedTuple):
 
 class IncomingPush:
     """A bulk push announced by the peer (``BULK_PUSH``), whose data frames are still arriving."""
-
-    __slots__ = ("cursor", "dest", "error", "frame", "size")
 
     def __init__(self, frame: Frame, dest: memoryview | None, size: int, error: str | None) -> None:
         self.frame = frame
@@ -232,31 +228,6 @@ class Protocol:
         serving: requests being served by request id (the engine's handler tasks: opaque here).
         error: the exception that put the connection in ``Phase.ERROR``.
     """
-
-    __slots__ = (
-        "_client_nonce",
-        "_local_endpoint",
-        "_next_id",
-        "_nonce",
-        "_out",
-        "_peer_on_node",
-        "_refused_pushes",
-        "_remote_endpoint",
-        "decoder",
-        "error",
-        "identity",
-        "into",
-        "lent",
-        "max_pushes",
-        "offers",
-        "peer",
-        "pending",
-        "phase",
-        "pulls",
-        "pushes",
-        "role",
-        "serving",
-    )  # fmt: skip
 
     def __init__(
         self,

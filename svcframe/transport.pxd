@@ -2,6 +2,7 @@
 cimport cython
 
 from svcframe.decoder cimport FrameDecoder
+from svcframe.protocol cimport Protocol
 from svcframe.wire cimport F_NO_REPLY, Frame
 
 
@@ -19,7 +20,7 @@ cdef class ConnectionOwner:
 
 cdef class Connection:
     cdef public ConnectionOwner owner
-    cdef public object protocol
+    cdef public Protocol protocol
     cdef FrameDecoder _decoder
     cdef public dict pending
     cdef public dict serving

@@ -5,7 +5,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
-from svcframe._bytes cimport _put16, _put32, _put64
+from svcframe._bytes cimport _put16, _put32, _put64, _put64be
 
 
 cdef extern from "Python.h":
@@ -65,6 +65,13 @@ cpdef bytes request_frame(
 cpdef bytes ok_response(uint64_t request_id, object result)
 
 cpdef bytes data_reply_header(uint16_t flags, uint32_t length, uint64_t request_id)
+
+cdef enum:
+    _AHEAD_BODY_BYTES = 46
+
+@cython.locals(with_data=bint, p="unsigned char *", q="unsigned char *")
+cpdef bytes push_ahead_frames(object request_id, object bulk_id, object offset, object size, object call_id,
+                              bint data=*)
 
 cdef inline bytes _new_frame_bytes(Py_ssize_t body_length)
 cdef inline unsigned char *_frame_data(bytes out)

@@ -84,7 +84,8 @@ if not cython.compiled:  # the C functions the compiled branches call (wire.pxd)
     PyFloat_Unpack8: Any = None
     memcpy: Any = None
     memset: Any = None
-    _put16: Any = None  # (these three: svcframe/_bytes.pxd)
+    _put16: Any = None  # (these four: svcframe/_bytes.pxd)
+    _put64be: Any = None
     _put32: Any = None
     _put64: Any = None
 
@@ -327,6 +328,8 @@ _pack_bulk_data_push = functools.partial(_BULK_HEADER.pack, MAGIC + bytes([WIRE_
 #: each unsigned int in its 8-byte form (valid msgpack, not the shortest: msgpack reads it, and so do
 #: decoder._ahead_body and its compiled twin). One C call where pack_body's took 19 bytecodes and a list.
 _AHEAD_BODY = struct.Struct(">3s16sBQBQBQ")
+if not cython.compiled:
+    _AHEAD_BODY_BYTES = _AHEAD_BODY.size  # 46
 _pack_ahead_body = functools.partial(_AHEAD_BODY.pack, b"\x94\xc4\x10")  # (then 0xCF: uint 64, before each)
 
 
@@ -342,6 +345,30 @@ def push_ahead_frames(
     Raises:
         struct.error: a field does not fit (callers pass a request id of ours and a range they checked).
     """
+    if (
+        cython.compiled
+        and type(bulk_id) is bytes
+        and len(bulk_id) == 16
+        and 0 <= request_id <= _MASK64
+        and 0 <= offset <= _MASK64
+        and 0 <= size <= 0xFFFFFFFF
+        and 0 <= call_id <= _MASK64
+    ):  # (anything else is packed below, and a field out of range raises there)
+        with_data = data and size > 0
+        out = PyBytes_FromStringAndSize(cython.NULL, 2 * HEADER_SIZE + _AHEAD_BODY_BYTES if with_data else
+                                        HEADER_SIZE + _AHEAD_BODY_BYTES)  # fmt: skip
+        p = _frame_data(out)
+        _put_header(p, K_BULK_PUSH, F_NO_REPLY, _AHEAD_BODY_BYTES, request_id)
+        q = p + HEADER_SIZE
+        q[0], q[1], q[2] = 0x94, 0xC4, 0x10
+        memcpy(q + 3, _bytes_data(bulk_id), 16)
+        q[19] = q[28] = q[37] = 0xCF
+        _put64be(q + 20, offset)
+        _put64be(q + 29, size)
+        _put64be(q + 38, call_id)
+        if with_data:
+            _put_header(q + _AHEAD_BODY_BYTES, K_BULK_DATA_PUSH, 0, size, request_id)
+        return out  # type: ignore[no-any-return]  # (a new bytes object)
     if len(bulk_id) == 16:
         body = _pack_ahead_body(bulk_id, 0xCF, offset, 0xCF, size, 0xCF, call_id)
     else:  # (a handle made by hand: its owner refuses it, but it goes as given)

@@ -45,8 +45,11 @@ cdef class Handlers:
 
     cpdef batch_begins(self, object frames)
     cpdef batch_ends(self)
-    @cython.locals(reg=Registration, req=Request, start_ns=cython.longlong, n=Py_ssize_t, size=Py_ssize_t)
+    @cython.locals(reg=Registration, req=Request, start_ns=cython.longlong, n=Py_ssize_t, size=Py_ssize_t,
+                   kind=cython.int)
     cpdef serve(self, Connection conn, Frame frame, long long arrival_ns, double arrival)
+    @cython.locals(request_id=object, usec=cython.longlong, cancels=set)
+    cdef bint _runs_now(self, Connection conn, Frame frame, long long arrival_ns) except -1
 
 
 @cython.locals(req=Request)

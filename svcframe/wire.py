@@ -359,6 +359,7 @@ def push_ahead_frames(
                                         HEADER_SIZE + _AHEAD_BODY_BYTES)  # fmt: skip
         p = _frame_data(out)
         _put_header(p, K_BULK_PUSH, F_NO_REPLY, _AHEAD_BODY_BYTES, request_id)
+        _put16(p + 30, NO_PARENT_PROVIDER)  # (encode_frame's default)
         q = p + HEADER_SIZE
         q[0], q[1], q[2] = 0x94, 0xC4, 0x10
         memcpy(q + 3, _bytes_data(bulk_id), 16)
@@ -368,6 +369,7 @@ def push_ahead_frames(
         _put64be(q + 38, call_id)
         if with_data:
             _put_header(q + _AHEAD_BODY_BYTES, K_BULK_DATA_PUSH, 0, size, request_id)
+            _put16(q + _AHEAD_BODY_BYTES + 30, NO_PARENT_PROVIDER)
         return out  # type: ignore[no-any-return]  # (a new bytes object)
     if len(bulk_id) == 16:
         body = _pack_ahead_body(bulk_id, 0xCF, offset, 0xCF, size, 0xCF, call_id)
@@ -479,14 +481,13 @@ def _bytes_data(b: bytes) -> Any:
 
 
 def _put_header(p: Any, kind: int, flags: int, body_length: int, request_id: int) -> None:
-    """The header at ``p`` of a frame of ``kind``: magic, version, kind, flags, body length, request id, no
-    parent provider, zeros elsewhere."""
+    """The header at ``p`` of a frame of ``kind``: magic, version, kind, flags, body length, request id, zeros
+    elsewhere (as the interpreted build's header structs: ``_RESPONSE_OK``)."""
     memset(p, 0, HEADER_SIZE)
     p[0], p[1], p[2], p[3] = 0x53, 0x46, WIRE_VERSION, kind  # b"SF"
     _put16(p + 4, flags)
     _put32(p + 12, body_length)
     _put64(p + 16, request_id)
-    _put16(p + 30, NO_PARENT_PROVIDER)
 
 
 #: ``pack_ok_response_header(body_length, request_id) -> bytes``: the header of a RESPONSE with status OK.

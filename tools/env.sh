@@ -31,18 +31,34 @@ if ! command -v "$("$PY" -c 'import shlex, sysconfig; print(shlex.split(sysconfi
   apt-get update -qq && apt-get install -y -qq gcc >/dev/null || echo "gcc unavailable: svcframe installs pure Python" >&2
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# editable_mode=compat puts the repository on sys.path, where providers/ and selftest/ import by their own names
-# (the wheel installs them as svcframe_providers and svcframe_selftest: svcframe/packages.py)
-"$VENV/bin/python" -m pip install -q -e "$ROOT[test]" --config-settings editable_mode=compat
+# The dependencies and the editable install, without compiling (SVCFRAME_PURE_BUILD=1): the compiled modules are
+# built once below, in place, where a second run recompiles only what changed (pip builds in a fresh directory
+# every time). editable_mode=compat puts the repository on sys.path, where providers/ and selftest/ import by
+# their own names (the wheel installs them as svcframe_providers and svcframe_selftest: svcframe/packages.py).
+EXTRAS=test
+# CI also installs the mpi-wheel extra (mpi4py + the MPICH wheel with its mpiexec; a cluster uses the mpi extra
+# and its own MPI): tests/test_ranks.py starts servers under a real mpiexec. Without it those tests skip.
+[ "${CI:-}" != "true" ] || EXTRAS=test,mpi-wheel
+PYTHONWARNINGS="ignore:Compat editable" SVCFRAME_PURE_BUILD=1 "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRAS]" --config-settings editable_mode=compat \
+  || { [ "$EXTRAS" = test ] && exit 1; echo "MPI wheels unavailable: the mpiexec tests skip" >&2
+       PYTHONWARNINGS="ignore:Compat editable" SVCFRAME_PURE_BUILD=1 "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" --config-settings editable_mode=compat; }
 # CI also exercises the hwloc topology backend: pyhwloc 3.x declares Python >= 3.12 but imports on 3.11.
 # The project's dependency keeps that honest marker (python_version >= '3.12'); only CI overrides it.
 if [ "${CI:-}" = "true" ] && ! "$VENV/bin/python" -c 'import pyhwloc' 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q --ignore-requires-python "pyhwloc>=3"
 fi
-# CI also installs the mpi-wheel extra (mpi4py + the MPICH wheel with its mpiexec; a cluster uses the mpi extra
-# and its own MPI): tests/test_ranks.py starts servers under a real mpiexec. Without it those tests skip.
-if [ "${CI:-}" = "true" ] && ! "$VENV/bin/python" -c 'import mpi4py' 2>/dev/null; then
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[test,mpi-wheel]" --config-settings editable_mode=compat || echo "MPI wheels unavailable: the mpiexec tests skip"
+# The compiled modules (setup.py: every svcframe module with a .pxd), built in place with the test extra's
+# setuptools and Cython; SVCFRAME_PURE_BUILD=1 in the environment skips them (svcframe then runs as pure Python).
+if [ "${SVCFRAME_PURE_BUILD:-0}" = 0 ]; then
+  build_log=$(mktemp)
+  if ! (cd "$ROOT" && "$VENV/bin/python" setup.py -q build_ext --inplace -j "$(nproc 2>/dev/null || echo 2)") \
+      >"$build_log" 2>&1; then
+    cat "$build_log" >&2
+    rm -f "$build_log"
+    echo "building svcframe's compiled modules failed (SVCFRAME_PURE_BUILD=1 skips them)" >&2
+    exit 1
+  fi
+  rm -f "$build_log"
 fi
 # Byte-compile the repository's packages (an editable install leaves them as source): where
 # PYTHONDONTWRITEBYTECODE is set, as on this project's CI machines, every process would compile them again

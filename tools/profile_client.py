@@ -9,6 +9,9 @@ process CPU time over the calls) and, with ``--profile``, the ``--top`` function
 per call; with ``--bytecodes``, the Python bytecodes the calls ran, per call, in all and by function (a trace
 of every opcode: exact and independent of the machine, slow).
 ``--in-process`` runs the server in this process instead, on the client's loop, so that both count both sides.
+cProfile and the bytecode trace see Python frames only: where svcframe's hot paths run compiled (``svcframe
+--version``) they show as the one line that calls them; ``SVCFRAME_PURE=1`` profiles their definitions, and
+callgrind (tools/instructions_per_client_call.sh) counts the compiled build's instructions.
 
     python tools/profile_client.py [--impl svcframe|raw|msgpack] [--calls 20000] [--depth 1]
                                    [--mode block|spindown|busy] [--transport tcp|unix]
@@ -41,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from selftest import SELFTEST_CONFIG
 from selftest.bench_client import IMPLS, MSGPACK, RAW, READ_METHODS, SIDES, SVCFRAME, Operation, spin_msec
 from selftest.bench_peers import PeerServer
+from svcframe.compiled import compiled_modules
 from svcframe.loops import run
 from svcframe.progress import PROGRESS_MODES
 
@@ -207,6 +211,8 @@ def print_profile(stats: pstats.Stats, calls: int, top: int) -> None:
     entries: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
     total = sum(tt for _, _, tt, _, _ in entries.values())
     print(f"profiled time {total / calls * 1e6:.2f} µs per call (cProfile adds its own); top {top} by own time:")
+    if any(compiled_modules().values()):
+        print("(svcframe's compiled modules are not profiled: SVCFRAME_PURE=1 profiles their definitions)")
     print(f"{'own µs':>8} {'own %':>6} {'cum µs':>8} {'calls':>6}  function (per noop call)")
     ranked = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
     for (path, line, name), (_, ncalls, tt, ct, _) in ranked:

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 
@@ -38,4 +39,13 @@ def extensions() -> list[Extension]:
     )
 
 
-setup(ext_modules=extensions())
+class ParallelBuildExt(build_ext):  # type: ignore[misc]
+    """build_ext compiling the modules on every core unless told otherwise (``-j N``): pip's builds give none."""
+
+    def finalize_options(self) -> None:
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+        super().finalize_options()
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": ParallelBuildExt})

@@ -290,10 +290,13 @@ async def test_timed_out_pull_leaves_the_connection_usable(address: str, make_en
     start = loop.time()
     with pytest.raises(TimeoutError_):
         await client.pull(handle, timeout_seconds=0.002)
-    assert loop.time() - start < 0.1
+    timed_out = loop.time() - start
     small = await remote_handle(client, server, 1000, "r", seed=3)
     for _ in range(3):
         assert await client.pull(small, timeout_seconds=WAIT_SECONDS) == pattern(1000, 3)
+    start = loop.time()  # the whole pull, in the same run: the timed-out one ended well before it would have
+    assert await client.pull(handle, timeout_seconds=WAIT_SECONDS) == pattern(48 * MiB, 2)
+    assert timed_out < max(0.1, loop.time() - start)
     assert sha(await client.pull(handle, timeout_seconds=60)) == sha(exposer.buffers[handle.bulk_id])
     assert await client.connection(server.address) is conn and not conn.closed  # type: ignore[arg-type]
 

@@ -180,7 +180,7 @@ async def test_claimed_addresses_cannot_grow_the_statistics(procs: Procs, tmp_pa
     peers, new ones share one "other" record."""
     from reliability_kit import close_writer, open_raw, raw_handshake, read_frame, request, secret
 
-    from svcframe.engine import MAX_PEER_LABELS
+    from svcframe.connections import MAX_PEER_LABELS
     from svcframe.wire import pack_body
 
     server = procs.spawn(service_config(tmp_path, kv=None))

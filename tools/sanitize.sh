@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The compiled modules built with AddressSanitizer and UndefinedBehaviorSanitizer, and tests run against them.
+#   bash tools/sanitize.sh [PYTEST ARGS...]   (default: the decoder, wire, protocol and hostile-peer tests)
+# The repository's tracked files are copied to a temporary directory and built there (the checkout's own
+# modules are left as they are), with the venv of tools/env.sh. A memory error or undefined behaviour ends the
+# run with the sanitizer's report (halt_on_error); leaks are not checked (the interpreter keeps memory at exit).
+# PYTHONMALLOC=malloc lets ASan see every Python allocation. Also run in CI (.ci/run).
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+CC_=$(python -c 'import shlex, sysconfig; print(shlex.split(sysconfig.get_config_var("CC") or "cc")[0])')
+libasan=$("$CC_" -print-file-name=libasan.so)
+libubsan=$("$CC_" -print-file-name=libubsan.so)
+if [ ! -e "$libasan" ] || [ ! -e "$libubsan" ]; then
+  echo "sanitize: $CC_ has no libasan/libubsan (Debian: apt-get install gcc)" >&2
+  exit 1
+fi
+COPY=$(mktemp -d /tmp/svcframe-sanitize.XXXXXX)
+trap 'rm -rf "$COPY"' EXIT
+(cd "$ROOT" && git ls-files -z | xargs -0 cp --parents -t "$COPY")
+echo "sanitize: building the compiled modules with -fsanitize=address,undefined in $COPY"
+(cd "$COPY" && CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g" \
+  LDFLAGS="-fsanitize=address,undefined" SVCFRAME_PURE_BUILD=0 \
+  python setup.py -q build_ext --inplace -j "$(nproc 2>/dev/null || echo 2)" >build.log 2>&1) \
+  || { tail -40 "$COPY/build.log" >&2; exit 1; }
+cd "$COPY"
+run() {
+  PYTHONPATH="$COPY" PYTHONMALLOC=malloc LD_PRELOAD="$libasan:$libubsan" \
+    ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=87 \
+    "$@"
+}
+run python -c '
+import svcframe.compiled as c
+state = c.compiled_modules()
+assert all(state.values()), f"not compiled: {[m for m, ok in state.items() if not ok]}"
+print(f"sanitize: {len(state)} modules compiled with the sanitizers")'
+[ $# -gt 0 ] || set -- tests/test_compiled.py tests/test_wire.py tests/test_protocol.py tests/test_hostile_memory.py \
+  tests/test_hostile_bulk.py tests/test_bulk.py tests/test_into.py
+run python -m pytest -q -p no:cacheprovider -m "not one_interpreter" "$@"

@@ -188,9 +188,11 @@ class Handlers:
                     task = self._start(conn, frame, reg, req, arrival_ns, start_ns, rec, coro)
                 else:  # its first step now, in a Task of its own (no wrapper coroutine): svcframe.eager.first_step
                     kind, outcome = first_step(self._loop, coro, contextvars.copy_context())  # type: ignore[arg-type]
-                    if kind == FINISHED and (
-                        outcome is None or (type(outcome) is bytes and len(outcome) <= _SMALL_RESULT_BYTES)
-                    ) and not (start_ns or frame.flags & _NOT_FAST):  # (as a sync handler's common case)
+                    if (
+                        kind == FINISHED
+                        and (outcome is None or (type(outcome) is bytes and len(outcome) <= _SMALL_RESULT_BYTES))
+                        and not (start_ns or frame.flags & _NOT_FAST)
+                    ):  # (as a sync handler's common case)
                         conn.send(ok_response(frame.request_id, outcome))
                         return
                     if kind != SUSPENDED:

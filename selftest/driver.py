@@ -5,9 +5,15 @@ with its own engine and event loop). Client *i* talks to ``servers[i % S]`` and 
 outstanding (1 = synchronous, like Quintain). The sequence:
 
 1. every client connects and performs ``warmup_iterations`` calls, then waits at a barrier;
-2. the driver samples every server's CPU time (``stat`` RPC), then the barrier releases everyone;
+2. the driver samples every server's CPU time (``stat`` RPC) and reads its statistics (admin ``statistics``),
+   then the barrier releases everyone;
 3. each client runs its timed loop for ``duration_seconds`` and measures its own elapsed time;
-4. the driver samples server CPU again and merges everything into ONE results document.
+4. the driver samples server CPU and reads the statistics again, and merges everything into ONE results document.
+
+Measuring a live service changes nothing its users see: the driver keeps its own counts (each client counts its
+calls) and diagnoses the difference of its two statistics reads; it never resets the service's statistics, so
+their Prometheus counters and ``svcframe monitor``'s rates go on as before. The service's statistics count the
+self-test's calls as any client's: its warm-up calls and its timed ones (``aggregate.warmup_ops`` and ``ops``).
 
 Workloads: ``noop`` (the ``work`` RPC with request/response buffers), ``bulk`` (``work`` with a bulk pull or
 push of ``bulk_size`` bytes), ``storage`` (the ``storage`` RPC: the server writes or reads
@@ -30,7 +36,7 @@ Results document (``to_json``)::
                   "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds", "progress_mode", "timeline": [...],
                   "sample_trace": [[start_seconds, latency_seconds], ...] (trace_samples) or null}...],
      "progress_modes": {"client": MODE, "servers": {ADDRESS: MODE}},
-     "aggregate": {"ops", "rate_ops_per_second", "rate_per_client_ops_per_second",
+     "aggregate": {"ops", "warmup_ops", "rate_ops_per_second", "rate_per_client_ops_per_second",
                    "rate_per_server_ops_per_second", "bandwidth_bytes_per_second",
                    "bandwidth_gib_per_second", "latency_usec": {min, q1, p50, q3, p90, p99, max, mean},
                    "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds",
@@ -39,7 +45,7 @@ Results document (``to_json``)::
      "rpc": {"provider_id", "name", "provider", "type", "requested", "calls", "sampled_calls",
              "request_bytes_per_call", "response_bytes_per_call", "bulk_bytes_per_call", "bytes_per_call"}
             (the rpc workload only; each client row then has its "rpc_sizes"),
-     "diagnosis": {ADDRESS: svcframe.diagnosis.diagnose(...)}}
+     "diagnosis": {ADDRESS: svcframe.diagnosis.diagnose(...) of the timed loop's window}}
 
 ``sample_trace`` (``trace_samples``: Quintain's ``trace``, bounded) holds each client's first N timed calls,
 their start relative to the client's timed loop and their latency, in seconds.
@@ -418,7 +424,7 @@ def run_selftest(
         if on_start is not None:
             on_start()
         before = runner.run(_server_stats(engine, servers, params.provider_id))
-        runner.run(_server_statistics(engine, servers, admin_provider_id, reset=True))
+        statistics_before = runner.run(_server_statistics(engine, servers, admin_provider_id))
         wall0 = time.monotonic()
         try:
             barrier.wait(warmup_timeout)  # go
@@ -436,7 +442,7 @@ def run_selftest(
             outs.append(out)
         wall1 = time.monotonic()
         after = runner.run(_server_stats(engine, servers, params.provider_id))
-        statistics = runner.run(_server_statistics(engine, servers, admin_provider_id, reset=False))
+        statistics_after = runner.run(_server_statistics(engine, servers, admin_provider_id))
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -447,11 +453,19 @@ def run_selftest(
     results = summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
     if target is not None:
         results["rpc"] = {**vars(target), "requested": requested, **results["rpc"]}
-    from svcframe.diagnosis import diagnose, rpc_names
-
-    names = rpc_names(*(st for st in statistics.values() if st is not None))
-    results["diagnosis"] = {a: diagnose(st, names=names) for a, st in statistics.items() if st is not None}
+    results["diagnosis"] = diagnose_window(statistics_before, statistics_after)
     return results
+
+
+def diagnose_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Each server's diagnosis (``svcframe.diagnosis``) of its statistics over the timed loop: the difference of
+    two reads (``svcframe.diagnosis.window``), so the live service's statistics are never reset. Servers whose
+    admin provider did not answer both reads are left out."""
+    from svcframe.diagnosis import diagnose, rpc_names, window
+
+    windows = {a: window(before[a], st) for a, st in after.items() if st is not None and before.get(a) is not None}
+    names = rpc_names(*windows.values())
+    return {a: diagnose(st, names=names) for a, st in windows.items()}
 
 
 async def _resolve_rpc(engine: Any, servers: list[str], admin_id: int, spec: str) -> Any:
@@ -466,10 +480,11 @@ async def _resolve_rpc(engine: Any, servers: list[str], admin_id: int, spec: str
         raise SelftestError(f"--rpc {spec}: cannot ask the servers' admin providers: {exc}") from exc
 
 
-async def _server_statistics(engine: Any, servers: list[str], admin_id: int, *, reset: bool) -> dict[str, Any]:
-    """Each server's engine statistics (None where the admin provider is not reachable)."""
+async def _server_statistics(engine: Any, servers: list[str], admin_id: int) -> dict[str, Any]:
+    """Each server's engine statistics, read without resetting them (None where the admin provider is not
+    reachable)."""
     outs = await asyncio.gather(
-        *(engine.call(s, "statistics", {"reset": reset}, provider_id=admin_id) for s in servers), return_exceptions=True
+        *(engine.call(s, "statistics", None, provider_id=admin_id) for s in servers), return_exceptions=True
     )
     return {s: (None if isinstance(o, BaseException) else o) for s, o in zip(servers, outs, strict=True)}
 
@@ -540,6 +555,7 @@ def summarize(
         "clients": clients,
         "aggregate": {
             "ops": total_ops,
+            "warmup_ops": params.warmup_iterations * len(outs),
             "elapsed_seconds": elapsed,
             "rate_ops_per_second": rate,
             "rate_per_client_ops_per_second": rate / len(outs),

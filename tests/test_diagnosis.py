@@ -195,3 +195,29 @@ async def test_shares_weigh_exact_counts_not_timed_samples() -> None:
     assert long["share"] == pytest.approx(by_count) and short["share"] == pytest.approx(1 - by_count)
     assert by_samples > 4 * by_count  # what the old, mixed sums said: about 11x too much
     assert "exact calls x sampled mean" in diagnosis["method"]
+
+
+def _stats(calls: int, handler_sum: float, timed: int, since: float = 1.0, polls: int = 0) -> dict[str, Any]:
+    row = {"parent_rpc": "", "parent_provider_id": None, "rpc": "work", "provider_id": 1, "peer": "clients@h",
+           "calls": calls, "errors": 0,
+           "handler_usec": {"count": timed, "sum": handler_sum, "min": 1.0, "max": 9.0, "mean": handler_sum / timed,
+                            "p50": 4.0, "p90": 8.0, "p99": 9.0}}  # fmt: skip
+    return {"rpcs": {"since": since, "origin": [], "target": [row], "bulk": [],
+                     "names": {}, "timing_sample_every": 16, "always_timed": 64},
+            "progress": {"mode": "spindown", "polls": polls, "blocks": 2}}  # fmt: skip
+
+
+def test_a_window_of_two_reads_is_their_difference_and_needs_no_reset() -> None:
+    """How the self-test diagnoses a live service without resetting its statistics (issue 37)."""
+    from svcframe.diagnosis import window
+
+    before, after = _stats(1_000, 4_000.0, 100, polls=10), _stats(1_600, 7_000.0, 150, polls=25)
+    (row,) = window(before, after)["rpcs"]["target"]
+    assert row["calls"] == 600 and row["errors"] == 0
+    assert row["handler_usec"] == {"count": 50, "sum": 3_000.0, "mean": 60.0}  # no percentile of a window
+    assert window(before, after)["progress"]["polls"] == 15 and not window(before, after)["window"]["reset"]
+    assert window(after, after)["rpcs"]["target"] == []  # nothing happened in between
+    reset = window(before, _stats(50, 200.0, 50, since=2.0))  # reset in between: all the later read holds
+    assert reset["window"]["reset"] and reset["rpcs"]["target"][0]["calls"] == 50
+    (finding,) = diagnose(window(before, after))["findings"]
+    assert finding["calls"] == 600 and finding["mean_usec"] == pytest.approx(60.0)

@@ -23,23 +23,34 @@ the results then hold ``rpc``, the RPC resolved and its measured bytes per call)
 ``selftest/pool.py`` runs the same sequence on client processes started once for many runs.
 
 Rates divide by the measured elapsed time, never by the nominal duration (Quintain bug 4). Server CPU
-is sampled on every server (Quintain only sampled the first).
+is sampled on every server (Quintain only sampled the first). Utilisation is CPU seconds over wall seconds, a
+fraction of one core per process: each server's over the driver's two samples, each client's over its timed
+loop. Demand is what a process wanted of a core, ``(run + runqueue wait) / wall`` from the kernel's scheduler
+statistics (``selftest.provider.scheduler_seconds``; None where it keeps none): a process that used 15% of a
+core while waiting for it 70% of the time was starved by other processes, not idle. A server no client called
+(fewer clients than servers) served nothing: ``servers_serving`` counts the others, and the rate, utilisation
+and demand per server are over them.
 
 Results document (``to_json``)::
 
     {"parameters": {...every parameter, defaults filled...},
      "servers": [{"address", "pid", "progress_mode", "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds",
-                  "utilization", "rate_ops_per_second", "max_rss_bytes"}...],
+                  "utilization", "run_seconds", "runqueue_wait_seconds", "demand", "clients",
+                  "rate_ops_per_second", "max_rss_bytes"}...],
      "server_config": {...live config of server 0...},
      "environment": {"host", "cores", "python", "svcframe", "uvloop", "msgpack", "platform", "cpu_model"},
      "clients": [{"rank", "server", "ops", "elapsed_seconds", "rate_ops_per_second", "latency_usec": {...},
-                  "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds", "progress_mode", "timeline": [...],
+                  "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds", "utilization", "run_seconds",
+                  "runqueue_wait_seconds", "demand", "progress_mode",
+                  "timeline": [...],
                   "sample_trace": [[start_seconds, latency_seconds], ...] (trace_samples) or null}...],
      "progress_modes": {"client": MODE, "servers": {ADDRESS: MODE}},
      "aggregate": {"ops", "warmup_ops", "rate_ops_per_second", "rate_per_client_ops_per_second",
-                   "rate_per_server_ops_per_second", "bandwidth_bytes_per_second",
+                   "servers_serving", "rate_per_server_ops_per_second", "bandwidth_bytes_per_second",
                    "bandwidth_gib_per_second", "latency_usec": {min, q1, p50, q3, p90, p99, max, mean},
-                   "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds",
+                   "server_cpu_seconds", "server_cpu_usec_per_op", "server_utilization", "server_demand",
+                   "server_run_seconds", "server_runqueue_wait_seconds", "client_cpu_seconds", "client_utilization", "client_demand",
+                   "client_run_seconds", "client_runqueue_wait_seconds", "elapsed_seconds",
                    "server_cpu_user_seconds", "server_cpu_system_seconds", "client_cpu_user_seconds",
                    "client_cpu_system_seconds"},
      "rpc": {"provider_id", "name", "provider", "type", "requested", "calls", "sampled_calls",
@@ -72,7 +83,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from svcframe.errors import SvcframeError
 from svcframe.settings import EventLoop, OneOf, ProgressMode
 
-from .provider import DIRECTIONS, STORAGE_OPS, work_arg
+from .provider import DIRECTIONS, STORAGE_OPS, scheduler_seconds, work_arg
 
 #: The self-test's workloads (Quintain's, and storage, the future work of Carns et al. 2025 §4.3): ``noop``
 #: calls ``work`` with request/response payloads only, ``bulk`` adds a bulk pull or push of ``bulk_size`` bytes,
@@ -253,7 +264,7 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         await engine.connection(server)
         await loop.run_in_executor(None, barrier.wait, 120.0)  # warmed up; driver samples servers
         await loop.run_in_executor(None, barrier.wait, 120.0)  # go
-        cpu0 = os.times()
+        cpu0, sched0 = os.times(), scheduler_seconds()
         latencies = array("d")
         trace = array("d")  # start, latency of the first trace_samples calls (Quintain's sample_trace)
         trace_limit = 2 * (params.trace_samples or 0)
@@ -285,7 +296,7 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         else:
             await asyncio.gather(*(worker() for _ in range(params.depth)))
         elapsed = perf() - start
-        cpu1 = os.times()
+        cpu1, sched1 = os.times(), scheduler_seconds()
         sizes = _rpc_sizes(engine, rpc_name, pid) if params.workload == "rpc" else None
     finally:
         await engine.close()
@@ -300,6 +311,8 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         "cpu_seconds": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
         "cpu_user_seconds": cpu1.user - cpu0.user,
         "cpu_system_seconds": cpu1.system - cpu0.system,
+        "run_seconds": sched1[0] - sched0[0] if sched0 and sched1 else None,
+        "runqueue_wait_seconds": sched1[1] - sched0[1] if sched0 and sched1 else None,
         "progress_mode": engine.progress.mode,
         "sample_trace": [trace[i : i + 2].tolist() for i in range(0, len(trace), 2)] if trace_limit else None,
         "latencies": latencies.tobytes(),
@@ -518,15 +531,18 @@ def summarize(
         clients.append({**o, "latency_usec": latency_summary(lat)})
     total_ops = sum(o["ops"] for o in outs)
     rate = sum(o["rate_ops_per_second"] for o in outs)
-    per_server_ops: dict[str, float] = {s: 0.0 for s in servers}
+    per_server_rate: dict[str, float] = {s: 0.0 for s in servers}
+    per_server_clients: dict[str, int] = {s: 0 for s in servers}
     for o in outs:
-        per_server_ops[o["server"]] += o["rate_ops_per_second"]
+        per_server_rate[o["server"]] += o["rate_ops_per_second"]
+        per_server_clients[o["server"]] += 1
     server_rows = []
     server_cpu = 0.0
     for s, b, a in zip(servers, before, after, strict=True):
         cpu = a["cpu_seconds"] - b["cpu_seconds"]
         wall = a["wall_seconds"] - b["wall_seconds"]
         server_cpu += cpu
+        scheduled = a.get("run_seconds") is not None and b.get("run_seconds") is not None
         server_rows.append(
             {
                 "address": s,
@@ -536,7 +552,13 @@ def summarize(
                 "cpu_user_seconds": a["user_seconds"] - b["user_seconds"],
                 "cpu_system_seconds": a["system_seconds"] - b["system_seconds"],
                 "utilization": cpu / wall if wall > 0 else 0.0,
-                "rate_ops_per_second": per_server_ops[s],
+                **_demand(
+                    a["run_seconds"] - b["run_seconds"] if scheduled else None,
+                    a["runqueue_wait_seconds"] - b["runqueue_wait_seconds"] if scheduled else None,
+                    wall,
+                ),
+                "clients": per_server_clients[s],
+                "rate_ops_per_second": per_server_rate[s],
                 "max_rss_bytes": a["max_rss_bytes"],
             }
         )
@@ -546,6 +568,12 @@ def summarize(
         bytes_per_op = rpc["bytes_per_call"]
     elapsed = max(o["elapsed_seconds"] for o in outs)
     server_ops = total_ops  # warm-up calls precede the first server sample; nothing follows the loop
+    # servers no client called (fewer clients than servers) served nothing: rates and utilisation per server are
+    # over the servers that served, and say how many those were
+    serving = [r for r in server_rows if r["clients"] > 0] or server_rows
+    for c in clients:
+        c["utilization"] = c["cpu_seconds"] / c["elapsed_seconds"] if c["elapsed_seconds"] > 0 else 0.0
+        c.update(_demand(c.get("run_seconds"), c.get("runqueue_wait_seconds"), c["elapsed_seconds"]))
     return {
         "kind": "svcframe-selftest",
         "parameters": params.model_dump(mode="json"),
@@ -559,19 +587,45 @@ def summarize(
             "elapsed_seconds": elapsed,
             "rate_ops_per_second": rate,
             "rate_per_client_ops_per_second": rate / len(outs),
-            "rate_per_server_ops_per_second": rate / len(servers),
+            "servers_serving": len(serving),
+            "rate_per_server_ops_per_second": rate / len(serving),
             "bandwidth_bytes_per_second": rate * bytes_per_op,
             "bandwidth_gib_per_second": rate * bytes_per_op / 2**30,
             "latency_usec": latency_summary(np.concatenate(all_lat) if all_lat else []),
             "server_cpu_seconds": server_cpu,
             "server_cpu_usec_per_op": server_cpu / server_ops * 1e6 if server_ops else 0.0,
-            "server_utilization": sum(r["utilization"] for r in server_rows) / len(server_rows),
+            "server_utilization": sum(r["utilization"] for r in serving) / len(serving),
+            "server_demand": _mean_of(serving, "demand"),
+            "server_run_seconds": _sum_of(serving, "run_seconds"),
+            "server_runqueue_wait_seconds": _sum_of(serving, "runqueue_wait_seconds"),
             "client_cpu_seconds": sum(o["cpu_seconds"] for o in outs),
+            "client_utilization": sum(c["utilization"] for c in clients) / len(clients),
+            "client_demand": _mean_of(clients, "demand"),
+            "client_run_seconds": _sum_of(clients, "run_seconds"),
+            "client_runqueue_wait_seconds": _sum_of(clients, "runqueue_wait_seconds"),
             **cpu_split(server_rows, clients),
         },
         "progress_modes": progress_modes(server_rows, clients),
         **({"rpc": rpc} if rpc is not None else {}),
     }
+
+
+def _demand(run: float | None, wait: float | None, wall: float) -> dict[str, float | None]:
+    """A process's scheduler figures over ``wall`` seconds: the seconds it ran and waited for a core (None where
+    the kernel keeps none), and its demand, ``(run + wait) / wall``: the fraction of a core it wanted."""
+    known = run is not None and wait is not None and wall > 0
+    return {"run_seconds": run, "runqueue_wait_seconds": wait,
+            "demand": (run + wait) / wall if known else None}  # type: ignore[operator]  # fmt: skip
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values and len(values) == len(rows) else None
+
+
+def _sum_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) if values and len(values) == len(rows) else None
 
 
 def cpu_split(server_rows: list[dict[str, Any]], clients: list[dict[str, Any]]) -> dict[str, float]:

@@ -23,8 +23,10 @@ RPCs:
   form of a bulk handle on a read-only region of the server holding them, which the caller then pulls
   (``svcframe bench --workload client-read`` compares the three). The data of at most four sizes, and of
   ``max_response_bytes`` in all, is kept, each exposed once for pulls and revoked when its size is dropped.
-* ``stat``: no argument -> ``{"user_seconds", "system_seconds", "cpu_seconds", "wall_seconds",
-  "max_rss_bytes", "pid"}`` from ``getrusage(RUSAGE_SELF)`` (Quintain's ``qtn_stat_rpc``).
+* ``stat``: no argument -> ``{"user_seconds", "system_seconds", "cpu_seconds", "run_seconds",
+  "runqueue_wait_seconds", "wall_seconds", "max_rss_bytes", "pid", "progress_mode"}`` from ``getrusage(RUSAGE_SELF)``
+  (Quintain's ``qtn_stat_rpc``) and the scheduler's statistics (:func:`scheduler_seconds`; None where the kernel
+  keeps none).
 
 Server bulk buffers are kept per size and reused (Quintain's poolset), so a bulk workload measures the
 transfer, not the allocator; at most four sizes are kept, committed page by page as data lands, and sizes
@@ -225,15 +227,43 @@ class SelftestProvider(Provider):
     @rpc
     def stat(self, req: Request, _: Any) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        scheduled = scheduler_seconds()
         return {
             "user_seconds": usage.ru_utime,
             "system_seconds": usage.ru_stime,
             "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "run_seconds": scheduled[0] if scheduled else None,
+            "runqueue_wait_seconds": scheduled[1] if scheduled else None,
             "wall_seconds": time.monotonic(),
             "max_rss_bytes": usage.ru_maxrss * 1024,
             "pid": os.getpid(),
             "progress_mode": self.engine.progress.mode,  # the live engine's (engine.progress_mode, patchable)
         }
+
+
+def scheduler_seconds() -> tuple[float, float] | None:
+    """``(run, runqueue wait)``: seconds this process's threads ran on a core, and seconds they were ready to run
+    but waited for one (another process had it), summed over its live threads, from the kernel's scheduler
+    statistics (``/proc/self/task/*/schedstat``, Linux ``CONFIG_SCHED_INFO``); None where they are not kept.
+
+    Their sum over a wall-clock interval is how much of a core the process *wanted*: a process that used 15% of
+    a core and waited for it 70% of the time was starved by others, not idle.
+    """
+    run = wait = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+        except OSError:
+            continue  # a thread that just ended
+        if len(fields) < 2:
+            return None
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run / 1e9, wait / 1e9
 
 
 def _write_block(fd: int, buf: bytearray, offset: int, fsync: bool) -> int:

@@ -48,6 +48,28 @@ def _check_consistent(results: dict, params: SelftestParams, n_servers: int) -> 
         assert results["environment"][key]
 
 
+def test_one_client_on_two_servers_counts_the_server_that_served(servers) -> None:
+    """``selftest run --clients 1`` on 2 servers: the idle server is not counted in the rate per server, nor in
+    the service ratio a placement reads (X = 1 server that served / 1 client, not 2)."""
+    from selftest.roofline import Workload
+
+    params = SelftestParams(clients=1, duration_seconds=0.3, warmup_iterations=5)
+    results = run_selftest(params, servers)
+    _check_consistent(results, params, 1)
+    agg = results["aggregate"]
+    assert [s["clients"] for s in results["servers"]] == [1, 0] and agg["servers_serving"] == 1
+    assert agg["rate_per_server_ops_per_second"] == pytest.approx(agg["rate_ops_per_second"])
+    assert agg["server_utilization"] == results["servers"][0]["utilization"]  # over the server that served
+    (point,) = Workload.from_selftest_results(results).points
+    assert (point.servers, point.clients, point.service_ratio) == (1, 1, 1.0)
+    # each side's CPU: what it used, and (Linux keeps scheduler statistics) what it wanted, ran or waited for
+    (client,) = results["clients"]
+    assert 0 < client["utilization"] <= 1.05 and agg["client_utilization"] == client["utilization"]
+    if results["servers"][0]["demand"] is not None:
+        assert client["demand"] >= client["utilization"] * 0.9 and agg["server_demand"] > 0
+        assert agg["client_runqueue_wait_seconds"] >= 0 and agg["server_runqueue_wait_seconds"] >= 0
+
+
 def test_noop_two_clients_two_servers(servers) -> None:
     params = SelftestParams(clients=2, duration_seconds=0.5, warmup_iterations=5, timeline_interval_seconds=0.1)
     results = run_selftest(params, servers)

@@ -179,3 +179,27 @@ def test_quickstart_custom_provider(tmp_path) -> None:
             launcher.kill()
             launcher.wait()
         launcher.stderr.close()
+
+
+@pytest.mark.asyncio
+async def test_calls_in_flight_at_once_each_reuse_a_buffer_of_their_own() -> None:
+    """Quintain's poolset: 8 bulk pulls in flight at once take 8 server buffers, and the next 8 reuse them (a
+    loaded server measured page faults when one buffer per size was kept and the others were made anew)."""
+    import asyncio
+
+    from svcframe.testing import ProviderFor
+
+    size = 256 * 1024
+    kit = ProviderFor("selftest", library="selftest.provider")
+    async with kit as handle:
+        assert kit.server is not None and kit.client is not None
+        (provider,) = kit.server.providers.values()
+        exposed = kit.client.expose(bytearray(size), "r")
+
+        async def round_of(n: int) -> set[int]:
+            await asyncio.gather(*(handle.call("work", [0, "pull", exposed.to_wire(), b""]) for _ in range(n)))
+            return {id(buf) for buf in provider._buffers[size]}
+
+        first = await round_of(8)
+        assert len(first) == 8
+        assert await round_of(8) == first  # the same buffers, none made anew

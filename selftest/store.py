@@ -493,7 +493,7 @@ def history_figure(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]])
             ax.set_ylim(lo - pad_y, hi + pad_y)
             if not math.isfinite(lo):
                 ax.autoscale()
-    axes[0][0].legend(loc="best", fontsize="small")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize="small")
     axes[0][1].set_title("history (box) vs this run", fontsize="small")
     axes[-1][0].set_xlabel("run start time")
     return fig

@@ -138,7 +138,7 @@ def test_collect_small_suite_writes_plots_and_model(tmp_path) -> None:
     )  # fmt: skip
     steps: list[str] = []
     doc = collect(opts, lambda desc, i, n: steps.append(desc))
-    assert len(steps) == len(plan(opts))
+    assert len(steps) == len(doc["runs"]) <= len(plan(opts))  # ramp loads past the rate's plateau are skipped
     for metric in ("rpc_rate", "bandwidth"):
         png = (tmp_path / "rl" / f"{metric}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -149,7 +149,11 @@ def test_collect_small_suite_writes_plots_and_model(tmp_path) -> None:
         assert model["ridge"]["max"] == pytest.approx(ridge)
     saved = json.loads((tmp_path / "rl" / "roofline.json").read_text())
     assert saved["metrics"].keys() == {"rpc_rate", "bandwidth"}
-    assert len(list((tmp_path / "rl" / "runs").glob("*.json"))) == len(plan(opts))
+    assert len(list((tmp_path / "rl" / "runs").glob("*.json"))) == len(doc["runs"])
+    for metric in ("rpc_rate", "bandwidth"):  # Ps says how it was measured, and whether it is a lower bound
+        saturation = saved["metrics"][metric]["ps_saturation"]
+        assert saturation["ramp"] and isinstance(saturation["lower_bound"], bool) and saturation["reason"]
+        assert saved["metrics"][metric]["pc_saturation"]["server_utilization"] is not None
     assert 0 < saved["measurement_seconds"] < saved["wall_seconds"]
 
 

@@ -373,14 +373,18 @@ def io_command(
     _print_io(doc, written)
 
 
+def _gib(bytes_per_second: float) -> str:
+    # a bandwidth in GiB/s, as the plots and the collect tables show one (never rescaled to MiB/s)
+    return quantity(bytes_per_second / 2**30, "GiB/s", keep_unit=True)
+
+
 def _print_io(doc: dict[str, Any], written: Sequence[Path]) -> None:
     console = output_console()
     rows: list[tuple[str, ...]] = []
     for name, rl in doc["rooflines"].items():
         ridge = rl["ridge_intensity_ops_per_byte"]
-        rows.append((name, quantity(rl["psi_ops_per_second"], "ops/s"), quantity(rl["kappa_bytes_per_second"], "B/s"),
-                     f"{ridge:.3g}", quantity(1 / ridge, "B"),
-                     quantity(rl["system_score_bandwidth_bytes_per_second"], "B/s")))  # fmt: skip
+        rows.append((name, quantity(rl["psi_ops_per_second"], "ops/s"), _gib(rl["kappa_bytes_per_second"]),
+                     f"{ridge:.3g}", quantity(1 / ridge, "B"), _gib(rl["system_score_bandwidth_bytes_per_second"])))  # fmt: skip
     columns = ("roofline", "psi", "kappa", "ridge ops/B", "1 op per", "bandwidth score")
     print_table(columns, rows, numeric=columns[1:], console=console,
                 title=f"I/O rooflines (Zhu & Neuwirth eq. 3) of {doc['platform']}, per {doc['side']} process, "

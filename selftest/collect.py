@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import json
 import math
@@ -66,6 +67,7 @@ import os
 import platform as _platform
 import secrets
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -604,6 +606,7 @@ def collect(
     steps = plan(opts, node_set)
     keys = step_keys(steps)
     processes: dict[str, Any] = {}
+    unwritten: list[str] = []  # files that could not be written (their measurements are kept all the same)
     store = ResultsStore(opts.store) if opts.store is not None else None
     run_id: int | None = None
     stored: dict[str, dict[str, Any]] = {}
@@ -641,7 +644,9 @@ def collect(
                 if step.stage == "ramp":
                     ramps.setdefault(step.metric, []).append((step, key))
             measure = _measure_local if node_set.launcher == "local" else _measure_remote
-            measure(opts, config, node_set, todo, rows_by_key, timers, on_step, store, run_id, processes, ramps)
+            measure(
+                opts, config, node_set, todo, rows_by_key, timers, on_step, store, run_id, processes, ramps, unwritten
+            )
     except KeyboardInterrupt:
         if store is not None and run_id is not None:
             store.set_status(run_id, "interrupted")
@@ -667,11 +672,14 @@ def collect(
     where = socket.gethostname() if node_set.source == "local" else f"{len(node_set)} nodes from {node_set.source}"
     for metric, metric_rows in by_metric.items():
         model = _model(metric, metric_rows)
-        plot(model, out / f"{metric}.png", title=plot_title(metric, opts.to_dict(), where))
+        png = out / f"{metric}.png"
+        _keep_going(functools.partial(plot, model, png, title=plot_title(metric, opts.to_dict(), where)), png,
+                    unwritten)  # fmt: skip
         models[metric] = model.to_dict()
     sweep = sweep_points(rows)
-    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}",
-               parameters={m: metric_parameters(m, opts.to_dict()) for m in sweep})  # fmt: skip
+    _keep_going(lambda: plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}",
+                                   parameters={m: metric_parameters(m, opts.to_dict()) for m in sweep}),
+                out / "sweep.png", unwritten)  # fmt: skip
     combined = combined_score(models, opts.weights)
     timers["analysis"] += time.monotonic() - t_analysis
     wall = time.monotonic() - wall0
@@ -706,7 +714,15 @@ def collect(
         "overhead": overhead,
         "load_average": load_before,  # other processes on the cores make rates vary between repeats
     }
-    (out / "roofline.json").write_text(json.dumps(doc, indent=2))
+    text = json.dumps(doc, indent=2)
+    _keep_going(lambda: (out / "roofline.json").write_text(text), out / "roofline.json", unwritten)
+    if unwritten:  # the model is not lost with its file: kept in the temporary directory
+        doc["unwritten"] = unwritten
+        with contextlib.suppress(OSError):
+            fd, kept = tempfile.mkstemp(prefix="svcframe-roofline-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            doc["kept"] = kept
     if store is not None and run_id is not None:
         try:
             store.finish_run(run_id, model={k: doc[k] for k in ("metrics", "sweep", "server_cores", "client_cores",
@@ -843,6 +859,7 @@ def _run_steps(
     store: Any,
     run_id: int | None,
     ramps: dict[str, list[tuple[Step, str]]],
+    unwritten: list[str],
 ) -> None:
     """Every step of ``todo``: its servers (the first k launched on each of its server nodes), one run,
     the row stored at once. A ramp load after the rate stopped growing is skipped; ``Ps`` and sweep steps run
@@ -877,11 +894,21 @@ def _run_steps(
         timers["coordination"] += time.monotonic() - t_run - elapsed
         t_store = time.monotonic()
         name, row = _row(opts, step, index, result, [node.slots for node in node_set.nodes])
-        save_results(result, out / "runs" / name)
         rows_by_key[key] = row
         if store is not None and run_id is not None:
             store.add_sample(run_id, key, row, result)
+        raw = out / "runs" / name
+        _keep_going(functools.partial(save_results, result, raw), raw, unwritten)
         timers["store"] += time.monotonic() - t_store
+
+
+def _keep_going(write: Callable[[], object], path: Path, unwritten: list[str]) -> None:
+    """``write()`` (which writes ``path``); a failure (the disk filled, the directory went away) is noted in
+    ``unwritten`` and the run goes on: its measurements are in the store and in the model document."""
+    try:
+        write()
+    except OSError as exc:
+        unwritten.append(f"{path}: {exc.strerror or exc}")
 
 
 def _measure_local(
@@ -896,6 +923,7 @@ def _measure_local(
     run_id: int | None,
     processes: dict[str, Any],
     ramps: dict[str, list[tuple[Step, str]]],
+    unwritten: list[str],
 ) -> None:
     """Local nodes: server processes per node forked by :class:`~svcframe.launch.Launch` (pinned to the
     node's cores), client processes from one :class:`~selftest.pool.ClientPool`, each run pinning client
@@ -935,7 +963,9 @@ def _measure_local(
                 params.client_cores = cores or None
                 return pool.run(params, servers)
 
-            _run_steps(opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id, ramps)
+            _run_steps(
+                opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id, ramps, unwritten
+            )
         except BaseException:
             grace_seconds = 0.5  # interrupted or failed: do not wait for busy clients
             raise
@@ -962,6 +992,7 @@ def _measure_remote(
     run_id: int | None,
     processes: dict[str, Any],
     ramps: dict[str, list[tuple[Step, str]]],
+    unwritten: list[str],
 ) -> None:
     """Nodes reached through ``srun`` or ``mpiexec`` (``selftest/remote.py``): one launcher command per node
     for its server processes (a group file each, published after a barrier) and one per client node for
@@ -1009,7 +1040,9 @@ def _measure_remote(
         def run_one(params: SelftestParams, servers: list[str], step: Step) -> dict[str, Any]:
             return remote_pool.run(params, servers, client_nodes=step.client_nodes)
 
-        _run_steps(opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id, ramps)
+        _run_steps(
+            opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id, ramps, unwritten
+        )
     except BaseException:
         grace_seconds = 0.5
         raise

@@ -654,6 +654,13 @@ def _placements_html(platform: Platform, placements: Sequence[Mapping[str, Any]]
     return "\n".join(parts)
 
 
+def report_html(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
+    """The self-contained HTML page of a run, as text (:func:`render_report`, its plots drawn in a temporary
+    directory and embedded)."""
+    with tempfile.TemporaryDirectory(prefix="svcframe-report-") as tmp:
+        return render_report(run, history, Path(tmp))
+
+
 def write_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Write the self-contained HTML page of a run.
 
@@ -666,8 +673,6 @@ def write_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], p
     Returns:
         ``path`` as a :class:`Path`.
     """
-    with tempfile.TemporaryDirectory(prefix="svcframe-report-") as tmp:
-        text = render_report(run, history, Path(tmp))
     out = Path(path)
-    out.write_text(text, encoding="utf-8")
+    out.write_text(report_html(run, history), encoding="utf-8")
     return out

@@ -411,6 +411,19 @@ def compare(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> lis
     return rows
 
 
+def history_png(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> bytes:
+    """:func:`history_figure` as PNG bytes.
+
+    Raises:
+        StoreError: ``run`` has no model (it did not complete).
+    """
+    import io
+
+    buffer = io.BytesIO()
+    history_figure(run, history).savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
 def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """UMAMI-style "is that normal?" figure (``papers/darshan-tokio-slides.txt``, :func:`history_figure`),
     written as an image.

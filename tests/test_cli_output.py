@@ -309,3 +309,43 @@ def test_history_of_one_run_draws_an_hour_not_years() -> None:
     day_later = {**run, "id": 4, "created": now + 86400}
     lo, hi = history_figure(day_later, [run]).axes[0].get_xlim()
     assert 1.0 < hi - lo < 1.2
+
+
+# -- paths a command writes ------------------------------------------------------------------------------------
+def test_an_unwritable_path_is_refused_before_the_work_and_a_late_failure_keeps_the_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``selftest run -o /proc/y.json`` measured for its whole duration, then lost its results to a traceback: root
+    passes the permission bits of /proc, so the check now writes a file there. A path that fails anyway, later
+    (the disk filled, the directory went away), keeps the results in a temporary file, named in one line."""
+    from svcframe.cli.common import writable, write_output
+
+    assert (writable("/proc/y.json") or "").startswith("/proc/y.json: cannot write in /proc: ")
+    assert writable("/proc", directory=True) is not None
+    assert writable(tmp_path / "deep" / "er" / "r.json") is None and (tmp_path / "deep" / "er").is_dir()
+    assert writable(tmp_path) == f"{tmp_path} is a directory; give a file name"
+    for argv in (["selftest", "run", "-t", WRONG_ADDRESS, "-o", "/proc/y.json"],
+                 ["config", "schema", "-o", "/proc/y.json"], ["roofline", "collect", "-o", "/proc"]):  # fmt: skip
+        proc = cli(*argv)
+        (line,) = proc.stderr.splitlines()
+        assert proc.returncode == 2 and "cannot write in /proc" in line and "Traceback" not in proc.stderr, line
+
+    target = tmp_path / "gone" / "r.json"
+    assert writable(target) is None
+    (tmp_path / "gone").rmdir()
+    (tmp_path / "gone").write_text("now a file: the directory went away")
+    with pytest.raises(SystemExit) as ended:
+        write_output(target, '{"ops": 42}', "the self-test results")
+    assert ended.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    kept = Path(line.rpartition(" kept in ")[2])
+    assert line.startswith(f"svcframe: error: cannot write {target} (") and kept.read_text() == '{"ops": 42}'
+    kept.unlink()
+    good = write_output(tmp_path / "r.json", b"\x00\x01", "bytes")
+    assert good.read_bytes() == b"\x00\x01" and oct(good.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -3,6 +3,7 @@ split, the client pool, and Ctrl-C + resume from the results store."""
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import sqlite3
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from contextlib import closing
+from pathlib import Path
 
 import psutil
 import pytest
@@ -43,7 +45,13 @@ def test_sweep_storage_scores_and_overhead(tmp_path) -> None:
     assert {s[0] for s in steps} == {"Pc", "ramp", "Ps", "sweep", "grid"}
     assert len(set(step_keys(steps))) == len(steps)
     seen: list[str] = []
+    (tmp_path / "rl" / "roofline.json").mkdir(parents=True)  # a file that cannot be written late in the run
     doc = collect(opts, lambda desc, i, n: seen.append(desc))
+    # nothing is lost to it: the run is complete in the store, the model kept in a temporary file, and said so
+    assert doc["unwritten"] == [f"{tmp_path / 'rl' / 'roofline.json'}: Is a directory"]
+    kept = Path(doc["kept"])
+    assert json.loads(kept.read_text())["metrics"].keys() == set(opts.metrics)
+    kept.unlink()
     assert len(seen) == len(doc["runs"]) <= len(steps)  # the ramp's loads after the rate stopped growing are skipped
     for metric in opts.metrics:  # the ramp, then Ps under the load of its highest rate
         ramp = [r for r in doc["runs"] if r["metric"] == metric and r["stage"] == "ramp"]

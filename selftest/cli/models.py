@@ -39,6 +39,8 @@ from svcframe.cli.common import (
     quantity,
     ranks_option,
     read_secret,
+    writable,
+    write_output,
 )
 from svcframe.errors import SvcframeError
 
@@ -87,10 +89,14 @@ def load_platform(ref: str, store_path: str | None) -> tuple[Any, int | None]:
 
 
 def out_dir(out: str | None, as_json: bool, default: str) -> Path | None:
+    """The directory the command writes in (``-o``, else ``default``; None with ``--json`` and no ``-o``), checked
+    before it computes anything (a user error names what is wrong)."""
     if out is None and as_json:
         return None
     path = Path(out or default)
-    path.mkdir(parents=True, exist_ok=True)
+    problem = writable(path, directory=True)
+    if problem is not None:
+        fail(problem)
     return path
 
 
@@ -123,8 +129,19 @@ def workload_from_files(files: Sequence[str], name: str | None) -> Any:
 
 
 def write_json(path: Path, doc: Any) -> Path:
-    path.write_text(json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n")
-    return path
+    """``doc`` as indented JSON in ``path`` (a late failure keeps it in a temporary file: ``write_output``)."""
+    return write_output(path, json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n", f"{path.name}'s data")
+
+
+def draw(plot: Callable[[], Path], path: Path, written: Sequence[Path]) -> Path:
+    """``plot()`` (which writes ``path``): a user error when matplotlib is missing or the file cannot be written,
+    naming what was written already."""
+    try:
+        return plot()
+    except PlottingUnavailable as exc:
+        fail(f"{exc}: {', '.join(map(str, written))}")
+    except OSError as exc:
+        fail(f"cannot write {path} ({exc.strerror or exc}); written: {', '.join(map(str, written)) or 'nothing'}")
 
 
 # -- place ----------------------------------------------------------------------------------------------------------
@@ -177,18 +194,16 @@ def place_command(
     except ValueError as exc:
         fail(str(exc))
     dest = out_dir(out, as_json, "out/placement")
+    kept = None
+    if run_id is not None and not no_store:  # kept with the run first: a file that cannot be written loses nothing
+        with open_store(store_path) as st:
+            kept = (st.add_placement(run_id, placement), st.path)
     written = []
     if dest is not None:
         written = [write_json(dest / "workload.json", workload.model_dump(mode="json")),
                    write_json(dest / "placement.json", placement)]  # fmt: skip
-        try:
-            written.insert(0, plot_placement(platform, placement, dest / "placement.png"))
-        except PlottingUnavailable as exc:
-            fail(f"{exc}: {', '.join(map(str, written))}")
-    kept = None
-    if run_id is not None and not no_store:
-        with open_store(store_path) as st:
-            kept = (st.add_placement(run_id, placement), st.path)
+        png = dest / "placement.png"
+        written.insert(0, draw(lambda: plot_placement(platform, placement, png), png, written))
     if as_json:
         echo_json(placement)
         return
@@ -363,10 +378,8 @@ def io_command(
     written = []
     if dest is not None:
         written.append(write_json(dest / "io.json", doc))
-        try:
-            written.insert(0, plot_io(list(rooflines.values()), dest / "io.png", points))
-        except PlottingUnavailable as exc:
-            fail(f"{exc}: {written[0]}")
+        png = dest / "io.png"
+        written.insert(0, draw(lambda: plot_io(list(rooflines.values()), png, points), png, written))
     if as_json:
         echo_json(doc)
         return
@@ -491,10 +504,8 @@ def workflow_command(
     written = []
     if dest is not None:
         written.append(write_json(dest / "workflow.json", analysis))
-        try:
-            written.insert(0, plot_workflow(roofline, dest / "workflow.png", analysis["runs"]))
-        except PlottingUnavailable as exc:
-            fail(f"{exc}: {written[0]}")
+        png = dest / "workflow.png"
+        written.insert(0, draw(lambda: plot_workflow(roofline, png, analysis["runs"]), png, written))
     if as_json:
         echo_json(analysis)
         return

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import StepProgress, echo_json, fail, int_list, json_option, output_path
+from svcframe.cli.common import StepProgress, echo_json, fail, int_list, json_option, output_path, writable
 from svcframe.config import load_config
 from svcframe.errors import SvcframeError
 
@@ -189,6 +189,13 @@ def roofline_collect(
         echo_json(collect_summary_json(doc, Path(opts.out)))
     else:
         print_collect_summary(doc, Path(opts.out))
+    if doc.get("unwritten"):  # the disk filled or the directory went away during the run: nothing is lost
+        where = (
+            [f"run {doc['run_id']} in {doc['store']} (svcframe report {doc['run_id']})"] if doc.get("run_id") else []
+        )
+        where += [f"the model in {doc['kept']}"] if doc.get("kept") else []
+        fail(f"cannot write {len(doc['unwritten'])} file(s), first {doc['unwritten'][0]}; the measurements are kept: "
+             f"{'; '.join(where) or 'the summary above'}")  # fmt: skip
 
 
 @roofline.command("plot")
@@ -208,13 +215,16 @@ def roofline_plot(model: str, out: str | None) -> None:
         fail(f"{model} is not a roofline model (the roofline.json of `svcframe roofline collect`)"
               + (f"; it is a {kind} document" if kind else ""), 2)  # fmt: skip
     dest = Path(out) if out else Path(model).parent
-    dest.mkdir(parents=True, exist_ok=True)
+    if out is None and (problem := writable(dest, directory=True)) is not None:
+        fail(problem)
     try:
         for name, m in doc["metrics"].items():
             title = plot_title(name, doc.get("options") or {}) if name in ALL_METRICS else None
             click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png", title=title))
     except (ValueError, PlottingUnavailable) as exc:
         fail(f"{model}: {exc}")
+    except OSError as exc:
+        fail(f"cannot write in {dest}: {exc.strerror or exc}")
 
 
 # measured workloads on the three models (models.py)

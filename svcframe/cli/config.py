@@ -4,7 +4,6 @@ configuration of running servers (JMESPath queries, JSON Patch)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -22,6 +21,7 @@ from .common import (
     resolve_targets,
     run_admin,
     target_options,
+    write_output,
 )
 
 
@@ -73,7 +73,7 @@ def config_schema_cmd(libraries: tuple[str, ...], output: str | None) -> None:
     except SvcframeError as exc:
         fail(str(exc))
     if output:
-        Path(output).write_text(json.dumps(schema, indent=2) + "\n")
+        write_output(output, json.dumps(schema, indent=2) + "\n", "the schema")
         click.echo(f"schema written to {output}", err=True)
     else:
         echo_json(schema)
@@ -91,7 +91,7 @@ def config_get(address: tuple[str, ...], group: str | None, ranks: list[int] | N
         fail(f"--output takes the configuration of one server; {len(targets)} were given")
     configs = run_admin(targets, "get_config")
     if output:
-        Path(output).write_text(json.dumps(next(iter(configs.values())), indent=2) + "\n")
+        write_output(output, json.dumps(next(iter(configs.values())), indent=2) + "\n", "the configuration")
         click.echo(f"configuration of {targets[0][0]} written to {output}", err=True)
     else:
         echo_json(configs)

@@ -28,7 +28,9 @@ Example:
     await server.close()
 
 Keys are byte strings: a ``str`` key is stored as its UTF-8 encoding, so ``"a"`` and ``b"a"`` name the
-same entry, and ``list_keys`` returns ``bytes``. Values are byte strings.
+same entry, and ``list_keys`` returns ``bytes``. Values are byte strings too: ``put`` stores a ``str`` value as
+its UTF-8 encoding (``svcframe call ADDR put '{"key": "k", "value": "text"}' -p 1`` works), ``get`` returns
+``bytes``.
 
 Config (JSON, every key optional):
 
@@ -51,7 +53,7 @@ RPCs (argument -> result; keys are ``str | bytes``):
 
 | RPC | argument | result |
 |---|---|---|
-| ``put`` | ``{key, value}`` | None |
+| ``put`` | ``{key, value}`` (value: bytes or str) | None |
 | ``get`` | ``{key}`` | bytes, or None when the key is missing |
 | ``put_bulk`` | ``{key, bulk, size}`` | None (``bulk``: a readable handle's wire form) |
 | ``get_bulk`` | ``{key, bulk}`` | the value's length in bytes, or None |
@@ -385,8 +387,10 @@ class KVProvider(Provider):
         """
         key = _key(arg)
         value = arg.get("value")
+        if isinstance(value, str):
+            value = value.encode("utf-8")  # stored as its UTF-8 encoding, as a str key is
         if not isinstance(value, bytes | bytearray):
-            raise TypeError(f"'value' must be bytes, not {type(value).__name__}")
+            raise TypeError(f"'value' must be bytes or str, not {type(value).__name__}")
         limit = self.settings.inline_max_bytes
         assert limit is not None  # filled in from the engine's settings (Config)
         if len(value) > limit:

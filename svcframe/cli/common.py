@@ -269,7 +269,8 @@ def resolve_targets(addresses: tuple[str, ...], group: str | None, ranks: list[i
 
 def run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout: float = 10.0) -> dict[str, Any]:
     """``ServiceGroupHandle.call(method, *args)`` on every target. A member that fails is one line on stderr
-    and an exit code of 1, after the others' results were printed (JSON keyed by address)."""
+    and an exit code of 1, after the others' results were printed (JSON keyed by address); when every member
+    failed, stdout stays empty (a pipe gets no ``{}`` to mistake for a result)."""
     from ..admin import ServiceGroupHandle
     from ..engine import Engine
     from ..loops import run
@@ -283,7 +284,8 @@ def run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout: 
     for address, exc in failed.items():
         click.echo(f"svcframe: {address}: {describe(exc)}", err=True)
     if failed:
-        echo_json({a: r for a, r in results.items() if a not in failed})
+        if len(failed) < len(results):
+            echo_json({a: r for a, r in results.items() if a not in failed})
         sys.exit(1)
     return results
 

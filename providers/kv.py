@@ -34,10 +34,14 @@ its UTF-8 encoding (``svcframe call ADDR put '{"key": "k", "value": "text"}' -p 
 
 Config (JSON, every key optional):
 
-    {"path": "kv-<provider_id>.sqlite", "durability": "durable", "inline_max_bytes": 65536}
+    {"path": "kv-{rank}.sqlite", "durability": "durable", "inline_max_bytes": 65536}
 
 - ``path``: the SQLite file (relative paths are relative to the server's working directory), or
-  ``":memory:"`` for a store that disappears when the provider closes.
+  ``":memory:"`` for a store that disappears when the provider closes. ``{rank}`` in it is replaced by the
+  server process's rank (``svcframe launch --procs N``, or the rank srun/mpiexec gave it): SQLite lets one
+  process write a file, so the processes of one config need a file each, ``"kv-{rank}.sqlite"``; several
+  processes of ``launch --procs N`` on one file are refused before any starts. Default ``kv-<provider id>.sqlite``
+  (``kv-<provider id>-<rank>.sqlite`` for several processes).
 - ``durability``:
     - ``"durable"`` (default): WAL journal, ``synchronous=FULL``. Each write is one transaction whose
       commit is fsync'ed before the RPC returns: an acknowledged write survives a process kill, an OS
@@ -276,8 +280,10 @@ class KVProvider(Provider):
         the engine's ``max_body_bytes`` when validated with a ``ConfigContext`` (as every provider's is)."""
 
         path: str | None = Field(
-            None, min_length=1, validate_default=True, description="SQLite file or ':memory:' (default kv-<id>.sqlite)"
-        )
+            None, min_length=1, validate_default=True,
+            description="SQLite file or ':memory:' (default kv-<id>.sqlite, kv-<id>-<rank>.sqlite for several "
+            "processes); {rank} is replaced by the server process's rank",
+        )  # fmt: skip
         durability: Literal["durable", "fast"] = "durable"
         inline_max_bytes: int | None = Field(
             None, ge=0, strict=True, validate_default=True,
@@ -291,10 +297,24 @@ class KVProvider(Provider):
 
         @field_validator("path")
         @classmethod
-        def _default_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        def _path_of_this_rank(cls, value: str | None, info: ValidationInfo) -> str | None:
+            """The default path, ``{rank}`` replaced by the process's rank; a file several processes would open
+            is refused (SQLite lets one of them write: the others fail with "database is locked")."""
             context = info.context
-            if value is None and isinstance(context, ConfigContext):
-                return f"kv-{context.provider_id}.sqlite"
+            if not isinstance(context, ConfigContext):
+                return value
+            if value is None:
+                return f"kv-{context.provider_id}" + (f"-{context.rank}" if context.procs > 1 else "") + ".sqlite"
+            if value == ":memory:" or "{rank}" in value:
+                return value.replace("{rank}", str(context.rank))
+            if context.procs > 1:
+                stem, dot, suffix = value.rpartition(".")
+                example = f"{stem}-{{rank}}.{suffix}" if dot else f"{value}-{{rank}}"
+                raise ValueError(
+                    f"each of the {context.procs} server processes would open {value!r}, and SQLite lets one of "
+                    f"them write (the others: 'database is locked'); give a file per rank, such as {example!r} "
+                    "({rank} is replaced by each process's rank)"
+                )
             return value
 
         @field_validator("inline_max_bytes")

@@ -147,9 +147,11 @@ class SelftestParams(BaseModel):
 #: Quintain's benchmark parameters that svcframe's self-test does not have, and the defaults quintain-benchmark
 #: fills in (``parse_json`` in src/quintain-benchmark.c, mochi-quintain 96a74b1): a parameters file with one of the
 #: first is Quintain's, and runs what quintain-benchmark would run on it.
+#: Quintain's default provider id (1) is not filled in: the self-test provider is found where the servers host it,
+#: as without a file (configs/kv.json hosts its kv store at 1, the self-test provider at 2).
 QUINTAIN_ONLY = ("nranks", "trace", "use_server_poolset", "margo")
-QUINTAIN_DEFAULTS = {"provider_id": 1, "duration_seconds": 2, "req_buffer_size": 128, "resp_buffer_size": 128,
-                     "bulk_size": 16384, "bulk_direction": "pull", "warmup_iterations": 10, "trace": True}  # fmt: skip
+QUINTAIN_DEFAULTS = {"duration_seconds": 2, "req_buffer_size": 128, "resp_buffer_size": 128, "bulk_size": 16384,
+                     "bulk_direction": "pull", "warmup_iterations": 10, "trace": True}  # fmt: skip
 #: Quintain settings with no meaning here: the server's bulk buffer pool (svcframe exposes the client's buffer
 #: and the server pulls into its own) and the client's Margo configuration.
 QUINTAIN_IGNORED = ("use_server_poolset", "margo")
@@ -161,7 +163,7 @@ def quintain_params(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Self-test parameters from a Quintain benchmark parameters file (``quintain-benchmark -j FILE``).
 
     A file with none of ``QUINTAIN_ONLY`` is returned as it is. Otherwise Quintain's defaults fill what it
-    lacks, then: ``nranks`` -> ``clients``; ``bulk_size`` > 0 -> the ``bulk`` workload (0: ``noop``), unless the
+    lacks (but the provider id: the self-test provider is found where it is), then: ``nranks`` -> ``clients``; ``bulk_size`` > 0 -> the ``bulk`` workload (0: ``noop``), unless the
     file names a ``workload``; ``trace`` -> ``trace_samples`` (``QUINTAIN_TRACE_SAMPLES`` per client);
     ``bulk_direction`` keeps its documented meaning (``pull``: the server reads from the client; Quintain's code
     inverts it). ``QUINTAIN_IGNORED`` keys are dropped.

@@ -271,7 +271,8 @@ async def test_live_malformed_frames_from_several_attackers(procs: Procs, tmp_pa
     """>= 50,000 malformed frames from several attacker connections (a separate process): requests that cannot
     be served on long-lived connections, and bad frames (framing, handshake, bodies) that each cost the attacker
     its connection. The server never crashes, its memory stays within 16 MiB of its baseline, its file
-    descriptors return to baseline, and a good client's health call stays under 100 ms throughout."""
+    descriptors return to baseline, and a good client's health call stays under 100 ms throughout (or, on a busy
+    machine, under the time the server took to serve 2,000 of the attacker's frames in the same run)."""
     server = procs.spawn(service_config(tmp_path, kv=None))
     warmup = {**ATTACK, "soft_frames": 2_000, "hard_frames": 200}
     await asyncio.to_thread(run_peer, "attack", {"address": server.address, **warmup})  # first-use allocations
@@ -314,7 +315,15 @@ async def test_live_malformed_frames_from_several_attackers(procs: Procs, tmp_pa
     assert server.alive(), server.log_tail()
     assert _server_log_problems(server.log()) == []
     assert failures == []
-    assert len(latencies) >= 10 and max(latencies) < 0.100, f"health call took {max(latencies) * 1e3:.1f} ms"
+    # A fair server answers a good client within a few turns of its loop whatever the flood (256 requests a turn,
+    # then the other connections'): at most 100 ms, or the time it took to serve 2,000 of the attacker's frames in
+    # this very run, whichever is longer (a busy machine serves the flood slower and schedules the probe later). A
+    # server that served the flood first would keep the call for all of its 50,000 frames.
+    bound = max(0.100, 2_000 * report["seconds"] / frames)
+    figures.record(
+        "hostile: health call bound (100 ms, or 2,000 frames at this run's rate)", round(bound * 1e3, 2), "ms"
+    )
+    assert len(latencies) >= 10 and max(latencies) < bound, f"health call took {max(latencies) * 1e3:.1f} ms"
     assert fds_after == fds_before
     assert peak_growth <= 16 * MIB, f"server RSS grew by {peak_growth / MIB:.1f} MiB under attack (limit 16 MiB)"
 

@@ -1,4 +1,4 @@
-"""Every plot reads at a glance (issue 37): rendered, no text past the figure's edges, no label of a point past its
+"""Every plot reads at a glance: rendered, no text past the figure's edges, no label of a point past its
 axes, no legend over the data, no point outside its axes, all measured through matplotlib's artist extents
 (``roofline_kit.layout_problems``); and what the plots say about the data comes from the data: a parameter that is a
 lower bound is marked so, the workflow's two targets are told apart, its axis starts at one task, and a run beyond

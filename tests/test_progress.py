@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import WAIT_SECONDS, wait_until
+from conftest import FAVOURED_PRIORITY, WAIT_SECONDS, ahead_of_the_machine, wait_until
 
 from svcframe import Engine, RemoteError, TimeoutError_
 from svcframe.progress import PROGRESS_MODES, Progress
@@ -307,30 +307,6 @@ async def test_busy_mode_never_backs_off(progress_factory: Any) -> None:
         target = p.polls + 50  # yields that each gave the core to the burner
         await wait_until(lambda: p.polls >= target, what="busy polling beside the burner")
         assert p.spinning and p.contended == 0
-
-
-#: The real-time priority of :func:`ahead_of_the_machine` (SCHED_FIFO, the lowest): above every ordinary process.
-FAVOURED_PRIORITY = 1
-
-
-@contextlib.contextmanager
-def ahead_of_the_machine() -> Iterator[bool]:
-    """This thread (the test's event loop) ahead of every ordinary process on the machine, for the time of the
-    block (SCHED_FIFO): a test that stages its own competitor for a core (:func:`bursting` runs it at the same
-    priority) must not also meet the machine's other load there: a CPU-bound process on every core made spindown
-    find a competitor all the time, and neither a nice value nor an autogroup's puts a thread ahead of a process of
-    another scheduling group. Yields True; False where real-time scheduling is not permitted (no CAP_SYS_NICE or
-    RLIMIT_RTPRIO), and the block runs as it is."""
-    before = os.sched_getscheduler(0), os.sched_getparam(0)
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FAVOURED_PRIORITY))  # Linux: this thread
-    except PermissionError:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        os.sched_setscheduler(0, *before)
 
 
 @contextlib.contextmanager

@@ -90,7 +90,7 @@ def test_check_reports_every_problem_by_json_path(tmp_path: Path) -> None:
 
 
 def test_an_invalid_section_hides_no_other_problem(tmp_path: Path) -> None:
-    """Issue 37: an engine typo stopped the check before any provider's config was looked at. One pass now: the
+    """An engine typo stopped the check before any provider's config was looked at. One pass now: the
     sections' problems, then every remaining provider checked by its type, each line naming its JSON path in the
     user's file; and launch says the same, naming the user's file (not its temporary per-rank copy)."""
     path = tmp_path / "typos.json"

@@ -1,4 +1,4 @@
-"""Ps is measured at saturation, or the collector says it was not (issue 37; Carns et al. 2025, section 4.3: Ps is
+"""Ps is measured at saturation, or the collector says it was not (Carns et al. 2025, section 4.3: Ps is
 "a server's maximum performance when saturated", Pc the rate of a client against "a single quiescent server"):
 the load ramp's loads and where it stops, the reading of a Ps and a Pc from the CPU recorded with them, and the
 model built from measurement rows (X counts the servers that served; a 1x1 sample on Pc's pair of nodes keeps

@@ -286,6 +286,11 @@ def test_a_lower_bound_travels_with_the_model_and_moves_its_ridge() -> None:
     assert ("the 1x1 sample repeats Pc's configuration: 20.7 k ops/s against Pc 16-18 k ops/s, +15% against its range"
             in findings)  # fmt: skip
     assert findings[-1] == "1 of 2 samples above the max ceiling (up to +15%), client-bound"
+    twice = Roofline(rl.metric, rl.pc, rl.ps, [Sample(1, 1, 8_000.0, pc_configuration=same),
+                     Sample(1, 1, 17_000.0, pc_configuration=same)], fine, fine).findings()  # fmt: skip
+    assert [f for f in twice if "Pc's configuration" in f] == [  # one configuration, one sentence
+        "the 1x1 samples (2) repeat Pc's configuration, Pc 16-18 k ops/s: 8 k ops/s, -50% against its range; "
+        "17 k ops/s, within its range"]  # fmt: skip
     above = Roofline(rl.metric, rl.pc, rl.ps, [Sample(1, 8, 9_000.0)], fine, low).findings()[-1]
     assert above == ("1 of 1 samples above the max ceiling (up to +58%), server-bound, where the ceiling is Ps·X and "
                      "Ps is a lower bound")  # fmt: skip

@@ -609,14 +609,21 @@ class Roofline:
         spreads = [f"{name} {self_range.max / self_range.min - 1:.0%}" for name, self_range in (("Pc", self.pc),
                    ("Ps", self.ps)) if self_range.min > 0]  # fmt: skip
         lines.append(f"repeats spread {' and '.join(spreads)} (max / min - 1)")
+        repeats: dict[tuple[int, int, float, float], list[Sample]] = {}  # one sentence per configuration
         for sample in self.samples:
-            diff = sample.pc_difference
             pc = sample.pc_configuration
-            if diff is None or pc is None:
-                continue
-            where = "within its range" if diff == 0 else f"{diff:+.0%} against its range"
-            lines.append(f"the {sample.servers}x{sample.clients} sample repeats Pc's configuration: "
-                         f"{m.format(sample.rate_per_client)} against Pc {m.format_range(pc.min, pc.max)}, {where}")  # fmt: skip
+            if pc is not None and sample.pc_difference is not None:
+                repeats.setdefault((sample.servers, sample.clients, pc.min, pc.max), []).append(sample)
+        for (servers, clients, low, high), same in repeats.items():
+            each = [(m.format(s.rate_per_client), "within its range" if not s.pc_difference
+                     else f"{s.pc_difference:+.0%} against its range") for s in same]  # fmt: skip
+            pc_range = m.format_range(low, high)
+            if len(same) == 1:
+                lines.append(f"the {servers}x{clients} sample repeats Pc's configuration: {each[0][0]} against Pc "
+                             f"{pc_range}, {each[0][1]}")  # fmt: skip
+            else:
+                lines.append(f"the {servers}x{clients} samples ({len(same)}) repeat Pc's configuration, Pc {pc_range}: "
+                             + "; ".join(f"{rate}, {where}" for rate, where in each))  # fmt: skip
         above = self.above_ceiling()
         if above:
             worst = max(excess for _, excess in above)

@@ -133,3 +133,43 @@ def test_the_plan_ramps_before_ps_and_sizes_for_its_largest_load() -> None:
     assert [s.tag for s in ramp] == [f"L{i}" for i in range(len(ramp))]
     assert [s.depth for s in ramp][:3] == [1, 4, 16] and ramp[-1].clients >= ramp[0].clients
     assert all(s.depth == 16 for s in steps if s.stage == "Ps")
+
+
+def test_models_built_on_a_lower_bound_say_so() -> None:
+    """Placement, the I/O roofline's peaks and the workflow roofline take their ceilings from Pc and Ps: where the
+    platform's Ps is a lower bound, their notes say so and their ceilings are marked >= (a ridge <=)."""
+    from selftest.roofline import METRICS, Platform, Range, Roofline, Saturation
+    from selftest.roofline.placement import Workload, WorkloadPoint, place
+    from selftest.roofline.plots import placement_figure, workflow_figure
+    from selftest.roofline.workflow import WorkflowSpec, analyse, from_platform
+
+    low = Saturation(True, "the clients, not the server, set the rate")
+    fine = Saturation(False, "the client's round trip set the rate")
+    platform = Platform({
+        "rpc_rate": Roofline(METRICS["rpc_rate"], Range(9e3, 1e4), Range(4e4, 5e4), [], fine, low),
+        "bandwidth": Roofline(METRICS["bandwidth"], Range(1.0, 1.2), Range(1.4, 1.5), [], fine, fine),
+    }, server_cores=1, client_cores=1)  # fmt: skip
+    said = ("rpc_rate's Ps 40-50 k ops/s is a lower bound (the clients, not the server, set the rate): the ceilings "
+            "drawn from it lie too low, and so do the ridges and scores built on them")  # fmt: skip
+    assert platform.lower_bounds(["rpc_rate", "bandwidth"]) == [said]
+    assert platform.lower_bounds(["rpc_rate"], ["Pc"]) == [] and platform.lower_bounds(["storage_iops"]) == []
+
+    workload = Workload(name="kv put", points=[WorkloadPoint(servers=1, clients=1, rate_per_client_ops_per_second=1e3,
+                                                             bytes_per_call=1024)])  # fmt: skip
+    placement = place(platform, workload)
+    assert placement["notes"] == [said]
+    legend = [t.get_text() for t in placement_figure(platform, placement).legends[0].get_texts()]
+    assert "RPC rate ceiling: Pc = 10 k ops/s, Ps ≥ 50 k ops/s" in legend
+    assert "RPC rate ridge X* ≤ 0.2 (1/5)" in legend
+
+    spec = WorkflowSpec.from_document({"name": "w", "servers": 1, "parallel_tasks": 1, "available_client_processes": 1,
+                                       "stages": [{"name": "s", "tasks": 4, "rpcs_per_task": 10, "bytes_per_task": 0}],
+                                       "runs": [{"label": "r", "parallel_tasks": 2, "makespan_seconds": 1.0}]})  # fmt: skip
+    analysis = analyse(platform, spec)
+    assert analysis["notes"] == [said]
+    names = [c["name"] for c in analysis["roofline"]["ceilings"]]
+    assert names == ["node: RPC rate 10,000 ops/s per client process", "system: RPC rate Ps ≥ 50,000 ops/s x 1 servers"]
+    ticks = workflow_figure(from_platform(platform, spec), analysis["runs"])
+    ticks.canvas.draw()
+    labels = [t.get_text() for t in [*ticks.axes[0].get_xticklabels(), *ticks.axes[0].get_xticklabels(minor=True)]]
+    assert "2" in labels and not any("times" in t or "^" in t for t in labels)  # 2, not 2x10^0

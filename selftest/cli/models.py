@@ -325,7 +325,7 @@ def io_command(
     10-12). FILES (self-test --rpc results, workload JSON) go on the network roofline at 1 / bytes per call.
     """
     from ..roofline import IOPoint, io_rooflines
-    from ..roofline.io import validation_points
+    from ..roofline.io import IO_METRICS, validation_points
     from ..roofline.placement import io_points
     from ..roofline.plots import plot_io
     from ..roofline.scores import combine_scores
@@ -337,7 +337,10 @@ def io_command(
         fail(f"{platform.label}: the model has no metric pair of an I/O roofline (storage: storage_iops and "
              f"storage_bandwidth; network: rpc_rate and bandwidth)")  # fmt: skip
     points: dict[str, list[Any]] = {name: [] for name in rooflines}
-    notes = []
+    # psi and kappa are the platform's Ps (server side) or Pc (client side): said when they are lower bounds
+    notes = platform.lower_bounds(
+        [m for name in rooflines for m in IO_METRICS[name]], ["Ps" if side == "server" else "Pc"]
+    )
     if files and "network" not in rooflines:
         fail(f"{platform.label}: the model has no network I/O roofline (rpc_rate and bandwidth) for FILES")
     for f, workload in workloads:  # several RPCs may share the roofline
@@ -564,5 +567,6 @@ def _print_workflow(analysis: dict[str, Any], written: Sequence[Path]) -> None:
         lines.append(f"run {r['label']}: {r['parallel_tasks']} parallel, {quantity(r['tasks_per_second'], 'tasks/s')} "
                      f"against a roof of {quantity(r['attainable_tasks_per_second'], 'tasks/s')} ({r['headroom']:.3g}x "
                      f"headroom), {r['bound_kind']}-bound{wall}{zone}")  # fmt: skip
+    lines += [f"note: {note}" for note in analysis.get("notes") or []]
     lines += [f"{'plot' if path.suffix == '.png' else 'json'}: {path}" for path in written]
     print_lines(*lines, console=console)

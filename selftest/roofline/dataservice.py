@@ -837,6 +837,30 @@ class Platform:
             )
         return self.rooflines[metric]
 
+    def lower_bounds(self, metrics: Iterable[str], parameters: Iterable[str] = ("Pc", "Ps")) -> list[str]:
+        """What every model built on this platform says of its own figures: one sentence per ``Pc`` or ``Ps`` of
+        ``metrics`` that is a lower bound (:class:`Saturation`), with what was measured. A ceiling drawn from a
+        lower bound lies too low (Carns et al. 2025, section 4.3), and so do the ridges, scores and headroom
+        built on it. Metrics the platform lacks are skipped.
+
+        Args:
+            metrics: the metrics a model uses (placement: ``rpc_rate`` and ``bandwidth``).
+            parameters: ``"Pc"``, ``"Ps"`` or both: those the model uses (the I/O roofline of the server side:
+                ``Ps``).
+        """
+        wanted = set(parameters)
+        lines = []
+        for name in metrics:
+            rl = self.rooflines.get(name)
+            if rl is None:
+                continue
+            for param, saturation, rng in (("Pc", rl.pc_saturation, rl.pc), ("Ps", rl.ps_saturation, rl.ps)):
+                if param in wanted and saturation is not None and saturation.lower_bound:
+                    lines.append(f"{name}'s {param} {rl.metric.format_range(rng.min, rng.max)} is a lower bound "
+                                 f"({saturation.reason}): the ceilings drawn from it lie too low, and so do the "
+                                 "ridges and scores built on them")  # fmt: skip
+        return lines
+
     @classmethod
     def from_document(cls, doc: Any, source: str = "document") -> Platform:
         """Read a platform model from any of the documents that hold one.

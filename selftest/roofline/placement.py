@@ -404,7 +404,9 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
 
         ``score`` and ``median_headroom`` in the summary are over the points the model claims (not
         oversubscribed; Zhu eq. 12 with equal weights); ``excluded`` counts the others. ``notes`` start
-        with the workload's own (``source.notes``: what its statistics could not tell).
+        with the workload's own (``source.notes``: what its statistics could not tell), then say which of the
+        ceilings' ``Pc`` and ``Ps`` are lower bounds (:meth:`Platform.lower_bounds`: scores against them are
+        too low).
 
     Raises:
         ValueError: the platform has no ``rpc_rate`` roofline, or ``bound`` is invalid.
@@ -414,6 +416,9 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
     notes = [str(n) for n in workload.source.get("notes") or []]
     if bandwidth is None and any(p.bytes_per_call for p in workload.points):
         notes.append("the platform model has no bandwidth roofline: points are placed on the RPC rate alone")
+    used = ["rpc_rate"] + (["bandwidth"] if bandwidth is not None and any(p.bytes_per_call for p in workload.points)
+                           else [])  # fmt: skip
+    notes += platform.lower_bounds(used)
     rows: list[dict[str, Any]] = []
     for p in workload.points:
         applicable = {"rpc_rate": rpc}

@@ -55,6 +55,15 @@ def _ridge_text(x: float) -> str:
     return f"{x:.3g} ({_ratio_label(x)})" if x < 1 else f"{x:.3g}"
 
 
+_RELATION = {"=": "= ", "<=": "≤ ", ">=": "≥ ", "?": "? "}
+"""How a ridge drawn from measured parameters relates to the true one (:attr:`Roofline.ridge_relation`)."""
+
+
+def _at_least(lower_bound: bool) -> str:
+    # "≥ " before a parameter that is a lower bound (Saturation), "= " before one that is not
+    return "≥ " if lower_bound else "= "
+
+
 def plot(roofline: Roofline, path: str | os.PathLike[str], title: str | None = None) -> Path:
     """Draw the roofline with its validation samples (:func:`roofline_figure`) and write it as an image.
 
@@ -142,8 +151,7 @@ def roofline_figure(roofline: Roofline, title: str | None = None) -> Figure:
                         annotation_clip=True)  # fmt: skip
         ax.plot([], [], color="tab:blue", marker="$\\uparrow$", linestyle="none",
                 label="lower bound: the true ceiling lies higher")  # fmt: skip
-    relation = {"=": "", "<=": "≤ ", ">=": "≥ ", "?": "? "}[rl.ridge_relation]
-    ridge_text = f"ridge X* {relation or '= '}{_ridge_text(x_star)}"
+    ridge_text = f"ridge X* {_RELATION[rl.ridge_relation]}{_ridge_text(x_star)}"
     ax.plot([x_star], [y_star], marker="D", color="tab:red", markersize=8, linestyle="none", label=ridge_text)
     if not math.isclose(ridges["min"], x_star):
         ax.plot([ridges["min"]], [rl.attainable(ridges["min"], "min")], marker="D", markersize=6,
@@ -416,6 +424,7 @@ def workflow_figure(
     """
     _require_matplotlib()
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     ns = [float(r["parallel_tasks"]) for r in runs]
     hi = max([roofline.wall, *ns]) * 4.0
@@ -502,6 +511,10 @@ def workflow_figure(
     ax.set_yscale("log")
     ax.set_xlim(1.0, hi)
     ax.set_ylim(bottom, top)
+    # tasks as plain numbers (1, 2, 5, 10), not 2×10^0; within a decade or two the minor ticks are labelled too
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain if hi <= 20 else NullFormatter())
     ax.set_xlabel("parallel tasks")
     ax.set_ylabel("throughput (tasks per second)")
     ax.set_title(title if title is not None else f"workflow roofline (Ding et al. eq. 1): {roofline.name}")
@@ -568,8 +581,8 @@ def placement_figure(platform: Platform, placement: Mapping[str, Any], title: st
         y_rpc,
         color="tab:blue",
         linewidth=2,
-        label=f"RPC rate ceiling: Pc = {rpc.metric.format(getattr(rpc.pc, bound))}, "
-        f"Ps = {rpc.metric.format(getattr(rpc.ps, bound))}",
+        label=f"RPC rate ceiling: Pc {_at_least(rpc.pc_lower_bound)}{rpc.metric.format(getattr(rpc.pc, bound))}, "
+        f"Ps {_at_least(rpc.ps_lower_bound)}{rpc.metric.format(getattr(rpc.ps, bound))}",
     )
     ax.plot(
         [ridge],
@@ -577,7 +590,7 @@ def placement_figure(platform: Platform, placement: Mapping[str, Any], title: st
         marker="D",
         color="tab:red",
         linestyle="none",
-        label=f"RPC rate ridge X* = {_ridge_text(ridge)}",
+        label=f"RPC rate ridge X* {_RELATION[rpc.ridge_relation]}{_ridge_text(ridge)}",
     )
     bandwidth = platform.rooflines.get("bandwidth")
     top = max(float(np.max(y_rpc)), *(r["rate_per_client_ops_per_second"] for r in rows))
@@ -592,8 +605,9 @@ def placement_figure(platform: Platform, placement: Mapping[str, Any], title: st
                 linestyle="--",
                 linewidth=1.5,
                 label=f"bandwidth ceiling at {_bytes_text(size)} per call: "
-                f"Pc = {bandwidth.metric.format(getattr(bandwidth.pc, bound))}, "
-                f"Ps = {bandwidth.metric.format(getattr(bandwidth.ps, bound))}{above}",
+                f"Pc {_at_least(bandwidth.pc_lower_bound)}{bandwidth.metric.format(getattr(bandwidth.pc, bound))}, "
+                f"Ps {_at_least(bandwidth.ps_lower_bound)}{bandwidth.metric.format(getattr(bandwidth.ps, bound))}"
+                f"{above}",
             )
     region_colors = {REGION_SERVER_BOUND: "tab:orange", REGION_CLIENT_BOUND: "tab:green"}
     for region, color in region_colors.items():
@@ -639,8 +653,9 @@ def placement_figure(platform: Platform, placement: Mapping[str, Any], title: st
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
     ax.xaxis.set_major_formatter(FuncFormatter(_ratio_label))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("service ratio (server processes / client processes)")
-    ax.set_ylabel("calls per second per client process")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: rate_tick(v, "ops/s")))
+    ax.set_xlabel("service ratio (server processes that served / client processes)")
+    ax.set_ylabel("calls per second per client process (ops/s)")
     ax.set_title(
         title if title is not None else f"{placement['workload']} on {placement['platform']} ({bound} ceilings)"
     )

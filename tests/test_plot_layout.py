@@ -93,6 +93,26 @@ def test_placement_labels_at_the_right_edge_stay_inside() -> None:
     assert "Pc = 30 k ops/s" in _texts(fig)
 
 
+def test_a_legend_too_wide_for_two_columns_takes_one() -> None:
+    """The docs' kv put: two bandwidth ceilings (1,053 and 1,054 B per call, above the chart), Ps a lower bound; in
+    two columns its legend ran past both edges of the figure."""
+    from selftest.roofline import METRICS, Range, Roofline, Saturation
+
+    low = Saturation(True, "the clients, not the server, set the rate")
+    platform = Platform({
+        "rpc_rate": Roofline(METRICS["rpc_rate"], Range(4_910.0, 5_480.0), Range(39_900.0, 53_100.0), [], None, low),
+        "bandwidth": Roofline(METRICS["bandwidth"], Range(0.406, 0.438), Range(0.394, 0.545), [], None, low),
+    }, client_cores=1, label="run 1: selftest on vm")  # fmt: skip
+    workload = Workload(name="kv put", points=[
+        WorkloadPoint(servers=1, clients=1, rate_per_client_ops_per_second=278.0, bytes_per_call=1053),
+        WorkloadPoint(servers=1, clients=2, rate_per_client_ops_per_second=173.0, bytes_per_call=1054,
+                      client_processes_per_core=2.0),
+    ])  # fmt: skip
+    fig = placement_figure(platform, place(platform, workload))
+    assert layout_problems(fig) == []
+    assert "Ps ≥ 53.1 k ops/s" in _texts(fig)
+
+
 def test_io_rooflines_keep_their_labels_inside() -> None:
     platform = Platform.from_document(platform_doc({
         "rpc_rate": (30_000.0, 30_000.0), "bandwidth": (1.2, 0.7), "storage_iops": (3_600.0, 7_500.0),

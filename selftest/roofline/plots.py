@@ -202,7 +202,7 @@ def roofline_figure(roofline: Roofline, title: str | None = None) -> Figure:
     ax.set_ylabel(metric.label if unit in metric.label else f"{metric.label} ({unit})")
     ax.set_title(title if title is not None else f"{metric.name} roofline")
     ax.grid(True, which="major", alpha=0.3)
-    fig.legend(loc="outside lower center", ncols=2, fontsize="small")
+    legend_below(fig, ncols=2, fontsize="small")
     keep_inside(fig)
     return fig
 
@@ -223,6 +223,21 @@ def rate_tick(value: float, unit: str) -> str:
     if unit in BYTE_RATE_UNITS or abs(value) < 1000:
         return f"{value:g}"
     return quantity(value)
+
+
+def legend_below(fig: Figure, ncols: int, fontsize: str) -> None:
+    """The figure's legend below its axes, in ``ncols`` columns, or in one when that is wider than the figure (long
+    labels: a placement with several bandwidth ceilings); never over the data."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    legend = fig.legend(loc="outside lower center", ncols=ncols, fontsize=fontsize)
+    if ncols == 1:
+        return
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    if legend.get_window_extent(canvas.get_renderer()).width > fig.bbox.width:
+        legend.remove()
+        fig.legend(loc="outside lower center", ncols=1, fontsize=fontsize)
 
 
 def keep_inside(fig: Figure) -> None:
@@ -366,7 +381,7 @@ def io_figure(
     top.set_xlabel("bytes per operation")
     ax.set_title(title if title is not None else f"I/O roofline (Zhu & Neuwirth eq. 3), {rooflines[0].scope}")
     ax.grid(True, which="major", alpha=0.3)
-    fig.legend(loc="outside lower center", ncols=1, fontsize="x-small")
+    legend_below(fig, ncols=1, fontsize="x-small")
     keep_inside(fig)
     return fig
 
@@ -519,7 +534,7 @@ def workflow_figure(
     ax.set_ylabel("throughput (tasks per second)")
     ax.set_title(title if title is not None else f"workflow roofline (Ding et al. eq. 1): {roofline.name}")
     ax.grid(True, which="major", alpha=0.3)
-    fig.legend(loc="outside lower center", ncols=2, fontsize="x-small")
+    legend_below(fig, ncols=2, fontsize="x-small")
     keep_inside(fig)
     return fig
 
@@ -660,7 +675,7 @@ def placement_figure(platform: Platform, placement: Mapping[str, Any], title: st
         title if title is not None else f"{placement['workload']} on {placement['platform']} ({bound} ceilings)"
     )
     ax.grid(True, which="major", alpha=0.3)
-    fig.legend(loc="outside lower center", ncols=2, fontsize="x-small")
+    legend_below(fig, ncols=2, fontsize="x-small")
     keep_inside(fig)
     return fig
 

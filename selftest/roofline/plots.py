@@ -243,7 +243,8 @@ def legend_below(fig: Figure, ncols: int, fontsize: str) -> None:
 def keep_inside(fig: Figure) -> None:
     """Move every annotation of ``fig`` that runs past its axes (labels of points, placed in offset points) back
     inside them: first to the other side of the point it labels (left/right, above/below), then, if still out,
-    shifted in. Call it last: it measures the texts as drawn."""
+    shifted in; one that then lies over a label placed before it is moved above that label, or below it when the
+    axes have no room above. Call it last: it measures the texts as drawn."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Annotation
 
@@ -253,6 +254,7 @@ def keep_inside(fig: Figure) -> None:
     points_per_pixel = 72.0 / fig.dpi
     for ax in fig.axes:
         box = ax.get_window_extent(renderer)
+        placed: list[Any] = []  # the extents of the labels placed so far in these axes
         for text in ax.texts:
             if not isinstance(text, Annotation) or not text.get_text() or text.anncoords != "offset points":
                 continue
@@ -268,7 +270,18 @@ def keep_inside(fig: Figure) -> None:
             ext = text.get_window_extent(renderer)
             shift_x = min(0.0, box.x1 - ext.x1) + max(0.0, box.x0 - ext.x0)
             shift_y = min(0.0, box.y1 - ext.y1) + max(0.0, box.y0 - ext.y0)
-            text.set_position((dx + shift_x * points_per_pixel, dy + shift_y * points_per_pixel))
+            dx, dy = dx + shift_x * points_per_pixel, dy + shift_y * points_per_pixel
+            text.set_position((dx, dy))
+            ext = text.get_window_extent(renderer)
+            for other in placed:
+                if not ext.overlaps(other):
+                    continue
+                up, down = other.y1 - ext.y0 + 2, ext.y1 - other.y0 + 2  # pixels to clear it either way
+                move = up if ext.y1 + up <= box.y1 else -down if ext.y0 - down >= box.y0 else 0.0
+                dy += move * points_per_pixel
+                text.set_position((dx, dy))
+                ext = text.get_window_extent(renderer)
+            placed.append(ext)
     canvas.draw()
 
 

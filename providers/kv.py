@@ -28,14 +28,20 @@ Example:
     await server.close()
 
 Keys are byte strings: a ``str`` key is stored as its UTF-8 encoding, so ``"a"`` and ``b"a"`` name the
-same entry, and ``list_keys`` returns ``bytes``. Values are byte strings.
+same entry, and ``list_keys`` returns ``bytes``. Values are byte strings too: ``put`` stores a ``str`` value as
+its UTF-8 encoding (``svcframe call ADDR put '{"key": "k", "value": "text"}' -p 1`` works), ``get`` returns
+``bytes``.
 
 Config (JSON, every key optional):
 
-    {"path": "kv-<provider_id>.sqlite", "durability": "durable", "inline_max_bytes": 65536}
+    {"path": "kv-{rank}.sqlite", "durability": "durable", "inline_max_bytes": 65536}
 
 - ``path``: the SQLite file (relative paths are relative to the server's working directory), or
-  ``":memory:"`` for a store that disappears when the provider closes.
+  ``":memory:"`` for a store that disappears when the provider closes. ``{rank}`` in it is replaced by the
+  server process's rank (``svcframe launch --procs N``, or the rank srun/mpiexec gave it): SQLite lets one
+  process write a file, so the processes of one config need a file each, ``"kv-{rank}.sqlite"``; several
+  processes of ``launch --procs N`` on one file are refused before any starts. Default ``kv-<provider id>.sqlite``
+  (``kv-<provider id>-<rank>.sqlite`` for several processes).
 - ``durability``:
     - ``"durable"`` (default): WAL journal, ``synchronous=FULL``. Each write is one transaction whose
       commit is fsync'ed before the RPC returns: an acknowledged write survives a process kill, an OS
@@ -51,7 +57,7 @@ RPCs (argument -> result; keys are ``str | bytes``):
 
 | RPC | argument | result |
 |---|---|---|
-| ``put`` | ``{key, value}`` | None |
+| ``put`` | ``{key, value}`` (value: bytes or str) | None |
 | ``get`` | ``{key}`` | bytes, or None when the key is missing |
 | ``put_bulk`` | ``{key, bulk, size}`` | None (``bulk``: a readable handle's wire form) |
 | ``get_bulk`` | ``{key, bulk}`` | the value's length in bytes, or None |
@@ -274,8 +280,10 @@ class KVProvider(Provider):
         the engine's ``max_body_bytes`` when validated with a ``ConfigContext`` (as every provider's is)."""
 
         path: str | None = Field(
-            None, min_length=1, validate_default=True, description="SQLite file or ':memory:' (default kv-<id>.sqlite)"
-        )
+            None, min_length=1, validate_default=True,
+            description="SQLite file or ':memory:' (default kv-<id>.sqlite, kv-<id>-<rank>.sqlite for several "
+            "processes); {rank} is replaced by the server process's rank",
+        )  # fmt: skip
         durability: Literal["durable", "fast"] = "durable"
         inline_max_bytes: int | None = Field(
             None, ge=0, strict=True, validate_default=True,
@@ -289,10 +297,24 @@ class KVProvider(Provider):
 
         @field_validator("path")
         @classmethod
-        def _default_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        def _path_of_this_rank(cls, value: str | None, info: ValidationInfo) -> str | None:
+            """The default path, ``{rank}`` replaced by the process's rank; a file several processes would open
+            is refused (SQLite lets one of them write: the others fail with "database is locked")."""
             context = info.context
-            if value is None and isinstance(context, ConfigContext):
-                return f"kv-{context.provider_id}.sqlite"
+            if not isinstance(context, ConfigContext):
+                return value
+            if value is None:
+                return f"kv-{context.provider_id}" + (f"-{context.rank}" if context.procs > 1 else "") + ".sqlite"
+            if value == ":memory:" or "{rank}" in value:
+                return value.replace("{rank}", str(context.rank))
+            if context.procs > 1:
+                stem, dot, suffix = value.rpartition(".")
+                example = f"{stem}-{{rank}}.{suffix}" if dot else f"{value}-{{rank}}"
+                raise ValueError(
+                    f"each of the {context.procs} server processes would open {value!r}, and SQLite lets one of "
+                    f"them write (the others: 'database is locked'); give a file per rank, such as {example!r} "
+                    "({rank} is replaced by each process's rank)"
+                )
             return value
 
         @field_validator("inline_max_bytes")
@@ -385,8 +407,10 @@ class KVProvider(Provider):
         """
         key = _key(arg)
         value = arg.get("value")
+        if isinstance(value, str):
+            value = value.encode("utf-8")  # stored as its UTF-8 encoding, as a str key is
         if not isinstance(value, bytes | bytearray):
-            raise TypeError(f"'value' must be bytes, not {type(value).__name__}")
+            raise TypeError(f"'value' must be bytes or str, not {type(value).__name__}")
         limit = self.settings.inline_max_bytes
         assert limit is not None  # filled in from the engine's settings (Config)
         if len(value) > limit:

@@ -8,17 +8,31 @@ nodes 1..N-1 the client nodes (:func:`plan`):
 * ``Pc``, peak client rate: one client process on node j against one quiescent server process on node i,
   for every unordered pair i < j (N(N-1)/2 pairs, Figure 8 right), repeated ``repeats`` times; a min-max
   range over pairs and repeats.
-* ``Ps``, peak server rate per server process: node 0 fully populated (one server process per slot),
-  saturated by ``clients_per_core`` client processes per slot of every client node with
-  ``saturation_depth`` calls in flight each (Figure 8 left); aggregate rate / server processes, repeated
-  ``repeats`` times; a min-max range.
+* ``ramp``: the load that saturates node 0, fully populated (one server process per slot): "a server's
+  maximum performance when saturated" (section 4.3). The load rises from ``clients_per_core`` client processes
+  per slot of every client node with one call in flight each, the calls in flight growing 4x a step up to
+  ``saturation_depth``, then the client processes doubling up to ``max_clients_per_core`` per slot
+  (:func:`ramp_loads`); it stops at the first step that raises the aggregate rate by less than
+  :data:`RAMP_GROWTH` (:func:`ramp_outcome`). The load of the highest rate is the saturating load.
+* ``Ps``, peak server rate per server process: node 0 under the saturating load (Figure 8 left); aggregate
+  rate / server processes, repeated ``repeats`` times; a min-max range. It is marked a lower bound
+  (:class:`~selftest.roofline.Saturation`, :func:`ps_saturation`) when the rate was still growing at the
+  largest load, or when the clients' cores were saturated and the server's were not.
 * ``sweep``: the server-process sweep of Figures 9 and 10 (``selftest/sweep.py``): 1..``sweep_max_servers``
-  server processes on node 0 saturated by the same clients; aggregate rate against server processes. Its
+  server processes on node 0 under the saturating load; aggregate rate against server processes. Its
   point at the ``Ps`` server count is the ``Ps`` measurement itself.
 * ``grid``: validation samples, every (servers, clients) pair of the grid in processes, or every
-  (server nodes, client nodes) pair of fully populated nodes; rate per client process. Each records its
-  server and client processes per core: samples above one share cores, which the model (one core per
-  process, section 4.3) does not predict; they are marked and scored apart (``scores["excluded"]``).
+  (server nodes, client nodes) pair of fully populated nodes; rate per client process. A sample's servers
+  are those that served (client i calls server i mod S: with fewer clients than servers the others idle, and
+  X counts the ones that served). Each records its server and client processes per core: samples above one
+  share cores, which the model (one core per process, section 4.3) does not predict; they are marked and
+  scored apart (``scores["excluded"]``). A 1x1 sample on a pair of nodes ``Pc`` measured repeats ``Pc``'s
+  configuration: the model keeps that ``Pc`` range beside it (the machine's repeatability).
+
+Every ``Pc`` and ``Ps`` measurement records the CPU utilisation of its servers and of its clients (fractions of
+a core: ``server_utilization``, ``client_utilization`` and ``client_core_utilization``, the clients' CPU over
+the cores they ran on); a ``Pc`` whose server was saturated while its client was not is a lower bound too
+(:func:`pc_saturation`).
 
 Processes: with the ``local`` launcher, servers are forked per local node and pinned to its cores, clients
 are a :class:`~selftest.pool.ClientPool`; with ``mpiexec`` or ``srun``, one launcher command per node group
@@ -45,12 +59,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import json
+import math
 import os
 import platform as _platform
 import secrets
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -59,18 +76,31 @@ from typing import Any, NamedTuple
 
 from svcframe.config import ServiceConfig, load_config
 from svcframe.launch import Launch, usable_cores
-from svcframe.units import quantity
+from svcframe.units import percent, quantity
 
 from . import SELFTEST_CONFIG
 from .driver import SelftestParams, environment, save_results
 from .nodes import NodeSet
 from .nodes import resolve as resolve_nodes
-from .roofline import METRICS, Range, Roofline, Sample, combine_scores, plot
+from .roofline import (
+    METRICS,
+    SATURATED_UTILIZATION,
+    Range,
+    Roofline,
+    Sample,
+    Saturation,
+    combine_scores,
+    plot,
+)
 
 ALL_METRICS = ("rpc_rate", "bandwidth", "storage_iops", "storage_bandwidth")
 """Metrics collect can measure, in the order it measures them."""
 
 _RATE_METRICS = ("rpc_rate", "storage_iops")  # ops/s; the others are GiB/s
+
+RAMP_GROWTH = 0.05
+"""A load step of the saturation ramp that raises the aggregate rate by less than this fraction (5%) ends it: the
+rate stopped growing (Carns et al. 2025, section 4.3: Ps is the rate of a saturated server)."""
 
 
 @dataclass
@@ -88,8 +118,9 @@ class CollectOptions:
     ``grid_server_nodes`` x ``grid_client_nodes`` (node counts, fully populated: one process per slot)
     replace the process grid ``grid_servers`` x ``grid_clients`` when given. ``coordinator_host`` is the
     host the coordinator's engine binds to for remote clients (default: this host's name).
-    ``clients_per_core``: saturating client processes per client-node slot (each ``saturation_depth``
-    calls in flight).
+    The saturation ramp (:func:`ramp_loads`): from ``clients_per_core`` client processes per client-node slot
+    with one call in flight each, to ``saturation_depth`` calls in flight, then to ``max_clients_per_core``
+    client processes per slot.
     """
 
     out: Path = Path("out/roofline")
@@ -120,6 +151,7 @@ class CollectOptions:
     grid_client_nodes: list[int] | None = None
     coordinator_host: str | None = None
     clients_per_core: int = 2
+    max_clients_per_core: int = 4
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (paths as strings)."""
@@ -200,14 +232,17 @@ class Step(NamedTuple):
     """One measurement of the plan.
 
     Attributes:
-        stage: ``"Pc"``, ``"Ps"``, ``"sweep"`` or ``"grid"``.
+        stage: ``"Pc"``, ``"ramp"``, ``"Ps"``, ``"sweep"`` or ``"grid"``.
         metric: one of :data:`ALL_METRICS`.
         servers: server processes (S).
-        clients: client processes (C); the service ratio is X = S / C (section 4.2).
+        clients: client processes (C); the service ratio is X = S / C (section 4.2). ``Ps`` and ``sweep``
+            steps run under the load the ramp found (their clients and depth are replaced when they run).
         server_nodes: node index of each server process, in the order clients are assigned to them.
         client_nodes: node index of client rank r, for each r.
         tag: what tells apart steps of equal (stage, metric, S, C): ``"n0-1"`` for the Pc pair of nodes 0
-            and 1, ``"nodes1x2"`` for a grid point of 1 server node x 2 client nodes, else ``""``.
+            and 1, ``"nodes1x2"`` for a grid point of 1 server node x 2 client nodes, ``"L2"`` for the third
+            load of the ramp, else ``""``.
+        depth: calls in flight per client process.
     """
 
     stage: str
@@ -217,6 +252,60 @@ class Step(NamedTuple):
     server_nodes: tuple[int, ...]
     client_nodes: tuple[int, ...]
     tag: str = ""
+    depth: int = 1
+
+
+def ramp_loads(clients: int, max_clients: int, max_depth: int) -> list[tuple[int, int]]:
+    """The loads of the saturation ramp, in order: ``(client processes, calls in flight each)``.
+
+    From ``clients`` processes with one call in flight, the calls in flight grow 4x a step up to ``max_depth``,
+    then the processes double up to ``max_clients`` (each bound included once): ``ramp_loads(2, 8, 16)`` is
+    ``[(2, 1), (2, 4), (2, 16), (4, 16), (8, 16)]``.
+    """
+    loads = []
+    depth = 1
+    while True:
+        loads.append((clients, depth))
+        if depth >= max_depth:
+            break
+        depth = min(depth * 4, max_depth)
+    while clients < max_clients:
+        clients = min(clients * 2, max_clients)
+        loads.append((clients, max_depth))
+    return loads
+
+
+class RampOutcome(NamedTuple):
+    """Where the saturation ramp of one metric stands (:func:`ramp_outcome`).
+
+    Attributes:
+        best: index (in the measured loads) of the highest aggregate rate: the saturating load.
+        stopped: a load raised the rate by less than :data:`RAMP_GROWTH`: no further load is measured.
+        growth: the last step's relative change of the highest rate so far (None after one load).
+    """
+
+    best: int
+    stopped: bool
+    growth: float | None
+
+
+def ramp_outcome(rates: list[float]) -> RampOutcome:
+    """The outcome of the ramp's aggregate rates so far, in load order: it stops at the first load whose rate is
+    below ``(1 + RAMP_GROWTH)`` times the best before it; the best is the highest rate measured.
+
+    Raises:
+        ValueError: no rate.
+    """
+    if not rates:
+        raise ValueError("the ramp has no measured load yet")
+    best = 0
+    for i in range(1, len(rates)):
+        step_growth = rates[i] / rates[best] - 1.0 if rates[best] > 0 else math.inf
+        if step_growth < RAMP_GROWTH:
+            return RampOutcome(best if rates[best] >= rates[i] else i, True, step_growth)
+        best = i
+    last = rates[-1] / rates[-2] - 1.0 if len(rates) > 1 and rates[-2] > 0 else None
+    return RampOutcome(best, False, last)
 
 
 def _spread(count: int, nodes: list[int], capacity: dict[int, int]) -> tuple[int, ...]:
@@ -246,9 +335,11 @@ def plan(opts: CollectOptions, node_set: NodeSet | None = None) -> list[Step]:
 
     * ``Pc``: for each of ``repeats`` rounds, every unordered pair of nodes (i, j), i < j (N(N-1)/2
       pairs): one client process on node j against one quiescent server process on node i.
-    * ``Ps`` (``repeats`` samples): node 0 fully populated (one server process per slot), saturated by
-      ``clients_per_core`` client processes per slot of every client node (at least 2 in all).
-    * ``sweep``: 1..``sweep_max_servers`` server processes on node 0 (Figures 9 and 10), the Ps clients;
+    * ``ramp``: node 0 fully populated (one server process per slot) under each load of :func:`ramp_loads`,
+      from ``clients_per_core`` client processes per slot of every client node (at least 2 in all) to
+      ``max_clients_per_core``; the loads after the rate stopped growing are skipped when they come.
+    * ``Ps`` (``repeats`` samples): node 0 fully populated, under the ramp's saturating load.
+    * ``sweep``: 1..``sweep_max_servers`` server processes on node 0 (Figures 9 and 10), under the same load;
       the Ps server count itself is not repeated (its point is the Ps samples).
     * ``grid``: validation samples. ``grid_servers`` x ``grid_clients`` processes (servers on node 0,
       clients round-robin over the client nodes), or, when given, ``grid_server_nodes`` x
@@ -270,6 +361,9 @@ def plan(opts: CollectOptions, node_set: NodeSet | None = None) -> list[Step]:
     n_sat_servers = slots[0]
     n_sat_clients = max(2, sum(capacity.values()))
     sat_clients = _spread(n_sat_clients, client_node_ids, capacity)
+    most_clients = max(n_sat_clients, opts.max_clients_per_core * sum(slots[j] for j in client_node_ids))
+    ramp = [(c, d, _spread(c, client_node_ids, capacity))
+            for c, d in ramp_loads(n_sat_clients, most_clients, opts.saturation_depth)]  # fmt: skip
     n_sweep = n_sat_servers if opts.sweep_max_servers is None else opts.sweep_max_servers
     grid: list[tuple[int, int, tuple[int, ...], tuple[int, ...], str]] = []
     if opts.grid_server_nodes or opts.grid_client_nodes:
@@ -291,8 +385,11 @@ def plan(opts: CollectOptions, node_set: NodeSet | None = None) -> list[Step]:
     for metric in opts.metrics:
         for _ in range(opts.repeats):
             steps += [Step("Pc", metric, 1, 1, (i,), (j,), f"n{i}-{j}") for i, j in ns.pairs]
-        steps += [Step("Ps", metric, n_sat_servers, n_sat_clients, (0,) * n_sat_servers, sat_clients)] * opts.repeats
-        steps += [Step("sweep", metric, k, n_sat_clients, (0,) * k, sat_clients)
+        steps += [Step("ramp", metric, n_sat_servers, c, (0,) * n_sat_servers, cli, f"L{i}", d)
+                  for i, (c, d, cli) in enumerate(ramp)]  # fmt: skip
+        steps += [Step("Ps", metric, n_sat_servers, n_sat_clients, (0,) * n_sat_servers, sat_clients,
+                       depth=opts.saturation_depth)] * opts.repeats  # fmt: skip
+        steps += [Step("sweep", metric, k, n_sat_clients, (0,) * k, sat_clients, depth=opts.saturation_depth)
                   for k in range(1, n_sweep + 1) if k != n_sat_servers]  # fmt: skip
         steps += [Step("grid", metric, s, c, srv, cli, tag) for s, c, srv, cli, tag in grid]
     return steps
@@ -350,12 +447,102 @@ def _service_config(opts: CollectOptions) -> ServiceConfig:
     return config
 
 
+def _mean(values: list[float | None]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _busy(used: float | None, wanted: float | None) -> float | None:
+    """How much of its cores a side took up: what it wanted (ran or waited for) where the kernel tells, else
+    what it used."""
+    return wanted if wanted is not None else used
+
+
+def _used(side: str, used: float | None, wanted: float | None) -> str:
+    """``"the server used 35% of its core"``, and what it wanted when it waited for its core (others had it):
+    ``"the server used 15% of its core, wanting 85%"``."""
+    text = f"the {side} used {percent(used)} of {'its core' if side in ('server', 'client') else 'their cores'}"
+    if used is not None and wanted is not None and wanted - used >= 0.05:
+        text += f", wanting {percent(wanted)}"
+    return text
+
+
+def pc_saturation(rows: list[dict[str, Any]]) -> Saturation | None:
+    """Whether ``Pc`` (its rows) is the rate of a client against a quiescent server (Carns et al. 2025, section
+    4.3), from the CPU recorded with each measurement: a lower bound when the server wanted at least
+    :data:`~selftest.roofline.SATURATED_UTILIZATION` of its core (ran or waited for it) while the client wanted
+    less of its own: the server, not the client, set the rate. None when the rows recorded no utilisation (a run
+    of an older version)."""
+    server = _mean([r.get("server_utilization") for r in rows])
+    client = _mean([r.get("client_utilization") for r in rows])
+    if server is None or client is None:
+        return None
+    server_demand = _mean([r.get("server_demand") for r in rows])
+    client_demand = _mean([r.get("client_core_demand") for r in rows])
+    waiting = [w for r in rows for w in (r.get("server_waiting"), r.get("client_waiting")) if w is not None]
+    contention = max(waiting) if waiting else None
+    used = f"{_used('client', client, client_demand)}, {_used('server', server, server_demand)}"
+    figures = (server, client, server_demand, client_demand, contention)
+    if (_busy(server, server_demand) or 0.0) >= SATURATED_UTILIZATION > (_busy(client, client_demand) or 0.0):
+        return Saturation(True, f"{used}: the server, not the client, set the rate", *figures)
+    return Saturation(False, f"{used}: the server had CPU to spare, the client's round trip set the rate", *figures)
+
+
+def ps_saturation(ps_rows: list[dict[str, Any]], ramp_rows: list[dict[str, Any]]) -> Saturation | None:
+    """Whether ``Ps`` (its rows) is the rate of a saturated server (Carns et al. 2025, section 4.3), from the
+    load ramp (its rows, in load order) and the CPU recorded with each measurement.
+
+    Saturated: the ramp's rate stopped growing (a load step raised it by less than :data:`RAMP_GROWTH`), and
+    either the server took up at least :data:`~selftest.roofline.SATURATED_UTILIZATION` of its core (wanted it:
+    ran, or waited for it) or the clients left theirs to spare (then the server side, its CPU, disk or network,
+    set the rate). A lower bound otherwise: the rate still grew at the largest load tried, or the clients took up
+    their cores while the server did not (the clients set the rate). None when nothing was recorded (a run of an
+    older version).
+    """
+    server = _mean([r.get("server_utilization") for r in ps_rows])
+    client = _mean([r.get("client_core_utilization") for r in ps_rows])
+    rates = [float(r["aggregate"]) for r in ramp_rows]
+    if server is None or client is None or not rates:
+        return None
+    server_demand = _mean([r.get("server_demand") for r in ps_rows])
+    client_demand = _mean([r.get("client_core_demand") for r in ps_rows])
+    waiting = [r["server_waiting"] for r in ps_rows if r.get("server_waiting") is not None]
+    figures = (server, client, server_demand, client_demand, max(waiting) if waiting else None)
+    outcome = ramp_outcome(rates)
+    best = ramp_rows[outcome.best]
+    ramp = tuple({"clients": int(r["clients"]), "depth": int(r.get("depth") or 1), "rate": float(r["aggregate"])}
+                 for r in ramp_rows)  # fmt: skip
+    load = f"{best['clients']} client processes x {best.get('depth') or 1} calls in flight"
+    used = f"{_used('server', server, server_demand)}, {_used('clients', client, client_demand)}"
+    if not outcome.stopped:
+        grew = f" (+{outcome.growth:.0%} at the last step)" if outcome.growth is not None else ""
+        return Saturation(True, f"its rate still grew at the largest load tried, {load}{grew}; {used}", *figures,
+                          ramp)  # fmt: skip
+    if (_busy(client, client_demand) or 0.0) >= SATURATED_UTILIZATION > (_busy(server, server_demand) or 0.0):
+        return Saturation(True, f"{used} at {load}: the clients, not the server, set the rate", *figures, ramp)
+    return Saturation(False, f"the rate stopped growing at {load} ({outcome.growth:+.0%} at the next load); {used}",
+                      *figures, ramp)  # fmt: skip
+
+
 def _model(metric: str, rows: dict[str, list[dict[str, Any]]]) -> Roofline:
     pc = Range.of(r["per_client"] for r in rows["Pc"])
-    ps = Range.of(r["aggregate"] / r["servers"] for r in rows["Ps"])
-    samples = [Sample(r["servers"], r["clients"], r["per_client"], r.get("server_processes_per_core"),
-                      r.get("client_processes_per_core")) for r in rows["grid"]]  # fmt: skip
-    return Roofline(METRICS[metric], pc, ps, samples)
+    ps = Range.of(r["aggregate"] / (r.get("servers_serving") or r["servers"]) for r in rows["Ps"])
+    pc_by_pair: dict[tuple[int, int], list[float]] = {}
+    for r in rows["Pc"]:
+        pair = (r["server_nodes"][0], r["client_nodes"][0]) if r.get("server_nodes") and r.get("client_nodes") else None
+        if pair is not None:
+            pc_by_pair.setdefault(pair, []).append(float(r["per_client"]))
+    samples = []
+    for r in rows["grid"]:
+        serving = int(r.get("servers_serving") or r["servers"])
+        same = None  # one client, one server (the first of node 0's), its client alone on a node Pc measured
+        if serving == 1 and r["clients"] == 1 and r.get("client_nodes") and len(r["client_nodes"]) == 1:
+            measured = pc_by_pair.get((0, r["client_nodes"][0]))
+            same = Range.of(measured) if measured else None
+        samples.append(Sample(serving, r["clients"], r["per_client"], r.get("server_processes_per_core"),
+                              r.get("client_processes_per_core"), same))  # fmt: skip
+    return Roofline(METRICS[metric], pc, ps, samples, pc_saturation(rows["Pc"]),
+                    ps_saturation(rows["Ps"], rows["ramp"]))  # fmt: skip
 
 
 def combined_score(models: dict[str, dict[str, Any]], weights: dict[str, float] | None = None) -> float | None:
@@ -419,6 +606,7 @@ def collect(
     steps = plan(opts, node_set)
     keys = step_keys(steps)
     processes: dict[str, Any] = {}
+    unwritten: list[str] = []  # files that could not be written (their measurements are kept all the same)
     store = ResultsStore(opts.store) if opts.store is not None else None
     run_id: int | None = None
     stored: dict[str, dict[str, Any]] = {}
@@ -451,10 +639,14 @@ def collect(
         rows_by_key: dict[str, dict[str, Any]] = {k: {kk: v for kk, v in s.items() if kk not in ("id", "key", "created")}
                                                   for k, s in stored.items()}  # fmt: skip
         if todo:
-            if node_set.launcher == "local":
-                _measure_local(opts, config, node_set, todo, rows_by_key, timers, on_step, store, run_id, processes)
-            else:
-                _measure_remote(opts, config, node_set, todo, rows_by_key, timers, on_step, store, run_id, processes)
+            ramps: dict[str, list[tuple[Step, str]]] = {}
+            for step, key in zip(steps, keys, strict=True):
+                if step.stage == "ramp":
+                    ramps.setdefault(step.metric, []).append((step, key))
+            measure = _measure_local if node_set.launcher == "local" else _measure_remote
+            measure(
+                opts, config, node_set, todo, rows_by_key, timers, on_step, store, run_id, processes, ramps, unwritten
+            )
     except KeyboardInterrupt:
         if store is not None and run_id is not None:
             store.set_status(run_id, "interrupted")
@@ -468,22 +660,26 @@ def collect(
             store.close()
 
     t_analysis = time.monotonic()
-    rows = [rows_by_key[k] for k in keys]
+    rows = [rows_by_key[k] for k in keys if k in rows_by_key]  # ramp loads past the saturating one were skipped
     from .sweep import plot_sweep, sweep_points
 
-    by_metric: dict[str, dict[str, list[dict[str, Any]]]] = {m: {"Pc": [], "Ps": [], "sweep": [], "grid": []}
-                                                             for m in opts.metrics}  # fmt: skip
+    by_metric: dict[str, dict[str, list[dict[str, Any]]]] = {
+        m: {"Pc": [], "ramp": [], "Ps": [], "sweep": [], "grid": []} for m in opts.metrics
+    }
     for r in rows:
         by_metric[r["metric"]][r["stage"]].append(r)
     models: dict[str, Any] = {}
     where = socket.gethostname() if node_set.source == "local" else f"{len(node_set)} nodes from {node_set.source}"
     for metric, metric_rows in by_metric.items():
         model = _model(metric, metric_rows)
-        plot(model, out / f"{metric}.png", title=plot_title(metric, opts.to_dict(), where))
+        png = out / f"{metric}.png"
+        _keep_going(functools.partial(plot, model, png, title=plot_title(metric, opts.to_dict(), where)), png,
+                    unwritten)  # fmt: skip
         models[metric] = model.to_dict()
     sweep = sweep_points(rows)
-    plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}",
-               parameters={m: metric_parameters(m, opts.to_dict()) for m in sweep})  # fmt: skip
+    _keep_going(lambda: plot_sweep(sweep, out / "sweep.png", title=f"Server-process sweep, {where}",
+                                   parameters={m: metric_parameters(m, opts.to_dict()) for m in sweep}),
+                out / "sweep.png", unwritten)  # fmt: skip
     combined = combined_score(models, opts.weights)
     timers["analysis"] += time.monotonic() - t_analysis
     wall = time.monotonic() - wall0
@@ -518,7 +714,15 @@ def collect(
         "overhead": overhead,
         "load_average": load_before,  # other processes on the cores make rates vary between repeats
     }
-    (out / "roofline.json").write_text(json.dumps(doc, indent=2))
+    text = json.dumps(doc, indent=2)
+    _keep_going(lambda: (out / "roofline.json").write_text(text), out / "roofline.json", unwritten)
+    if unwritten:  # the model is not lost with its file: kept in the temporary directory
+        doc["unwritten"] = unwritten
+        with contextlib.suppress(OSError):
+            fd, kept = tempfile.mkstemp(prefix="svcframe-roofline-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            doc["kept"] = kept
     if store is not None and run_id is not None:
         try:
             store.finish_run(run_id, model={k: doc[k] for k in ("metrics", "sweep", "server_cores", "client_cores",
@@ -541,31 +745,94 @@ def processes_per_core(placement: tuple[int, ...], slots: list[int]) -> float:
     return max(n / slots[j] for j, n in counts.items())
 
 
+def client_cores_used(placement: tuple[int, ...], slots: list[int]) -> int:
+    """The cores client processes placed so (the node index of each) ran on: per node, one each up to its
+    slots (they share the node's cores beyond)."""
+    counts: dict[int, int] = {}
+    for j in placement:
+        counts[j] = counts.get(j, 0) + 1
+    return sum(min(n, slots[j]) for j, n in counts.items())
+
+
 def _row(
     opts: CollectOptions, step: Step, index: int, result: dict[str, Any], slots: list[int]
 ) -> tuple[str, dict[str, Any]]:
     stage, metric, servers, clients = step.stage, step.metric, step.servers, step.clients
     name = f"{index + 1:03d}-{stage}-{metric}-s{servers}-c{clients}" + (f"-{step.tag}" if step.tag else "") + ".json"
+    agg = result["aggregate"]
+    serving_nodes = step.server_nodes[: min(servers, clients)]  # client i calls server i mod S
+    elapsed = agg["elapsed_seconds"]
+    cores = client_cores_used(step.client_nodes, slots)
+    run, wait = agg.get("client_run_seconds"), agg.get("client_runqueue_wait_seconds")
+    wanted = run + wait if run is not None and wait is not None else None  # the core time the clients wanted
     row = {
         "stage": stage,
         "metric": metric,
         "servers": servers,
         "clients": clients,
+        "depth": step.depth,
         "tag": step.tag,
         "server_nodes": sorted(set(step.server_nodes)),
         "client_nodes": sorted(set(step.client_nodes)),
-        "server_processes_per_core": processes_per_core(step.server_nodes, slots),
+        "servers_serving": int(agg.get("servers_serving", len(serving_nodes))),
+        "server_processes_per_core": processes_per_core(serving_nodes, slots),
         "client_processes_per_core": processes_per_core(step.client_nodes, slots),
-        "value": _aggregate(metric, result) if stage in ("Ps", "sweep") else _per_client(metric, result),
+        "value": _aggregate(metric, result) if stage in ("Ps", "sweep", "ramp") else _per_client(metric, result),
         "per_client": _per_client(metric, result),
         "aggregate": _aggregate(metric, result),
-        "elapsed_seconds": result["aggregate"]["elapsed_seconds"],
-        "latency_p50_usec": result["aggregate"]["latency_usec"]["p50"],
-        "server_cpu_usec_per_op": result["aggregate"]["server_cpu_usec_per_op"],
-        "server_utilization": result["aggregate"]["server_utilization"],
+        "elapsed_seconds": elapsed,
+        "latency_p50_usec": agg["latency_usec"]["p50"],
+        "server_cpu_usec_per_op": agg["server_cpu_usec_per_op"],
+        "server_utilization": agg["server_utilization"],
+        "server_demand": agg.get("server_demand"),
+        "server_waiting": _waiting(agg.get("server_run_seconds"), agg.get("server_runqueue_wait_seconds")),
+        "client_utilization": agg.get("client_utilization"),
+        "client_core_utilization": _per_core(agg["client_cpu_seconds"], elapsed, cores),
+        "client_core_demand": _per_core(wanted, elapsed, cores),
+        "client_waiting": _waiting(agg.get("client_run_seconds"), agg.get("client_runqueue_wait_seconds")),
         "file": f"runs/{name}",
     }
     return name, row
+
+
+def _per_core(seconds: float | None, elapsed: float, cores: int) -> float | None:
+    """Seconds of CPU over ``elapsed`` seconds, as a fraction of ``cores`` cores."""
+    return seconds / elapsed / cores if seconds is not None and elapsed > 0 and cores else None
+
+
+def _waiting(run: float | None, wait: float | None) -> float | None:
+    """The fraction of the time processes were ready to run that they waited for a core."""
+    if run is None or wait is None or run + wait <= 0:
+        return None
+    return wait / (run + wait)
+
+
+def _ramp_rates(ramp: list[tuple[Step, str]], rows_by_key: dict[str, dict[str, Any]]) -> list[float]:
+    """The aggregate rates the ramp measured, in load order, up to its first load not measured."""
+    rates = []
+    for _, key in ramp:
+        row = rows_by_key.get(key)
+        if row is None:
+            break
+        rates.append(float(row["aggregate"]))
+    return rates
+
+
+def _under_load(step: Step, ramp: list[tuple[Step, str]], rows_by_key: dict[str, dict[str, Any]]) -> Step:
+    """``step`` (a ``Ps`` or ``sweep`` step) under the ramp's saturating load: its client processes, their
+    nodes and calls in flight; as planned when the ramp measured nothing (a run of an older version)."""
+    rates = _ramp_rates(ramp, rows_by_key)
+    if not rates:
+        return step
+    best = ramp[ramp_outcome(rates).best][0]
+    return step._replace(clients=best.clients, client_nodes=best.client_nodes, depth=best.depth)
+
+
+def _sizing(todo: list[tuple[int, Step, str]], ramps: dict[str, list[tuple[Step, str]]]) -> list[tuple[int, Step, str]]:
+    """The steps processes are started for: ``todo``, and the ramp of every metric whose ``Ps`` or sweep is in it
+    (those run under one of the ramp's loads, measured now or before an interruption)."""
+    metrics = {step.metric for _, step, _ in todo if step.stage in ("Ps", "sweep")}
+    return todo + [(-1, step, key) for metric in sorted(metrics) for step, key in ramps.get(metric, [])]
 
 
 def _needed(todo: list[tuple[int, Step, str]], attr: str) -> dict[int, int]:
@@ -591,23 +858,35 @@ def _run_steps(
     on_step: Callable[[str, int, int], None] | None,
     store: Any,
     run_id: int | None,
+    ramps: dict[str, list[tuple[Step, str]]],
+    unwritten: list[str],
 ) -> None:
     """Every step of ``todo``: its servers (the first k launched on each of its server nodes), one run,
-    the row stored at once. Measurement intervals go to ``timers["measurement"]``."""
+    the row stored at once. A ramp load after the rate stopped growing is skipped; ``Ps`` and sweep steps run
+    under the ramp's saturating load (``ramps``: each metric's ramp steps and keys, in load order). Measurement
+    intervals go to ``timers["measurement"]``."""
     out = Path(opts.out)
-    for n, (index, step, key) in enumerate(todo, 1):
+    for n, (index, planned, key) in enumerate(todo, 1):
+        step = planned
+        if step.stage == "ramp":
+            earlier = _ramp_rates(ramps[step.metric][: int(step.tag[1:])], rows_by_key)
+            if earlier and ramp_outcome(earlier).stopped:
+                continue  # the rate stopped growing at a lower load
+        elif step.stage in ("Ps", "sweep"):
+            step = _under_load(step, ramps.get(step.metric, []), rows_by_key)
         if on_step is not None:
             where = f" (nodes {step.tag[1:]})" if step.stage == "Pc" and len(node_set) > 2 else ""
-            repeat = f", sample {int(key.rpartition('#')[2]) + 1}" if "#" in key else ""
-            on_step(f"{step.stage} {step.metric}: {step.servers} server(s) x {step.clients} client(s){where}{repeat}",
-                    n, len(todo))  # fmt: skip
+            load = f", depth {step.depth}" if step.stage in ("ramp", "Ps", "sweep") else ""
+            repeat = f", sample {int(key.rpartition('#')[2]) + 1}" if step.stage != "ramp" else ""
+            of = f", load {int(step.tag[1:]) + 1} of {len(ramps[step.metric])}" if step.stage == "ramp" else ""
+            on_step(f"{step.stage} {step.metric}: {step.servers} server(s) x {step.clients} client(s){load}{where}"
+                    f"{of}{repeat}", n, len(todo))  # fmt: skip
         taken: dict[int, int] = {}
         servers = []
         for i in step.server_nodes:
             servers.append(addresses[i][taken.get(i, 0)])
             taken[i] = taken.get(i, 0) + 1
-        depth = opts.saturation_depth if step.stage in ("Ps", "sweep") else 1
-        params = _params(opts, step.metric, clients=step.clients, depth=depth)
+        params = _params(opts, step.metric, clients=step.clients, depth=step.depth)
         t_run = time.monotonic()
         result = run_one(params, servers, step)
         elapsed = result["aggregate"]["elapsed_seconds"]
@@ -615,11 +894,21 @@ def _run_steps(
         timers["coordination"] += time.monotonic() - t_run - elapsed
         t_store = time.monotonic()
         name, row = _row(opts, step, index, result, [node.slots for node in node_set.nodes])
-        save_results(result, out / "runs" / name)
         rows_by_key[key] = row
         if store is not None and run_id is not None:
             store.add_sample(run_id, key, row, result)
+        raw = out / "runs" / name
+        _keep_going(functools.partial(save_results, result, raw), raw, unwritten)
         timers["store"] += time.monotonic() - t_store
+
+
+def _keep_going(write: Callable[[], object], path: Path, unwritten: list[str]) -> None:
+    """``write()`` (which writes ``path``); a failure (the disk filled, the directory went away) is noted in
+    ``unwritten`` and the run goes on: its measurements are in the store and in the model document."""
+    try:
+        write()
+    except OSError as exc:
+        unwritten.append(f"{path}: {exc.strerror or exc}")
 
 
 def _measure_local(
@@ -633,14 +922,16 @@ def _measure_local(
     store: Any,
     run_id: int | None,
     processes: dict[str, Any],
+    ramps: dict[str, list[tuple[Step, str]]],
+    unwritten: list[str],
 ) -> None:
     """Local nodes: server processes per node forked by :class:`~svcframe.launch.Launch` (pinned to the
     node's cores), client processes from one :class:`~selftest.pool.ClientPool`, each run pinning client
     rank r to a core of node ``step.client_nodes[r]``. Everything is launched once, torn down at the end."""
     from .pool import ClientPool
 
-    servers_needed = _needed(todo, "server_nodes")
-    n_clients = max(step.clients for _, step, _ in todo)
+    servers_needed = _needed(_sizing(todo, ramps), "server_nodes")
+    n_clients = max(step.clients for _, step, _ in _sizing(todo, ramps))
     t0 = time.monotonic()
     pool = ClientPool(n_clients).start()  # workers import while the servers start
     grace_seconds = 5.0
@@ -672,7 +963,9 @@ def _measure_local(
                 params.client_cores = cores or None
                 return pool.run(params, servers)
 
-            _run_steps(opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id)
+            _run_steps(
+                opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id, ramps, unwritten
+            )
         except BaseException:
             grace_seconds = 0.5  # interrupted or failed: do not wait for busy clients
             raise
@@ -698,6 +991,8 @@ def _measure_remote(
     store: Any,
     run_id: int | None,
     processes: dict[str, Any],
+    ramps: dict[str, list[tuple[Step, str]]],
+    unwritten: list[str],
 ) -> None:
     """Nodes reached through ``srun`` or ``mpiexec`` (``selftest/remote.py``): one launcher command per node
     for its server processes (a group file each, published after a barrier) and one per client node for
@@ -722,10 +1017,11 @@ def _measure_remote(
     grace_seconds = 5.0
     try:
         coordinator.start()
-        for i, count in sorted(_needed(todo, "server_nodes").items()):
+        for i, count in sorted(_needed(_sizing(todo, ramps), "server_nodes").items()):
             groups.append(ServerGroup(node_set, i, count, config, workdir, flavour=flavour))
             groups[-1].start()
-        pool = RemoteClientPool(coordinator, node_set, _needed(todo, "client_nodes"), workdir, flavour=flavour)
+        pool = RemoteClientPool(coordinator, node_set, _needed(_sizing(todo, ramps), "client_nodes"), workdir,
+                                flavour=flavour)  # fmt: skip
         pool.start()  # client processes start while the servers do
 
         async def servers_ready() -> None:
@@ -744,7 +1040,9 @@ def _measure_remote(
         def run_one(params: SelftestParams, servers: list[str], step: Step) -> dict[str, Any]:
             return remote_pool.run(params, servers, client_nodes=step.client_nodes)
 
-        _run_steps(opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id)
+        _run_steps(
+            opts, todo, addresses, run_one, node_set, rows_by_key, timers, on_step, store, run_id, ramps, unwritten
+        )
     except BaseException:
         grace_seconds = 0.5
         raise

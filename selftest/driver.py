@@ -5,9 +5,15 @@ with its own engine and event loop). Client *i* talks to ``servers[i % S]`` and 
 outstanding (1 = synchronous, like Quintain). The sequence:
 
 1. every client connects and performs ``warmup_iterations`` calls, then waits at a barrier;
-2. the driver samples every server's CPU time (``stat`` RPC), then the barrier releases everyone;
+2. the driver samples every server's CPU time (``stat`` RPC) and reads its statistics (admin ``statistics``),
+   then the barrier releases everyone;
 3. each client runs its timed loop for ``duration_seconds`` and measures its own elapsed time;
-4. the driver samples server CPU again and merges everything into ONE results document.
+4. the driver samples server CPU and reads the statistics again, and merges everything into ONE results document.
+
+Measuring a live service changes nothing its users see: the driver keeps its own counts (each client counts its
+calls) and diagnoses the difference of its two statistics reads; it never resets the service's statistics, so
+their Prometheus counters and ``svcframe monitor``'s rates go on as before. The service's statistics count the
+self-test's calls as any client's: its warm-up calls and its timed ones (``aggregate.warmup_ops`` and ``ops``).
 
 Workloads: ``noop`` (the ``work`` RPC with request/response buffers), ``bulk`` (``work`` with a bulk pull or
 push of ``bulk_size`` bytes), ``storage`` (the ``storage`` RPC: the server writes or reads
@@ -17,29 +23,40 @@ the results then hold ``rpc``, the RPC resolved and its measured bytes per call)
 ``selftest/pool.py`` runs the same sequence on client processes started once for many runs.
 
 Rates divide by the measured elapsed time, never by the nominal duration (Quintain bug 4). Server CPU
-is sampled on every server (Quintain only sampled the first).
+is sampled on every server (Quintain only sampled the first). Utilisation is CPU seconds over wall seconds, a
+fraction of one core per process: each server's over the driver's two samples, each client's over its timed
+loop. Demand is what a process wanted of a core, ``(run + runqueue wait) / wall`` from the kernel's scheduler
+statistics (``selftest.provider.scheduler_seconds``; None where it keeps none): a process that used 15% of a
+core while waiting for it 70% of the time was starved by other processes, not idle. A server no client called
+(fewer clients than servers) served nothing: ``servers_serving`` counts the others, and the rate, utilisation
+and demand per server are over them.
 
 Results document (``to_json``)::
 
     {"parameters": {...every parameter, defaults filled...},
      "servers": [{"address", "pid", "progress_mode", "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds",
-                  "utilization", "rate_ops_per_second", "max_rss_bytes"}...],
+                  "utilization", "run_seconds", "runqueue_wait_seconds", "demand", "clients",
+                  "rate_ops_per_second", "max_rss_bytes"}...],
      "server_config": {...live config of server 0...},
      "environment": {"host", "cores", "python", "svcframe", "uvloop", "msgpack", "platform", "cpu_model"},
      "clients": [{"rank", "server", "ops", "elapsed_seconds", "rate_ops_per_second", "latency_usec": {...},
-                  "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds", "progress_mode", "timeline": [...],
+                  "cpu_seconds", "cpu_user_seconds", "cpu_system_seconds", "utilization", "run_seconds",
+                  "runqueue_wait_seconds", "demand", "progress_mode",
+                  "timeline": [...],
                   "sample_trace": [[start_seconds, latency_seconds], ...] (trace_samples) or null}...],
      "progress_modes": {"client": MODE, "servers": {ADDRESS: MODE}},
-     "aggregate": {"ops", "rate_ops_per_second", "rate_per_client_ops_per_second",
-                   "rate_per_server_ops_per_second", "bandwidth_bytes_per_second",
+     "aggregate": {"ops", "warmup_ops", "rate_ops_per_second", "rate_per_client_ops_per_second",
+                   "servers_serving", "rate_per_server_ops_per_second", "bandwidth_bytes_per_second",
                    "bandwidth_gib_per_second", "latency_usec": {min, q1, p50, q3, p90, p99, max, mean},
-                   "server_cpu_seconds", "server_cpu_usec_per_op", "client_cpu_seconds", "elapsed_seconds",
+                   "server_cpu_seconds", "server_cpu_usec_per_op", "server_utilization", "server_demand",
+                   "server_run_seconds", "server_runqueue_wait_seconds", "client_cpu_seconds", "client_utilization", "client_demand",
+                   "client_run_seconds", "client_runqueue_wait_seconds", "elapsed_seconds",
                    "server_cpu_user_seconds", "server_cpu_system_seconds", "client_cpu_user_seconds",
                    "client_cpu_system_seconds"},
      "rpc": {"provider_id", "name", "provider", "type", "requested", "calls", "sampled_calls",
              "request_bytes_per_call", "response_bytes_per_call", "bulk_bytes_per_call", "bytes_per_call"}
             (the rpc workload only; each client row then has its "rpc_sizes"),
-     "diagnosis": {ADDRESS: svcframe.diagnosis.diagnose(...)}}
+     "diagnosis": {ADDRESS: svcframe.diagnosis.diagnose(...) of the timed loop's window}}
 
 ``sample_trace`` (``trace_samples``: Quintain's ``trace``, bounded) holds each client's first N timed calls,
 their start relative to the client's timed loop and their latency, in seconds.
@@ -66,7 +83,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from svcframe.errors import SvcframeError
 from svcframe.settings import EventLoop, OneOf, ProgressMode
 
-from .provider import DIRECTIONS, STORAGE_OPS, work_arg
+from .provider import DIRECTIONS, STORAGE_OPS, scheduler_seconds, work_arg
 
 #: The self-test's workloads (Quintain's, and storage, the future work of Carns et al. 2025 §4.3): ``noop``
 #: calls ``work`` with request/response payloads only, ``bulk`` adds a bulk pull or push of ``bulk_size`` bytes,
@@ -130,9 +147,11 @@ class SelftestParams(BaseModel):
 #: Quintain's benchmark parameters that svcframe's self-test does not have, and the defaults quintain-benchmark
 #: fills in (``parse_json`` in src/quintain-benchmark.c, mochi-quintain 96a74b1): a parameters file with one of the
 #: first is Quintain's, and runs what quintain-benchmark would run on it.
+#: Quintain's default provider id (1) is not filled in: the self-test provider is found where the servers host it,
+#: as without a file (configs/kv.json hosts its kv store at 1, the self-test provider at 2).
 QUINTAIN_ONLY = ("nranks", "trace", "use_server_poolset", "margo")
-QUINTAIN_DEFAULTS = {"provider_id": 1, "duration_seconds": 2, "req_buffer_size": 128, "resp_buffer_size": 128,
-                     "bulk_size": 16384, "bulk_direction": "pull", "warmup_iterations": 10, "trace": True}  # fmt: skip
+QUINTAIN_DEFAULTS = {"duration_seconds": 2, "req_buffer_size": 128, "resp_buffer_size": 128, "bulk_size": 16384,
+                     "bulk_direction": "pull", "warmup_iterations": 10, "trace": True}  # fmt: skip
 #: Quintain settings with no meaning here: the server's bulk buffer pool (svcframe exposes the client's buffer
 #: and the server pulls into its own) and the client's Margo configuration.
 QUINTAIN_IGNORED = ("use_server_poolset", "margo")
@@ -144,7 +163,7 @@ def quintain_params(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Self-test parameters from a Quintain benchmark parameters file (``quintain-benchmark -j FILE``).
 
     A file with none of ``QUINTAIN_ONLY`` is returned as it is. Otherwise Quintain's defaults fill what it
-    lacks, then: ``nranks`` -> ``clients``; ``bulk_size`` > 0 -> the ``bulk`` workload (0: ``noop``), unless the
+    lacks (but the provider id: the self-test provider is found where it is), then: ``nranks`` -> ``clients``; ``bulk_size`` > 0 -> the ``bulk`` workload (0: ``noop``), unless the
     file names a ``workload``; ``trace`` -> ``trace_samples`` (``QUINTAIN_TRACE_SAMPLES`` per client);
     ``bulk_direction`` keeps its documented meaning (``pull``: the server reads from the client; Quintain's code
     inverts it). ``QUINTAIN_IGNORED`` keys are dropped.
@@ -247,7 +266,7 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         await engine.connection(server)
         await loop.run_in_executor(None, barrier.wait, 120.0)  # warmed up; driver samples servers
         await loop.run_in_executor(None, barrier.wait, 120.0)  # go
-        cpu0 = os.times()
+        cpu0, sched0 = os.times(), scheduler_seconds()
         latencies = array("d")
         trace = array("d")  # start, latency of the first trace_samples calls (Quintain's sample_trace)
         trace_limit = 2 * (params.trace_samples or 0)
@@ -279,7 +298,7 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         else:
             await asyncio.gather(*(worker() for _ in range(params.depth)))
         elapsed = perf() - start
-        cpu1 = os.times()
+        cpu1, sched1 = os.times(), scheduler_seconds()
         sizes = _rpc_sizes(engine, rpc_name, pid) if params.workload == "rpc" else None
     finally:
         await engine.close()
@@ -294,6 +313,8 @@ async def _client(rank: int, server: str, params: SelftestParams, barrier: Any) 
         "cpu_seconds": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
         "cpu_user_seconds": cpu1.user - cpu0.user,
         "cpu_system_seconds": cpu1.system - cpu0.system,
+        "run_seconds": sched1[0] - sched0[0] if sched0 and sched1 else None,
+        "runqueue_wait_seconds": sched1[1] - sched0[1] if sched0 and sched1 else None,
         "progress_mode": engine.progress.mode,
         "sample_trace": [trace[i : i + 2].tolist() for i in range(0, len(trace), 2)] if trace_limit else None,
         "latencies": latencies.tobytes(),
@@ -418,7 +439,7 @@ def run_selftest(
         if on_start is not None:
             on_start()
         before = runner.run(_server_stats(engine, servers, params.provider_id))
-        runner.run(_server_statistics(engine, servers, admin_provider_id, reset=True))
+        statistics_before = runner.run(_server_statistics(engine, servers, admin_provider_id))
         wall0 = time.monotonic()
         try:
             barrier.wait(warmup_timeout)  # go
@@ -436,7 +457,7 @@ def run_selftest(
             outs.append(out)
         wall1 = time.monotonic()
         after = runner.run(_server_stats(engine, servers, params.provider_id))
-        statistics = runner.run(_server_statistics(engine, servers, admin_provider_id, reset=False))
+        statistics_after = runner.run(_server_statistics(engine, servers, admin_provider_id))
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -447,11 +468,19 @@ def run_selftest(
     results = summarize(params, servers, server_config, outs, before, after, wall1 - wall0)
     if target is not None:
         results["rpc"] = {**vars(target), "requested": requested, **results["rpc"]}
-    from svcframe.diagnosis import diagnose, rpc_names
-
-    names = rpc_names(*(st for st in statistics.values() if st is not None))
-    results["diagnosis"] = {a: diagnose(st, names=names) for a, st in statistics.items() if st is not None}
+    results["diagnosis"] = diagnose_window(statistics_before, statistics_after)
     return results
+
+
+def diagnose_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Each server's diagnosis (``svcframe.diagnosis``) of its statistics over the timed loop: the difference of
+    two reads (``svcframe.diagnosis.window``), so the live service's statistics are never reset. Servers whose
+    admin provider did not answer both reads are left out."""
+    from svcframe.diagnosis import diagnose, rpc_names, window
+
+    windows = {a: window(before[a], st) for a, st in after.items() if st is not None and before.get(a) is not None}
+    names = rpc_names(*windows.values())
+    return {a: diagnose(st, names=names) for a, st in windows.items()}
 
 
 async def _resolve_rpc(engine: Any, servers: list[str], admin_id: int, spec: str) -> Any:
@@ -466,10 +495,11 @@ async def _resolve_rpc(engine: Any, servers: list[str], admin_id: int, spec: str
         raise SelftestError(f"--rpc {spec}: cannot ask the servers' admin providers: {exc}") from exc
 
 
-async def _server_statistics(engine: Any, servers: list[str], admin_id: int, *, reset: bool) -> dict[str, Any]:
-    """Each server's engine statistics (None where the admin provider is not reachable)."""
+async def _server_statistics(engine: Any, servers: list[str], admin_id: int) -> dict[str, Any]:
+    """Each server's engine statistics, read without resetting them (None where the admin provider is not
+    reachable)."""
     outs = await asyncio.gather(
-        *(engine.call(s, "statistics", {"reset": reset}, provider_id=admin_id) for s in servers), return_exceptions=True
+        *(engine.call(s, "statistics", None, provider_id=admin_id) for s in servers), return_exceptions=True
     )
     return {s: (None if isinstance(o, BaseException) else o) for s, o in zip(servers, outs, strict=True)}
 
@@ -503,15 +533,18 @@ def summarize(
         clients.append({**o, "latency_usec": latency_summary(lat)})
     total_ops = sum(o["ops"] for o in outs)
     rate = sum(o["rate_ops_per_second"] for o in outs)
-    per_server_ops: dict[str, float] = {s: 0.0 for s in servers}
+    per_server_rate: dict[str, float] = {s: 0.0 for s in servers}
+    per_server_clients: dict[str, int] = {s: 0 for s in servers}
     for o in outs:
-        per_server_ops[o["server"]] += o["rate_ops_per_second"]
+        per_server_rate[o["server"]] += o["rate_ops_per_second"]
+        per_server_clients[o["server"]] += 1
     server_rows = []
     server_cpu = 0.0
     for s, b, a in zip(servers, before, after, strict=True):
         cpu = a["cpu_seconds"] - b["cpu_seconds"]
         wall = a["wall_seconds"] - b["wall_seconds"]
         server_cpu += cpu
+        scheduled = a.get("run_seconds") is not None and b.get("run_seconds") is not None
         server_rows.append(
             {
                 "address": s,
@@ -521,7 +554,13 @@ def summarize(
                 "cpu_user_seconds": a["user_seconds"] - b["user_seconds"],
                 "cpu_system_seconds": a["system_seconds"] - b["system_seconds"],
                 "utilization": cpu / wall if wall > 0 else 0.0,
-                "rate_ops_per_second": per_server_ops[s],
+                **_demand(
+                    a["run_seconds"] - b["run_seconds"] if scheduled else None,
+                    a["runqueue_wait_seconds"] - b["runqueue_wait_seconds"] if scheduled else None,
+                    wall,
+                ),
+                "clients": per_server_clients[s],
+                "rate_ops_per_second": per_server_rate[s],
                 "max_rss_bytes": a["max_rss_bytes"],
             }
         )
@@ -531,6 +570,12 @@ def summarize(
         bytes_per_op = rpc["bytes_per_call"]
     elapsed = max(o["elapsed_seconds"] for o in outs)
     server_ops = total_ops  # warm-up calls precede the first server sample; nothing follows the loop
+    # servers no client called (fewer clients than servers) served nothing: rates and utilisation per server are
+    # over the servers that served, and say how many those were
+    serving = [r for r in server_rows if r["clients"] > 0] or server_rows
+    for c in clients:
+        c["utilization"] = c["cpu_seconds"] / c["elapsed_seconds"] if c["elapsed_seconds"] > 0 else 0.0
+        c.update(_demand(c.get("run_seconds"), c.get("runqueue_wait_seconds"), c["elapsed_seconds"]))
     return {
         "kind": "svcframe-selftest",
         "parameters": params.model_dump(mode="json"),
@@ -540,22 +585,49 @@ def summarize(
         "clients": clients,
         "aggregate": {
             "ops": total_ops,
+            "warmup_ops": params.warmup_iterations * len(outs),
             "elapsed_seconds": elapsed,
             "rate_ops_per_second": rate,
             "rate_per_client_ops_per_second": rate / len(outs),
-            "rate_per_server_ops_per_second": rate / len(servers),
+            "servers_serving": len(serving),
+            "rate_per_server_ops_per_second": rate / len(serving),
             "bandwidth_bytes_per_second": rate * bytes_per_op,
             "bandwidth_gib_per_second": rate * bytes_per_op / 2**30,
             "latency_usec": latency_summary(np.concatenate(all_lat) if all_lat else []),
             "server_cpu_seconds": server_cpu,
             "server_cpu_usec_per_op": server_cpu / server_ops * 1e6 if server_ops else 0.0,
-            "server_utilization": sum(r["utilization"] for r in server_rows) / len(server_rows),
+            "server_utilization": sum(r["utilization"] for r in serving) / len(serving),
+            "server_demand": _mean_of(serving, "demand"),
+            "server_run_seconds": _sum_of(serving, "run_seconds"),
+            "server_runqueue_wait_seconds": _sum_of(serving, "runqueue_wait_seconds"),
             "client_cpu_seconds": sum(o["cpu_seconds"] for o in outs),
+            "client_utilization": sum(c["utilization"] for c in clients) / len(clients),
+            "client_demand": _mean_of(clients, "demand"),
+            "client_run_seconds": _sum_of(clients, "run_seconds"),
+            "client_runqueue_wait_seconds": _sum_of(clients, "runqueue_wait_seconds"),
             **cpu_split(server_rows, clients),
         },
         "progress_modes": progress_modes(server_rows, clients),
         **({"rpc": rpc} if rpc is not None else {}),
     }
+
+
+def _demand(run: float | None, wait: float | None, wall: float) -> dict[str, float | None]:
+    """A process's scheduler figures over ``wall`` seconds: the seconds it ran and waited for a core (None where
+    the kernel keeps none), and its demand, ``(run + wait) / wall``: the fraction of a core it wanted."""
+    known = run is not None and wait is not None and wall > 0
+    return {"run_seconds": run, "runqueue_wait_seconds": wait,
+            "demand": (run + wait) / wall if known else None}  # type: ignore[operator]  # fmt: skip
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values and len(values) == len(rows) else None
+
+
+def _sum_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) if values and len(values) == len(rows) else None
 
 
 def cpu_split(server_rows: list[dict[str, Any]], clients: list[dict[str, Any]]) -> dict[str, float]:

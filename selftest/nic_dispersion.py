@@ -294,10 +294,12 @@ def dispersion_figure(doc: dict[str, Any]) -> Any:
     ax.set_xticks(range(len(scenarios)), [labels.get(s, s) for s in scenarios])
     ax.set_ylabel("aggregate bandwidth (GiB/s)")
     options = doc["options"]
+    source = textwrap.fill(f"({doc['topology']['source']})", 80, break_on_hyphens=False)  # a long path wraps
     ax.set_title(
-        f"NIC dispersion: {options['clients']} clients, {len(doc['nics'])} NIC(s) ({doc['topology']['source']})\n"
+        f"NIC dispersion: {options['clients']} clients, {len(doc['nics'])} NIC(s)\n{source}\n"
         f"{quantity(options['bulk_size'], 'B')} bulk {options.get('bulk_direction', 'pull')}s, "
-        f"{quantity(options['duration_seconds'], 's')} per run, bucket policy {options.get('bucket_policy', 'all')}"
+        f"{quantity(options['duration_seconds'], 's')} per run, bucket policy {options.get('bucket_policy', 'all')}",
+        fontsize="medium",
     )  # fmt: skip
     if options.get("loopback_aliases") or options.get("servers") or len(doc["nics"]) == 1:
         ax.text(0.02, 0.98, "\n".join(textwrap.fill(n, 70) for n in doc["notes"]), transform=ax.transAxes, va="top",

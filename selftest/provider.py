@@ -23,12 +23,14 @@ RPCs:
   form of a bulk handle on a read-only region of the server holding them, which the caller then pulls
   (``svcframe bench --workload client-read`` compares the three). The data of at most four sizes, and of
   ``max_response_bytes`` in all, is kept, each exposed once for pulls and revoked when its size is dropped.
-* ``stat``: no argument -> ``{"user_seconds", "system_seconds", "cpu_seconds", "wall_seconds",
-  "max_rss_bytes", "pid"}`` from ``getrusage(RUSAGE_SELF)`` (Quintain's ``qtn_stat_rpc``).
+* ``stat``: no argument -> ``{"user_seconds", "system_seconds", "cpu_seconds", "run_seconds",
+  "runqueue_wait_seconds", "wall_seconds", "max_rss_bytes", "pid", "progress_mode"}`` from ``getrusage(RUSAGE_SELF)``
+  (Quintain's ``qtn_stat_rpc``) and the scheduler's statistics (:func:`scheduler_seconds`; None where the kernel
+  keeps none).
 
-Server bulk buffers are kept per size and reused (Quintain's poolset), so a bulk workload measures the
-transfer, not the allocator; at most four sizes are kept, committed page by page as data lands, and sizes
-are bounded by ``max_bulk_bytes`` / ``max_response_bytes``.
+Server bulk buffers are kept per size, one for each call that was in flight at once, and reused (Quintain's
+poolset), so a bulk workload measures the transfer, not the allocator; they are committed page by page as data
+lands, 32 MiB of them are kept at most, and sizes are bounded by ``max_bulk_bytes`` / ``max_response_bytes``.
 
 Retries: every RPC is safe to retry. ``work``, ``read`` and ``stat`` change nothing a caller can observe; a
 retried ``storage`` write rewrites a random block of the provider's own scratch file.
@@ -91,27 +93,38 @@ class SelftestProvider(Provider):
     def __init__(self, engine: Any, provider_id: int, **kwargs: Any) -> None:
         super().__init__(engine, provider_id, **kwargs)
         self._responses: dict[int, bytes] = {}
-        self._buffers: dict[int, Any] = {}  # size -> buffer, least recently used first
+        self._buffers: dict[int, list[Any]] = {}  # size -> idle buffers of it, least recently used size first
+        self._kept_bytes = 0
         self._data: dict[int, tuple[bytes, BulkHandle]] = {}  # size -> (read data, its exposed region), LRU first
         self._storage_fd: int | None = None
         self._storage_path: str | None = None
 
     def _buffer(self, size: int) -> Any:
-        """A buffer of ``size`` bytes, reused from the last call of that size (give it back with ``_keep``). Its
-        pages are committed only as data lands in it."""
-        buf = self._buffers.pop(size, None)
-        if buf is None:
-            buf = memoryview(lazy_buffer(size)) if size else bytearray(0)
-        return buf
+        """A buffer of ``size`` bytes, an idle one of an earlier call of that size when there is one (give it back
+        with ``_keep``): calls in flight at once each get their own, and reuse them call after call, as
+        Quintain's poolset does, so a loaded server measures transfers, not page faults. A new buffer's pages are
+        committed only as data lands in it."""
+        idle = self._buffers.get(size)
+        if idle:
+            self._kept_bytes -= size
+            return idle.pop()
+        return memoryview(lazy_buffer(size)) if size else bytearray(0)
 
     def _keep(self, size: int, buf: Any) -> None:
-        """Keep ``buf`` for the next call of its size, within ``_KEEP_BUFFER_BYTES`` in all (the least recently
-        used go first): a caller that names many or large sizes, or a transfer that never comes, leaves at most
-        that behind."""
+        """Keep ``buf`` for a later call of its size, within ``_KEEP_BUFFER_BYTES`` in all (the sizes least
+        recently given back go first): a caller that names many or large sizes, or a transfer that never comes,
+        leaves at most that behind."""
         buffers = self._buffers
-        buffers[size] = buf
-        while buffers and sum(buffers) > _KEEP_BUFFER_BYTES:
-            del buffers[next(iter(buffers))]
+        idle = buffers.pop(size, None) or []
+        idle.append(buf)
+        buffers[size] = idle  # this size is now the most recently used
+        self._kept_bytes += size
+        while self._kept_bytes > _KEEP_BUFFER_BYTES:
+            oldest = next(iter(buffers))
+            buffers[oldest].pop(0)
+            self._kept_bytes -= oldest
+            if not buffers[oldest]:
+                del buffers[oldest]
 
     def _response(self, size: int) -> bytes:
         resp = self._responses.get(size)
@@ -225,15 +238,43 @@ class SelftestProvider(Provider):
     @rpc
     def stat(self, req: Request, _: Any) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        scheduled = scheduler_seconds()
         return {
             "user_seconds": usage.ru_utime,
             "system_seconds": usage.ru_stime,
             "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "run_seconds": scheduled[0] if scheduled else None,
+            "runqueue_wait_seconds": scheduled[1] if scheduled else None,
             "wall_seconds": time.monotonic(),
             "max_rss_bytes": usage.ru_maxrss * 1024,
             "pid": os.getpid(),
             "progress_mode": self.engine.progress.mode,  # the live engine's (engine.progress_mode, patchable)
         }
+
+
+def scheduler_seconds() -> tuple[float, float] | None:
+    """``(run, runqueue wait)``: seconds this process's threads ran on a core, and seconds they were ready to run
+    but waited for one (another process had it), summed over its live threads, from the kernel's scheduler
+    statistics (``/proc/self/task/*/schedstat``, Linux ``CONFIG_SCHED_INFO``); None where they are not kept.
+
+    Their sum over a wall-clock interval is how much of a core the process *wanted*: a process that used 15% of
+    a core and waited for it 70% of the time was starved by others, not idle.
+    """
+    run = wait = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+        except OSError:
+            continue  # a thread that just ended
+        if len(fields) < 2:
+            return None
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run / 1e9, wait / 1e9
 
 
 def _write_block(fd: int, buf: bytearray, offset: int, fsync: bool) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 from svcframe.units import quantity, quantity_range
 
 from .roofline import REGION_CLIENT_BOUND, REGION_SERVER_BOUND, Platform, Roofline, plot, plot_placement
+from .roofline.dataservice import BYTE_RATE_UNITS, CONTENDED_WAITING
 from .store import compare, plot_history
 from .sweep import plot_sweep
 
@@ -108,16 +109,18 @@ def validity_lines(
     load_average: float | None = None,
     usable_cores: int | None = None,
 ) -> list[str]:
-    """Plain sentences on what the model can claim on this machine, for the terminal and the page.
+    """Plain sentences on what the model can claim on this machine, for the terminal and the page, each computed
+    from the run's own data (nothing is guessed).
 
     Per metric: how many validation samples the model claims (one process per core or fewer: Carns et al.
-    2025, section 4.3 and Figures 11-12) and their median error, how far repeated measurements of the same
-    parameter spread (``Pc``, ``Ps``: max / min - 1, the machine's own repeatability), and the samples whose
-    processes share cores (``scores["excluded"]``), left out of the scores and errors. A metric whose ceiling
-    lies below its own samples (:meth:`~selftest.roofline.Roofline.above_ceiling`: a noisy run) is flagged.
-    Then why: the cores of the server and client nodes when samples were excluded or none fits them. Last, a
-    verdict: the largest median error of the claimed samples, or that this machine cannot validate the model
-    and why (no more than one claimed sample per metric; other processes loading the cores beyond their number).
+    2025, section 4.3 and Figures 11-12) and their median error, and the samples whose processes share cores
+    (``scores["excluded"]``), left out of the scores and errors; then what the metric's own numbers show about
+    its ceilings (:meth:`~selftest.roofline.Roofline.findings`: a ``Pc`` or ``Ps`` that is a lower bound and
+    what was measured, contention, the spread of repeats, a sample that repeats ``Pc``'s configuration, the
+    samples above the ceiling). Then why samples were excluded, the repeatability, and a verdict: the largest
+    median error of the claimed samples of the metrics whose ceilings were measured at their definitions; the
+    metrics whose ceilings are lower bounds, which their errors cannot validate; or that this machine cannot
+    validate the model and why (no more than one claimed sample per metric; other processes loading the cores).
 
     Args:
         models: ``Roofline.to_dict()`` per metric name.
@@ -134,36 +137,40 @@ def validity_lines(
     lines: list[str] = []
     any_excluded = False
     worst_spread: tuple[float, str] = (0.0, "")
+    worst_same: tuple[float, str] = (0.0, "")
+    bounded: dict[str, list[str]] = {}
+    contended: list[str] = []
     for name, m in models.items():
+        rl = Roofline.from_dict(m)
         scores = m["scores"]
         claimed = scores["overall"]
         excluded = scores.get("excluded") or {"count": 0}
         total = claimed["count"] + excluded["count"]
         spreads = {p: m[p]["max"] / m[p]["min"] - 1.0 for p in ("pc", "ps")}
         worst_spread = max(worst_spread, *((v, f"{name} {p.capitalize()}") for p, v in spreads.items()))
-        if not total:
-            continue
-        repeat = f"repeats of Pc and Ps spread {_pct(spreads['pc'])} and {_pct(spreads['ps'])}"
-        if claimed["count"]:
-            text = (f"{name}: the model claims {claimed['count']} of {total} validation samples (one process per "
-                    f"core or fewer): median error {_pct(claimed['median_relative_error'])}; {repeat}")  # fmt: skip
-        else:
-            text = f"{name}: no validation sample fits the cores, so this machine cannot validate the model; {repeat}"
-        if excluded["count"]:
-            any_excluded = True
-            rows = [r for r in scores["samples"] if r.get("oversubscribed")]
-            most_s = max((r.get("server_processes_per_core") or 0 for r in rows), default=0)
-            most_c = max((r.get("client_processes_per_core") or 0 for r in rows), default=0)
-            text += (f"; {excluded['count']} share cores (up to {most_s:g} server and {most_c:g} client processes "
-                     f"per core; median error {_pct(excluded['median_relative_error'])}, excluded)")  # fmt: skip
-        lines.append(text + ".")
-    for name, m in models.items():
-        above = Roofline.from_dict(m).above_ceiling()
-        if above:
-            worst = max(excess for _, excess in above)
-            lines.append(f"{name}: the ceiling lies below {len(above)} of its own validation samples (up to "
-                         f"{_pct(worst)} above R(X) with the largest Pc and Ps): Pc or Ps was measured low, a noisy "
-                         "run; rerun with more --repeats on an idle machine before trusting its errors.")  # fmt: skip
+        for sample in rl.samples:
+            diff = sample.pc_difference
+            if diff is not None:
+                worst_same = max(worst_same, (abs(diff), f"{name} {sample.servers}x{sample.clients}"))
+        bounded[name] = [p for p, low in (("Pc", rl.pc_lower_bound), ("Ps", rl.ps_lower_bound)) if low]
+        for p_name, saturation in (("Pc", rl.pc_saturation), ("Ps", rl.ps_saturation)):
+            if saturation is not None and (saturation.contention or 0.0) >= CONTENDED_WAITING:
+                contended.append(f"{name} {p_name} {_pct(saturation.contention)}")
+        if total:
+            if claimed["count"]:
+                text = (f"{name}: the model claims {claimed['count']} of {total} validation samples (one process per "
+                        f"core or fewer): median error {_pct(claimed['median_relative_error'])}")  # fmt: skip
+            else:
+                text = f"{name}: no validation sample fits the cores, so this machine cannot validate the model"
+            if excluded["count"]:
+                any_excluded = True
+                rows = [r for r in scores["samples"] if r.get("oversubscribed")]
+                most_s = max((r.get("server_processes_per_core") or 0 for r in rows), default=0)
+                most_c = max((r.get("client_processes_per_core") or 0 for r in rows), default=0)
+                text += (f"; {excluded['count']} share cores (up to {most_s:g} server and {most_c:g} client processes "
+                         f"per core; median error {_pct(excluded['median_relative_error'])}, excluded)")  # fmt: skip
+            lines.append(text + ".")
+        lines += [f"{name}: {finding}." for finding in rl.findings()]
     if any_excluded:
         cores = (f"this machine gives the server node {server_cores} core(s) and the client nodes {client_cores}; "
                  if server_cores is not None and client_cores is not None else "")  # fmt: skip
@@ -174,9 +181,11 @@ def validity_lines(
                      "server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
                      "(--nodes, --hostfile).")  # fmt: skip
     if worst_spread[1]:
+        same = (f"; a sample repeating Pc's configuration differed from Pc by up to {_pct(worst_same[0])} "
+                f"({worst_same[1]})" if worst_same[1] else "")  # fmt: skip
         lines.append(f"Repeatability: the same parameter measured again varied by up to {_pct(worst_spread[0])} "
-                     f"({worst_spread[1]}); model errors of that size cannot be told from this machine's "
-                     "noise.")  # fmt: skip
+                     f"({worst_spread[1]}){same}; model errors of that size cannot be told from this machine's "
+                     "variation.")  # fmt: skip
     claimed = {name: m["scores"]["overall"] for name, m in models.items()}
     reasons = []
     if claimed and max(c["count"] for c in claimed.values()) <= 1:
@@ -185,15 +194,113 @@ def validity_lines(
     if load_average is not None and usable_cores and load_average > usable_cores:
         reasons.append(f"other processes held the load average at {load_average:.1f} on {usable_cores} usable "
                        "cores as the run began, so its rates are not repeatable; rerun on an idle machine")  # fmt: skip
+    if contended:
+        reasons.append(f"its processes waited for their cores ({', '.join(contended)} of the time they were ready "
+                       "to run): other processes took them, so its rates are lower than the machine's")  # fmt: skip
+    lower = {name: p for name, p in bounded.items() if p}
+    lower_text = "; ".join(f"{name}'s {' and '.join(p)}" for name, p in lower.items())
     if reasons:
-        lines.append("Verdict: this machine cannot validate the model: " + "; ".join(reasons) + ".")
-    elif any(c["count"] for c in claimed.values()):
-        errors = {n: c["median_relative_error"] for n, c in claimed.items() if c["count"]}
+        lines.append("Verdict: this machine cannot validate the model: " + "; ".join(reasons) + "."
+                     + (f" Lower bounds, besides: {lower_text}." if lower else ""))  # fmt: skip
+        return lines
+    errors = {n: c["median_relative_error"] for n, c in claimed.items() if c["count"] and n not in lower}
+    verdict = []
+    if errors:
         worst = max(errors, key=lambda n: errors[n])
         each = ", ".join(f"{n} {_pct(e)}" for n, e in errors.items())
-        lines.append(f"Verdict: the model predicts the samples it claims with a median error of at most "
-                     f"{_pct(errors[worst])} ({each}).")  # fmt: skip
+        verdict.append(f"the model predicts the samples it claims with a median error of at most "
+                       f"{_pct(errors[worst])} ({each})")  # fmt: skip
+    if lower:
+        one = sum(len(p) for p in lower.values()) == 1
+        verdict.append(f"{lower_text} {'is a lower bound' if one else 'are lower bounds'} (measured short of "
+                       "saturation, see above): "
+                       + ("the ceiling drawn from it lies too low, so the errors against it do not test the model"
+                          if one else "the ceilings drawn from them lie too low, so the errors against them do not "
+                          "test the model"))  # fmt: skip
+    if verdict:
+        lines.append("Verdict: " + "; ".join(verdict) + ".")
     return lines
+
+
+SATURATION_COLUMNS = ("metric", "param", "load", "server CPU", "client CPU", "reading")
+"""The columns of :func:`saturation_rows`: the parameter (Pc, Ps), the load it was measured under, the CPU its
+server and its clients used / wanted (ran or waited for; fractions of their cores), and what that makes it."""
+
+
+def _cpu_cell(used: float | None, wanted: float | None) -> str:
+    # "15% / 85%": used / wanted; "15%" when the kernel told nothing more
+    return _pct(used) + (f" / {_pct(wanted)}" if wanted is not None else "")
+
+
+def saturation_rows(models: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """Per metric, one row for ``Pc`` and one for ``Ps`` under :data:`SATURATION_COLUMNS`: how each was measured
+    and whether it is a lower bound (:class:`~selftest.roofline.Saturation`); metrics that recorded none are left
+    out."""
+    rows: list[tuple[str, ...]] = []
+    for name, m in models.items():
+        rl = Roofline.from_dict(m)
+        for param, saturation in (("Pc", rl.pc_saturation), ("Ps", rl.ps_saturation)):
+            if saturation is None:
+                continue
+            if param == "Pc":
+                load = "1 client x 1 call"
+                reading = "lower bound" if saturation.lower_bound else "client-bound"
+            else:
+                rates = [step["rate"] for step in saturation.ramp]
+                best = saturation.ramp[rates.index(max(rates))] if rates else None
+                load = (f"{best['clients']:g} clients x {best['depth']:g} calls (of {len(rates)} loads)"
+                        if best is not None else "-")  # fmt: skip
+                reading = "lower bound" if saturation.lower_bound else "saturated"
+            rows.append((name, param, load, _cpu_cell(saturation.server_utilization, saturation.server_demand),
+                         _cpu_cell(saturation.client_utilization, saturation.client_demand), reading))  # fmt: skip
+    return rows
+
+
+def ceiling_cells(m: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The ``Pc``, ``Ps`` and ridge of a metric (``Roofline.to_dict()``) as the tables show them, in the metric's
+    unit (``Metric.format_range``); a lower bound is marked ``≥`` (and the ridge ``≤`` or ``≥``: which way a
+    larger parameter moves it)."""
+    rl = Roofline.from_dict(m)
+    pc = ("≥ " if rl.pc_lower_bound else "") + rl.metric.format_range(rl.pc.min, rl.pc.max)
+    ps = ("≥ " if rl.ps_lower_bound else "") + rl.metric.format_range(rl.ps.min, rl.ps.max)
+    relation = {"=": "", "<=": "≤ ", ">=": "≥ ", "?": "? "}[rl.ridge_relation]
+    return pc, ps, relation + _ratio_text(rl.ridge("max"))
+
+
+MEASUREMENT_COLUMNS = (
+    "#",
+    "stage",
+    "metric",
+    "load",
+    "per client",
+    "aggregate",
+    "p50 latency",
+    "server CPU/op",
+    "CPU server, clients",
+    "at",
+)
+"""The columns of :func:`measurement_rows`."""
+
+
+def measurement_rows(samples: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """Every stored measurement of a run under :data:`MEASUREMENT_COLUMNS`, each figure with its unit (rates in
+    the metric's, as in the tables and plots; ``Metric.format``)."""
+    from .roofline import METRICS
+
+    rows: list[tuple[Any, ...]] = []
+    for i, row in enumerate(samples):
+        metric = METRICS.get(row["metric"])
+
+        def rate(value: Any, metric: Any = metric) -> str:
+            return "-" if value is None else metric.format(value) if metric is not None else _fmt(value)
+
+        load = f"{row['servers']}x{row['clients']}" + (f"x{row['depth']}" if row.get("depth") else "")
+        cpu = f"{_pct(row.get('server_utilization'))}, {_pct(row.get('client_core_utilization'))}"
+        when = time.strftime("%H:%M:%S", time.localtime(row["created"])) if row.get("created") else "-"
+        rows.append((i + 1, row["stage"], row["metric"], load, rate(row.get("per_client")), rate(row.get("aggregate")),
+                     quantity(row.get("latency_p50_usec"), "usec"), quantity(row.get("server_cpu_usec_per_op"), "usec"),
+                     cpu, when))  # fmt: skip
+    return rows
 
 
 def _errors_cell(s: Mapping[str, Any]) -> str:
@@ -204,20 +311,25 @@ def _errors_cell(s: Mapping[str, Any]) -> str:
 
 
 def collect_summary_json(doc: Mapping[str, Any], out: Path) -> dict[str, Any]:
-    """The machine-readable summary of ``collect`` (``--json``): per metric its ceilings, parameters,
-    scores and the samples above its ceiling; the validity sentences; the wall-time split; the files."""
+    """The machine-readable summary of ``collect`` (``--json``): per metric its ceilings (each with
+    ``lower_bound``) and how they were measured (``pc_saturation``, ``ps_saturation``), parameters, scores, the
+    samples above its ceiling and its findings; the validity sentences; the wall-time split; the files. Rates
+    are in the metric's ``unit``, as in the tables and plots."""
     from .collect import metric_parameters
 
     options = doc.get("options") or {}
     env = doc.get("environment") or {}
     metrics = {}
     for name, m in doc["metrics"].items():
-        above = Roofline.from_dict(m).above_ceiling()
+        rl = Roofline.from_dict(m)
+        above = rl.above_ceiling()
         metrics[name] = {
-            "unit": m["metric"]["unit"], "parameters": metric_parameters(name, options), "pc": m["pc"], "ps": m["ps"],
+            "unit": m["metric"]["unit"], "parameters": metric_parameters(name, options),
+            "pc": {**m["pc"], "lower_bound": rl.pc_lower_bound}, "ps": {**m["ps"], "lower_bound": rl.ps_lower_bound},
+            "pc_saturation": m.get("pc_saturation"), "ps_saturation": m.get("ps_saturation"),
             "ridge": m["ridge"], "scores": {k: m["scores"][k] for k in ("overall", "regions", "excluded")},
             "above_ceiling": [{**s.to_dict(), "excess": excess} for s, excess in above],
-            "plot": str(out / f"{name}.png"),
+            "findings": rl.findings(), "plot": str(out / f"{name}.png"),
         }  # fmt: skip
     return {
         "kind": "svcframe-roofline-summary", "run_id": doc.get("run_id"), "store": doc.get("store"),
@@ -240,9 +352,7 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
     options = doc.get("options") or {}
     ceilings, checks = [], []
     for name, m in doc["metrics"].items():
-        unit = m["metric"]["unit"]
-        pc, ps = (quantity_range(m[p]["min"], m[p]["max"], unit) for p in ("pc", "ps"))
-        ceilings.append((name, pc, ps, _ratio_text(m["ridge"]["max"])))
+        ceilings.append((name, *ceiling_cells(m)))
         scores = m["scores"]
         above = Roofline.from_dict(m).above_ceiling()
         checks.append((
@@ -250,10 +360,14 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
             _errors_cell(scores["regions"][REGION_SERVER_BOUND]), _errors_cell(scores["regions"][REGION_CLIENT_BOUND]),
             f"{len(above)} (+{_pct(max(e for _, e in above))})" if above else "0",
         ))  # fmt: skip
-    title = "data-service roofline of this machine: ceilings (min-max of the repeats)"
+    title = "data-service roofline of this machine: ceilings (min-max of the repeats; ≥: a lower bound)"
     print_table(("metric", "Pc per client", "Ps per server", "ridge X*"), ceilings, numeric=("ridge X*",),
                 title=title, console=console)  # fmt: skip
     print_lines(*(f"  {name}: {metric_parameters(name, options)}" for name in doc["metrics"]), console=console)
+    saturation = saturation_rows(doc["metrics"])
+    if saturation:
+        print_table(SATURATION_COLUMNS, saturation, title="how Pc and Ps were measured (CPU: used / wanted, of "
+                    "their cores; Ps under the load of the highest rate the ramp found)", console=console)  # fmt: skip
     print_table(("metric", "score", "server-bound error", "client-bound error", "above roof"), checks,
                 title="validation: median / worst |relative error| of the samples the model claims (n); samples "
                 "above the upper ceiling (largest excess)", console=console)  # fmt: skip
@@ -349,9 +463,10 @@ def print_comparison(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) 
         if unit == "%":  # already a percentage
             value, median = f"{r['value']:.1f}%", "-" if r["median"] is None else f"{r['median']:.1f}%"
             spread = "-" if r["min"] is None else "-".join(dict.fromkeys(f"{r[k]:.1f}" for k in ("min", "max"))) + "%"
-        else:
-            value, median = quantity(r["value"], unit), quantity(r["median"], unit)
-            spread = quantity_range(r["min"], r["max"], unit)
+        else:  # a bandwidth in its own unit, as the tables and plots of the run show it
+            keep = unit in BYTE_RATE_UNITS
+            value, median = quantity(r["value"], unit, keep_unit=keep), quantity(r["median"], unit, keep_unit=keep)
+            spread = quantity_range(r["min"], r["max"], unit, keep_unit=keep)
         cells.append((r["quantity"], value, r["count"], median, spread,
                       "-" if r["percentile"] is None else f"{r['percentile']:.0f}",
                       Text(r["verdict"], style=colors[r["verdict"]])))  # fmt: skip
@@ -421,17 +536,23 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         rows = []
         for name, m in metrics.items():
             sc = m["scores"]
-            unit = m["metric"]["unit"]
             reg = sc["regions"]
             rows.append((
-                name, quantity_range(m["pc"]["min"], m["pc"]["max"], unit),
-                quantity_range(m["ps"]["min"], m["ps"]["max"], unit), m["ridge"]["max"], sc["overall"]["score"],
+                name, *ceiling_cells(m), sc["overall"]["score"],
                 *(_pct(reg[r][k]) for r in (REGION_SERVER_BOUND, REGION_CLIENT_BOUND)
                   for k in ("median_relative_error", "worst_relative_error")),
             ))  # fmt: skip
         parts.append(_table(["metric", "Pc (per client process)", "Ps (per server process)", "ridge X*", "score",
                              "server-bound median |rel. err|", "worst", "client-bound median |rel. err|", "worst"],
                             rows))  # fmt: skip
+        parts.append("<p class='note'>≥: a lower bound, measured short of its definition (Carns et al. 2025, "
+                     "section 4.3: Ps from a saturated server, Pc from a client whose server had capacity to spare); "
+                     "the ridge moves the way a larger parameter moves it.</p>")  # fmt: skip
+        saturation = saturation_rows(metrics)
+        if saturation:
+            parts.append("<h3>How Pc and Ps were measured</h3><p class='note'>CPU: used / wanted (ran, or waited "
+                         "for a core), as fractions of their cores; Ps under the load of the highest rate the "
+                         "saturation ramp found.</p>" + _table(SATURATION_COLUMNS, saturation, left=3))  # fmt: skip
         lines = validity_lines(metrics, run.get("nodes"), summary.get("load_average"),
                                (run.get("environment") or {}).get("usable_cores"))  # fmt: skip
         parts += [f"<p>{html.escape(line)}</p>" for line in lines]
@@ -498,12 +619,10 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], 
         parts.append(f"<p>{100 * overhead['outside_fraction']:.1f}% of {overhead['wall_seconds']:.1f} s outside "
                      "measurement intervals.</p>")  # fmt: skip
     samples = run.get("samples") or []
-    parts.append("<h2>Every measurement</h2>")
-    parts.append(_table(["#", "stage", "metric", "servers", "clients", "per client", "aggregate", "p50 latency µs",
-                         "server CPU µs/op", "measured at"],
-                        [(i + 1, s["stage"], s["metric"], s["servers"], s["clients"], s.get("per_client"),
-                          s.get("aggregate"), s.get("latency_p50_usec"), s.get("server_cpu_usec_per_op"),
-                          _when(s.get("created"))) for i, s in enumerate(samples)], left=3))  # fmt: skip
+    parts.append("<h2>Every measurement</h2><p class='note'>Load: server processes x client processes x calls "
+                 "in flight per client. CPU: the fraction of a core each server used, and of their cores the "
+                 "clients used. Rates in the metric's unit, as in the tables and plots above.</p>")  # fmt: skip
+    parts.append(_table(MEASUREMENT_COLUMNS, measurement_rows(samples), left=3))
     parts.append("<h2>Parameters</h2>" + _kv(run.get("options") or {}))
     parts.append("<h2>Hardware</h2>" + _kv(run.get("hardware") or {}))
     parts.append("<h2>Software</h2>" + _kv(run.get("software") or {}))
@@ -535,6 +654,13 @@ def _placements_html(platform: Platform, placements: Sequence[Mapping[str, Any]]
     return "\n".join(parts)
 
 
+def report_html(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
+    """The self-contained HTML page of a run, as text (:func:`render_report`, its plots drawn in a temporary
+    directory and embedded)."""
+    with tempfile.TemporaryDirectory(prefix="svcframe-report-") as tmp:
+        return render_report(run, history, Path(tmp))
+
+
 def write_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Write the self-contained HTML page of a run.
 
@@ -547,8 +673,6 @@ def write_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], p
     Returns:
         ``path`` as a :class:`Path`.
     """
-    with tempfile.TemporaryDirectory(prefix="svcframe-report-") as tmp:
-        text = render_report(run, history, Path(tmp))
     out = Path(path)
-    out.write_text(text, encoding="utf-8")
+    out.write_text(report_html(run, history), encoding="utf-8")
     return out

@@ -411,6 +411,19 @@ def compare(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> lis
     return rows
 
 
+def history_png(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> bytes:
+    """:func:`history_figure` as PNG bytes.
+
+    Raises:
+        StoreError: ``run`` has no model (it did not complete).
+    """
+    import io
+
+    buffer = io.BytesIO()
+    history_figure(run, history).savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
 def plot_history(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """UMAMI-style "is that normal?" figure (``papers/darshan-tokio-slides.txt``, :func:`history_figure`),
     written as an image.
@@ -493,7 +506,7 @@ def history_figure(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]])
             ax.set_ylim(lo - pad_y, hi + pad_y)
             if not math.isfinite(lo):
                 ax.autoscale()
-    axes[0][0].legend(loc="best", fontsize="small")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize="small")
     axes[0][1].set_title("history (box) vs this run", fontsize="small")
     axes[-1][0].set_xlabel("run start time")
     return fig

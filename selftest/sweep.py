@@ -77,7 +77,7 @@ def sweep_figure(
 ) -> Any:  # fmt: skip
     """The sweep (Carns 2025, Figures 9 and 10) as a Figure: one panel per metric, x = server processes on the
     node, y = the node's aggregate rate (median, with a min–max bar where the count was repeated), and a
-    dashed line of perfect scaling from the one-process point.
+    dashed line of perfect scaling from the one-process point; one legend below the panels.
 
     Args:
         points: :func:`sweep_points` output.
@@ -93,7 +93,9 @@ def sweep_figure(
 
     require_matplotlib()
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    from .roofline.plots import keep_inside, rate_tick
 
     metrics = [m for m in points if points[m]]
     if not metrics:
@@ -132,7 +134,10 @@ def sweep_figure(
             ax.text(0.5, 0.97, "one server core: --sweep-max-servers N sweeps further (oversubscribed)",
                     transform=ax.transAxes, ha="center", va="top", fontsize="x-small", color="tab:gray")  # fmt: skip
         ax.set_ylim(0, max(p["max"] for p in pts) * 1.2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos, unit=unit: rate_tick(v, unit)))
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+    handles = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=2, fontsize="small")
     fig.suptitle(title or "Server-process sweep (aggregate rate of one server node)")
+    keep_inside(fig)
     return fig

@@ -29,13 +29,14 @@ config by its type (``svcframe config schema``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, NamedTuple, Union
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field, ValidationError, create_model
 
-from .config import ProviderSpec, ServiceConfig
+from .config import ProviderSpec, ServiceConfig, check_depth, format_validation_error
 from .errors import ConfigError
 from .provider import PROVIDER_TYPES, ConfigContext, Provider, load_library, provider_type
 from .registration import MAX_PROVIDER_ID
@@ -47,6 +48,7 @@ __all__ = [
     "LocalProvider",
     "Needed",
     "Reference",
+    "check_document",
     "check_provider",
     "check_service",
     "choose_provider_id",
@@ -184,6 +186,8 @@ def check_provider(
     running: bool,
     own_address: str | None = None,
     at: tuple[str | int, ...] = (),
+    rank: int = 0,
+    procs: int = 1,
 ) -> CheckedProvider | None:
     """Check one provider (see the module docstring); its problems and notes go to ``findings``.
 
@@ -194,6 +198,8 @@ def check_provider(
         running: ``local`` are running providers (at run time), not the ones listed before it (a config).
         own_address: this server's address: ``NAME@`` it is local.
         at: the JSON path of ``spec`` in its document (``("providers", 1)``).
+        rank, procs: the server process's rank among the ``procs`` started from this config on one machine
+            (``ConfigContext``).
 
     Returns:
         what creating it takes, or None when a problem was found.
@@ -209,8 +215,9 @@ def check_provider(
     settings = None
     try:
         settings = cls.validate_config(
-            spec.config, ConfigContext(provider_id, spec.name, engine), source=findings.source, at=(*at, "config")
-        )
+            spec.config, ConfigContext(provider_id, spec.name, engine, rank, procs), source=findings.source,
+            at=(*at, "config"),
+        )  # fmt: skip
     except ConfigError as exc:
         findings.problems += str(exc).splitlines()
     dependencies = _check_dependencies(spec, cls, findings, local, running, own_address, at)
@@ -285,12 +292,22 @@ def _check_dependencies(
 
 
 def check_service(
-    config: ServiceConfig, *, source: str = "config", own_address: str | None = None
+    config: ServiceConfig,
+    *,
+    source: str = "config",
+    own_address: str | None = None,
+    rank: int = 0,
+    procs: int = 1,
+    positions: Sequence[int] | None = None,
 ) -> tuple[list[CheckedProvider], Findings]:
     """Import the config's libraries and check every provider in list order (see the module docstring).
 
     Args:
         own_address: this server's address (default: ``engine.address``, as configured).
+        rank, procs: the server process's rank among the ``procs`` started from this config on one machine
+            (``ConfigContext``; a server of its own: 0 of 1).
+        positions: the index in the user's document of each of ``config.providers`` (default: the same), for
+            the JSON paths of problems when entries were left out of ``config`` (:func:`check_document`).
 
     Returns:
         the providers that passed, in list order, and the findings (``findings.raise_problems()``).
@@ -306,19 +323,99 @@ def check_service(
     local: list[LocalProvider] = []
     checked = []
     for i, spec in enumerate(config.providers):
+        at = ("providers", positions[i] if positions is not None else i)
         others = {pid: name for pid, name in taken.items() if name != spec.name}
-        provider_id = choose_provider_id(spec, others, findings, ("providers", i))
+        provider_id = choose_provider_id(spec, others, findings, at)
         if provider_id is None:
             continue
         taken[provider_id] = spec.name
         result = check_provider(
             spec, provider_id, findings, engine=config.engine, local=local, running=False,
-            own_address=own_address if own_address is not None else config.engine.address, at=("providers", i),
+            own_address=own_address if own_address is not None else config.engine.address, at=at, rank=rank,
+            procs=procs,
         )  # fmt: skip
         local.append(LocalProvider(spec.name, spec.type, provider_id))
         if result is not None:
             checked.append(result)
     return checked, findings
+
+
+#: A bootstrap document's sections that can be left out when invalid, to check the rest (each has defaults).
+_SECTIONS = {"engine": ("engine", "margo"), "margo": ("engine", "margo"), "admin": ("admin", "bedrock"),
+             "bedrock": ("admin", "bedrock"), "libraries": ("libraries",)}  # fmt: skip
+
+
+def check_document(
+    data: Any, source: str = "config", *, procs: int = 1
+) -> tuple[ServiceConfig | None, list[CheckedProvider], Findings]:
+    """Every problem of a decoded bootstrap document, in one pass, each naming its JSON path in ``source``: what
+    ``svcframe config check`` prints and ``svcframe launch`` refuses before it starts anything.
+
+    The sections are validated first; when some are invalid, those (and the ``providers[]`` entries that are
+    invalid as entries) are reported and left out, and the rest is checked all the same: the libraries and each
+    remaining provider, its config by its type (an engine typo no longer hides a provider config's errors).
+    With ``procs`` above 1 each provider is checked as each of the ``procs`` processes of ``svcframe launch
+    --procs N`` checks it (``ConfigContext.rank``; a problem found for several ranks is reported once).
+
+    Returns:
+        the config (None when not even a part of it validates), the providers that passed (as rank 0 sees
+        them), and the findings.
+    """
+    findings = Findings(source)
+    try:
+        check_depth(data, source)
+    except ConfigError as exc:
+        findings.problems.append(str(exc))
+        return None, [], findings
+    positions: list[int] | None = None
+    try:
+        config: ServiceConfig | None = ServiceConfig.model_validate(data, context={"source": source})
+    except ValidationError as exc:
+        findings.problems += format_validation_error(exc, source).splitlines()
+        config, positions = _salvage(data, exc, source)
+    if config is None:
+        return None, [], findings
+    checked: list[CheckedProvider] = []
+    for rank in range(max(1, procs)):
+        passed, found = check_service(config, source=source, rank=rank, procs=procs, positions=positions)
+        findings.problems += [line for line in found.problems if line not in findings.problems]
+        findings.notes += [line for line in found.notes if line not in findings.notes]
+        checked = checked or passed
+    return config, checked, findings
+
+
+def _salvage(data: Any, exc: Any, source: str) -> tuple[ServiceConfig | None, list[int] | None]:
+    """The part of a document that validates once the sections and ``providers[]`` entries that did not are left
+    out, with the index in the document of each provider kept; (None, None) when nothing can be kept so."""
+    if not isinstance(data, dict):
+        return None, None
+    drop: set[str] = set()
+    bad_entries: set[int] = set()
+    for err in exc.errors():
+        loc = err["loc"]
+        if loc and loc[0] in _SECTIONS:
+            drop.update(_SECTIONS[str(loc[0])])
+        elif loc and loc[0] == "providers":
+            if len(loc) > 1 and isinstance(loc[1], int):
+                bad_entries.add(loc[1])
+            else:
+                drop.add("providers")
+        else:
+            return None, None  # a problem of the whole document (two providers of one name): no part to keep
+    kept = {k: v for k, v in data.items() if k not in drop}
+    providers = kept.get("providers")
+    positions = None
+    if isinstance(providers, list):
+        positions = [i for i in range(len(providers)) if i not in bad_entries]
+        kept["providers"] = [providers[i] for i in positions]
+    mochi = logging.getLogger("svcframe.config")  # its one warning of Mochi settings was logged the first time
+    was, mochi.disabled = mochi.disabled, True
+    try:
+        return ServiceConfig.model_validate(kept, context={"source": source}), positions
+    except ValidationError:
+        return None, None
+    finally:
+        mochi.disabled = was
 
 
 # -- the schema ----------------------------------------------------------------------------------------------------

@@ -290,6 +290,15 @@ def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
     Raises:
         ConfigError: unreadable file, invalid JSON (with line and column) or invalid content.
     """
+    return parse_config(read_document(path), str(path))
+
+
+def read_document(path: str | os.PathLike[str]) -> Any:
+    """The decoded JSON of a bootstrap config file, not yet validated.
+
+    Raises:
+        ConfigError: unreadable file, larger than ``MAX_CONFIG_BYTES``, or invalid JSON (with line and column).
+    """
     p = Path(path)
     try:
         if p.stat().st_size > MAX_CONFIG_BYTES:
@@ -303,4 +312,4 @@ def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
         raise ConfigError(f"{p}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise ConfigError(f"{p}: nested too deeply to be a bootstrap config") from None
-    return parse_config(data, str(p))
+    return data

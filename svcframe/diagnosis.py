@@ -65,6 +65,69 @@ TIMED_BULK = ("pull", "push", "cma_pull", "cma_push")
 TARGET_STEPS = ("queue", "handler", "respond")
 
 
+#: The exact counters of a statistics row, and of the progress loop, a window subtracts.
+_ROW_COUNTERS = ("calls", "errors")
+_PROGRESS_COUNTERS = ("polls", "blocks", "wakeups", "contended")
+
+
+def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The statistics of what happened between two reads of the same engine's statistics (``Engine.statistics()``
+    or the admin ``statistics`` RPC), without resetting them: how a tool measures a live service and leaves its
+    statistics, Prometheus counters and monitor rates as its users see them.
+
+    Per callpath and peer (and per bulk direction and peer): ``calls`` and ``errors`` are the differences (exact);
+    each step keeps ``count``, ``sum`` and ``mean`` over the window (the timed calls of the window: differences of
+    the two reads' counts and sums); the percentiles, ``min`` and ``max`` of a window cannot be told from two
+    summaries, so a step of the window has none. Rows with no call and no error in the window are left out. The
+    progress loop's counters are differences too. Everything else (``handlers``, ``admin_provider_id``, names)
+    is the later read's.
+
+    If the statistics were reset between the reads (``rpcs.since`` differs), everything the later read holds
+    happened in the window: it is returned as it is, with ``window.reset`` true.
+
+    Returns:
+        a statistics document :func:`diagnose` reads, with ``window``: ``{"from", "to", "reset"}`` (the reads'
+        ``time`` of their last process sample when known, else None).
+    """
+    rpcs_a, rpcs_b = after.get("rpcs") or {}, before.get("rpcs") or {}
+    reset = rpcs_a.get("since") != rpcs_b.get("since")
+    out = {**after, "window": {"reset": reset}}
+    if reset:
+        return out
+
+    def identity(row: dict[str, Any]) -> tuple[Any, ...]:
+        if "direction" in row:
+            return (row["direction"], row["peer"])
+        return (row["parent_rpc"], row["parent_provider_id"], row["rpc"], row["provider_id"], row["peer"])
+
+    def difference(new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any] | None:
+        row: dict[str, Any] = {}
+        for key, value in new.items():
+            old_value = old.get(key) if old is not None else None
+            if key in _ROW_COUNTERS:
+                row[key] = value - (old_value or 0)
+            elif isinstance(value, dict) and "count" in value:
+                count = value["count"] - (old_value or {}).get("count", 0)
+                total = value["sum"] - (old_value or {}).get("sum", 0.0)
+                row[key] = {"count": count, "sum": total, "mean": total / count if count > 0 else 0.0}
+            else:
+                row[key] = value
+        return row if row.get("calls", 0) > 0 or row.get("errors", 0) > 0 else None
+
+    rpcs = dict(rpcs_a)
+    for table in ("origin", "target", "bulk"):
+        old_rows = {identity(r): r for r in rpcs_b.get(table) or []}
+        rows = (difference(r, old_rows.get(identity(r))) for r in rpcs_a.get(table) or [])
+        rpcs[table] = [r for r in rows if r is not None]
+    out["rpcs"] = rpcs
+    progress_a, progress_b = after.get("progress"), before.get("progress")
+    if isinstance(progress_a, dict) and isinstance(progress_b, dict):
+        out["progress"] = {
+            **progress_a, **{k: progress_a[k] - progress_b.get(k, 0) for k in _PROGRESS_COUNTERS if k in progress_a}
+        }  # fmt: skip
+    return out
+
+
 def rpc_names(*stats: dict[str, Any]) -> dict[str, str]:
     """The RPC names (``{"%08x" id: name}``) known to any of these statistics documents."""
     names: dict[str, str] = {}
@@ -94,6 +157,12 @@ def _callpath(row: dict[str, Any], names: dict[str, str]) -> str:
 
 def _mean(row: dict[str, Any], key: str) -> float:
     return float(row.get(key, {}).get("mean", 0.0))
+
+
+def _typical(row: dict[str, Any], key: str) -> float:
+    """A step's median, or its mean where the statistics have no percentiles (a :func:`window`)."""
+    summary = row.get(key, {})
+    return float(summary["p50"] if "p50" in summary else summary.get("mean", 0.0))
 
 
 def diagnose(stats: dict[str, Any], top: int = 3, *, names: dict[str, str] | None = None) -> dict[str, Any]:
@@ -155,8 +224,8 @@ def diagnose(stats: dict[str, Any], top: int = 3, *, names: dict[str, str] | Non
         if dominant == "handler":
             kind = kinds.get((_name(row["rpc"], names), row["provider_id"]))
             advice = ADVICE["handler" if kind is None else "handler_async" if kind else "handler_sync"]
-        if dominant != "bulk" and row.get("response_bytes", {}).get("p50", 0) > INLINE_LARGE_BYTES:
-            advice += "; responses are large (median over 64 KiB): use bulk transfers"
+        if dominant != "bulk" and _typical(row, "response_bytes") > INLINE_LARGE_BYTES:
+            advice += "; responses are large (over 64 KiB): use bulk transfers"
         findings.append(_finding("target", g, total, all_time, dominant, shares, advice))
     origin: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rpcs.get("origin", []):
@@ -174,7 +243,7 @@ def diagnose(stats: dict[str, Any], top: int = 3, *, names: dict[str, str] | Non
         if total / all_origin < MIN_SHARE:
             break
         ser = g["steps"]["serialize"] / total if total else 0.0
-        large = g["row"].get("request_bytes", {}).get("p50", 0) > INLINE_LARGE_BYTES
+        large = _typical(g["row"], "request_bytes") > INLINE_LARGE_BYTES
         dominant = "serialize" if ser > 0.3 or large else "network"
         shares = {"serialize": ser, "network": 1.0 - ser}
         findings.append(_finding("origin", g, total, all_origin, dominant, shares, ADVICE[dominant]))

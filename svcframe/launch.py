@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import ServiceConfig, load_config
+from .composition import check_document
+from .config import ServiceConfig, load_config, read_document
 from .errors import LaunchError
 from .group import Member, write_group_file
 from .transport import parse_address
@@ -64,7 +65,12 @@ class Launch:
         if procs < 1:
             raise LaunchError("--procs must be at least 1")
         self.config_source = str(config) if not isinstance(config, ServiceConfig) else "(in memory)"
-        self.config = config if isinstance(config, ServiceConfig) else load_config(config)
+        if isinstance(config, ServiceConfig):
+            self.config = config
+        else:  # every problem of the user's file, before anything starts (as svcframe config check --procs N)
+            _, _, findings = check_document(read_document(config), str(config), procs=procs)
+            findings.raise_problems()
+            self.config = load_config(config)
         self.procs = procs
         self.cores = cores
         self.group_file = Path(group_file) if group_file else None
@@ -100,7 +106,8 @@ class Launch:
                 path.write_text(self._rank_config(rank).model_dump_json())
                 r, w = os.pipe()
                 cmd = [sys.executable, "-m", "svcframe", "serve", str(path), "--ready-fd", str(w),
-                       "--lifeline-fd", str(lifeline_r)]  # fmt: skip
+                       "--lifeline-fd", str(lifeline_r), "--config-name", self.config_source, "--rank", str(rank),
+                       "--procs", str(self.procs)]  # fmt: skip
                 if self.secret_file:
                     cmd += ["--secret-file", self.secret_file]
                 log = open(self.workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child

@@ -167,11 +167,18 @@ class ConfigContext:
         provider_id: the provider's id (assigned, when the config let the server choose).
         name: the provider's name.
         engine: the engine's settings (e.g. ``max_body_bytes``, the largest inline message).
+        rank: the server process's rank among those started from this config (``svcframe launch --procs N``,
+            or the rank ``srun``/``mpiexec`` gave it); 0 for a server of its own.
+        procs: how many server processes this config starts on one machine, in one working directory
+            (``svcframe launch --procs N``; ``svcframe config check --procs N``); 1 elsewhere. A provider whose
+            files cannot be shared (a database one process opens) names a per-rank file when it is above 1.
     """
 
     provider_id: int
     name: str
     engine: EngineConfig
+    rank: int = 0
+    procs: int = 1
 
 
 class Provider:

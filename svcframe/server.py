@@ -126,11 +126,17 @@ class Server:
         config: the validated bootstrap config.
         secret: shared secret for connection authentication (never stored in the config).
         source: what start-up errors name the config by (its file).
+        rank, procs: this process's rank among the ``procs`` started from this config on one machine
+            (``svcframe launch``), for its providers' configs (``ConfigContext``); a server of its own: 0 of 1.
     """
 
-    def __init__(self, config: ServiceConfig, *, secret: bytes | None = None, source: str = "config") -> None:
+    def __init__(
+        self, config: ServiceConfig, *, secret: bytes | None = None, source: str = "config", rank: int = 0,
+        procs: int = 1,
+    ) -> None:  # fmt: skip
         self.config = config.model_copy(deep=True)
         self.source = source
+        self.rank, self.procs = rank, procs
         self._secret = secret if secret is not None else read_secret(self.config.engine.auth)
         self.engine: Engine | None = None
         self.providers: dict[str, Provider] = {}
@@ -145,7 +151,7 @@ class Server:
     async def start(self) -> Server:
         """Check the config, then start everything; on any failure close what was started and raise
         (ConfigError, every problem one line, or the cause)."""
-        checked, findings = check_service(self.config, source=self.source)
+        checked, findings = check_service(self.config, source=self.source, rank=self.rank, procs=self.procs)
         findings.raise_problems()
         ec = self.config.engine
         # The plumber (Carns 2025 §4.1.1): a wildcard host becomes the chosen NIC's address, recorded
@@ -213,7 +219,7 @@ class Server:
         if provider_id is not None:
             checked = check_provider(
                 spec, provider_id, findings, engine=self.config.engine, local=running, running=True,
-                own_address=self.engine.address,
+                own_address=self.engine.address, rank=self.rank, procs=self.procs,
             )  # fmt: skip
         findings.raise_problems()
         assert checked is not None
@@ -456,8 +462,10 @@ async def _main(
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
     lifeline_fd: int | None = None,
     source: str = "config",
+    rank: int = 0,
+    procs: int = 1,
 ) -> bool:
-    server = Server(config, secret=secret, source=source)
+    server = Server(config, secret=secret, source=source, rank=rank, procs=procs)
     loop = asyncio.get_running_loop()
 
     def blocked(reason: str) -> None:  # from the watchdog's thread: the loop is stuck in a provider's start-up
@@ -540,19 +548,21 @@ def run_server(
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
     lifeline_fd: int | None = None,
     source: str = "config",
+    rank: int = 0,
+    procs: int = 1,
 ) -> int:
     """A server process's main. Returns the exit code (0 after a clean shutdown, 1 on a start-up error).
 
     ``on_ready(server)`` runs as a task once the server accepts calls (cancelled at shutdown; an exception
     in it is logged and shuts the server down). ``lifeline_fd``: the read end of a pipe whose write end
     only the launcher holds; when it closes (the launcher exited, even by SIGKILL) the server shuts down.
-    ``source``: what start-up errors name the config by (its file)."""
+    ``source``: what start-up errors name the config by (its file). ``rank``, ``procs``: see :class:`Server`."""
     _log_build()
     if config.engine.cpu_affinity:
         os.sched_setaffinity(0, config.engine.cpu_affinity)
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.engine.event_loop)) as runner:
-            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd, source))
+            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd, source, rank, procs))
     except (SvcframeError, OSError) as exc:
         for line in str(exc).splitlines():  # one record per problem (a config check finds them all)
             log.error("server failed to start: %s", line)

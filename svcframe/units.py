@@ -61,12 +61,16 @@ def _prefixed(base: str, tail: str, attach: bool, step: int, e: int) -> str:
     return f"{prefix} {base}{tail}".rstrip()
 
 
-def quantity(value: float | None, unit: str = "", digits: int = 3) -> str:
+def quantity(value: float | None, unit: str = "", digits: int = 3, *, keep_unit: bool = False) -> str:
     """A figure in engineering notation with its unit: three significant digits and a prefix.
 
     Bytes (a unit ``B``, ``KiB``... ``GiB``, alone or per something: ``GiB/s``) take binary prefixes; seconds
     (``s``, ``ms``, ``µs``, ``usec``...) SI prefixes no larger than the second; any other unit SI prefixes from
     k up, set apart from it. An exact whole mantissa prints without decimals (a size: ``4 KiB``).
+
+    With ``keep_unit`` the figure stays in ``unit``, with three significant digits and no prefix of its own
+    (``quantity(0.434, "GiB/s", keep_unit=True)`` is ``"0.434 GiB/s"``): for a quantity every table, plot and
+    document shows in one unit.
 
     Examples: ``quantity(8632, "ops/s")`` is ``"8.63 k ops/s"``, ``quantity(3.6, "GiB/s")`` ``"3.60 GiB/s"``,
     ``quantity(24.3, "usec")`` ``"24.3 µs"``, ``quantity(4096, "B")`` ``"4 KiB"``, None ``"-"``.
@@ -75,20 +79,30 @@ def quantity(value: float | None, unit: str = "", digits: int = 3) -> str:
         return "-"
     if not math.isfinite(value):
         return f"{value} {unit}".rstrip()
+    if keep_unit:
+        return f"{_mantissa(float(value), digits)} {unit}".rstrip()
     base_value, step, lowest, base, tail, attach = _scale(float(value), unit)
     highest = 0 if base == "s" else (len(_BINARY_PREFIXES) - 1 if step == 1024 else 6)
     e = _exponent(abs(base_value), step, lowest, highest)
     return f"{_mantissa(base_value / step**e, digits)} {_prefixed(base, tail, attach, step, e)}".rstrip()
 
 
-def quantity_range(low: float | None, high: float | None, unit: str = "", digits: int = 3) -> str:
+def quantity_range(
+    low: float | None, high: float | None, unit: str = "", digits: int = 3, *, keep_unit: bool = False
+) -> str:
     """A min-max range in one prefix, the larger bound's: ``quantity_range(8632, 17090, "ops/s")`` is
-    ``"8.63-17.1 k ops/s"``; bounds that print alike are one value (a single repeat: ``"8.56 k ops/s"``)."""
+    ``"8.63-17.1 k ops/s"``; bounds that print alike are one value (a single repeat: ``"8.56 k ops/s"``).
+    ``keep_unit``: both bounds in ``unit`` itself (``"0.434-0.447 GiB/s"``, see :func:`quantity`)."""
     if low is None or high is None:
-        return quantity(low if high is None else high, unit, digits)
-    lo_text, hi_text = quantity(low, unit, digits), quantity(high, unit, digits)
+        return quantity(low if high is None else high, unit, digits, keep_unit=keep_unit)
+    lo_text, hi_text = (
+        quantity(low, unit, digits, keep_unit=keep_unit),
+        quantity(high, unit, digits, keep_unit=keep_unit),
+    )
     if lo_text == hi_text or not (math.isfinite(low) and math.isfinite(high)):
         return hi_text
+    if keep_unit:
+        return f"{_mantissa(float(low), digits)}-{hi_text}"
     lo_base, step, lowest, base, tail, attach = _scale(float(low), unit)
     hi_base = _scale(float(high), unit)[0]
     highest = 0 if base == "s" else (len(_BINARY_PREFIXES) - 1 if step == 1024 else 6)

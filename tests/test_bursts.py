@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psutil
 import pytest
+from roofline_kit import layout_problems
 
 from selftest import SELFTEST_CONFIG
 from selftest.bursts import BurstParams, bursts_figure, plot_bursts, run_bursts, summarize_mode, timeline_rows
@@ -96,7 +97,9 @@ def test_bursts_short_run(server, tmp_path) -> None:
         assert mode["summary"]["burst_rate_ops_per_second"] > 100
     png = plot_bursts(results, tmp_path / "b.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
-    title = bursts_figure(results)._suptitle.get_text()  # the plot states its schedule
+    figure = bursts_figure(results)
+    assert layout_problems(figure) == []  # nothing cut at the edges, no legend over the data
+    title = figure._suptitle.get_text()  # the plot states its schedule
     assert (
         title == f"noop bursts: 2 x 500 ms with 500 ms gaps, 250 ms intervals, spindown 10 ms; server {server.address}"
     )

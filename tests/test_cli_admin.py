@@ -141,8 +141,9 @@ def test_config_query_and_patch(group: tuple[str, list[Member]], tmp_path: Path)
     back = '[{"op": "replace", "path": "/engine/progress_mode", "value": "spindown"}]'
     assert cli_json("config", "patch", a, back)[a]["engine"]["progress_mode"] == "spindown"
     frozen = '[{"op": "replace", "path": "/engine/address", "value": "tcp://127.0.0.1:1"}]'
-    err = cli("config", "patch", a, frozen, ok=False).stderr
-    assert "/engine/address cannot change while the server runs" in err
+    refused = cli("config", "patch", a, frozen, ok=False)
+    assert "/engine/address cannot change while the server runs" in refused.stderr
+    assert refused.stdout == ""  # the error alone: no "{}" for a pipe to take as a result
     assert "invalid JMESPath" in cli("config", "query", a, "providers[?", ok=False).stderr
 
 
@@ -254,13 +255,27 @@ def test_version_is_the_installed_one() -> None:
 
 
 def test_call_takes_bytes_and_a_group(group: tuple[str, list[Member]], tmp_path: Path) -> None:
-    """The kv provider's put needs bytes, which the CLI could not pass; --group picks a member."""
+    """The kv provider's put needs bytes, which the CLI could not pass; --group picks a member. Values print as
+    they are (binary as base64:DATA or hex:DATA, text and keys as text), and a str value is stored as its UTF-8
+    encoding."""
     path, members = group
     value = tmp_path / "value.bin"
     value.write_bytes(b"\x00\x01binary")
-    put = '{"key": "k1", "value": "placeholder"}'
-    assert cli("call", "-g", path, "put", put, "-p", "1", ok=False).stderr.count("\n") == 1  # str is not bytes
+    text = '{"key": "k0", "value": "plain text, é"}'
+    assert cli_json("call", "-g", path, "put", text, "-p", "1") is None  # a str value: its UTF-8 bytes
+    shown = cli("call", "-g", path, "get", '{"key": "k0"}', "-p", "1").stdout
+    assert json.loads(shown) == "plain text, é" and "é" in shown  # as it is, not \u00e9
     assert cli_json("call", "-g", path, "put", '{"key": "k1"}', "--bytes", f"value=@{value}", "-p", "1") is None
+    assert cli_json("call", "-g", path, "get", '{"key": "k1"}', "-p", "1") == "base64:AAFiaW5hcnk="  # not \ufffd
+    assert (
+        cli_json("call", "-g", path, "get", '{"key": "k1"}', "-p", "1", "--bytes-as", "hex") == "hex:000162696e617279"
+    )
+    assert cli_json("call", "-g", path, "list_keys", "-p", "1") == ["k0", "k1"]  # keys as text, not "b'k1'"
+    assert (
+        cli_json("call", "-g", path, "put", '{"key": "k1"}', "--bytes", "value=hex:000162696e617279", "-p", "1") is None
+    )
+    assert cli_json("call", "-g", path, "get", '{"key": "k1"}', "-p", "1") == "base64:AAFiaW5hcnk="
+    assert cli_json("call", "-g", path, "erase", '{"key": "k0"}', "-p", "1") is True
     assert cli_json("call", members[0].address, "length", '{"key": "k1"}', "-p", "1") == len(b"\x00\x01binary")
     assert cli_json("call", members[0].address, "get", '{"key": "k2"}', "-p", "1") is None
     cli("call", members[0].address, "put", '{"key": "k2"}', "--bytes", "value=base64:aGk=", "-p", "1")

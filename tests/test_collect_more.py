@@ -3,6 +3,7 @@ split, the client pool, and Ctrl-C + resume from the results store."""
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import sqlite3
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from contextlib import closing
+from pathlib import Path
 
 import psutil
 import pytest
@@ -40,11 +42,27 @@ def test_sweep_storage_scores_and_overhead(tmp_path) -> None:
         storage_dir=disk, store=tmp_path / "r.sqlite", weights={"rpc_rate": 2.0},
     )  # fmt: skip
     steps = plan(opts)
-    assert {s[0] for s in steps} == {"Pc", "Ps", "sweep", "grid"}
+    assert {s[0] for s in steps} == {"Pc", "ramp", "Ps", "sweep", "grid"}
     assert len(set(step_keys(steps))) == len(steps)
     seen: list[str] = []
+    (tmp_path / "rl" / "roofline.json").mkdir(parents=True)  # a file that cannot be written late in the run
     doc = collect(opts, lambda desc, i, n: seen.append(desc))
-    assert len(seen) == len(steps)
+    # nothing is lost to it: the run is complete in the store, the model kept in a temporary file, and said so
+    assert doc["unwritten"] == [f"{tmp_path / 'rl' / 'roofline.json'}: Is a directory"]
+    kept = Path(doc["kept"])
+    assert json.loads(kept.read_text())["metrics"].keys() == set(opts.metrics)
+    kept.unlink()
+    assert len(seen) == len(doc["runs"]) <= len(steps)  # the ramp's loads after the rate stopped growing are skipped
+    for metric in opts.metrics:  # the ramp, then Ps under the load of its highest rate
+        ramp = [r for r in doc["runs"] if r["metric"] == metric and r["stage"] == "ramp"]
+        best = max(ramp, key=lambda r: r["aggregate"])
+        assert all((r["clients"], r["depth"]) == (best["clients"], best["depth"])
+                   for r in doc["runs"] if r["metric"] == metric and r["stage"] in ("Ps", "sweep"))  # fmt: skip
+        saturation = doc["metrics"][metric]["ps_saturation"]
+        assert [step["rate"] for step in saturation["ramp"]] == [r["aggregate"] for r in ramp]
+        for r in doc["runs"]:  # every Pc and Ps records its server's and its clients' CPU
+            if r["stage"] in ("Pc", "Ps"):
+                assert r["server_utilization"] > 0 and r["client_core_utilization"] > 0
 
     # (c) the sweep: 1..2 server processes for both metrics; its Ps point comes from the Ps samples
     for metric in opts.metrics:
@@ -83,13 +101,13 @@ def test_sweep_storage_scores_and_overhead(tmp_path) -> None:
     parts = [v for k, v in o.items() if k.endswith("_seconds") and k != "wall_seconds"]
     assert math.fsum(parts) == pytest.approx(o["wall_seconds"], rel=0.02)
     assert o["measurement_seconds"] == pytest.approx(sum(r["elapsed_seconds"] for r in doc["runs"]))
-    assert o["measurement_seconds"] >= 0.2 * len(steps) * 0.99
+    assert o["measurement_seconds"] >= 0.2 * len(doc["runs"]) * 0.99  # each measured run took its duration
     assert o["outside_fraction"] == pytest.approx(1 - o["measurement_seconds"] / o["wall_seconds"])
     assert o["launch_seconds"] > 0 and o["teardown_seconds"] > 0
 
     with ResultsStore(tmp_path / "r.sqlite") as store:
         run = store.run(doc["run_id"])
-        assert run["status"] == "complete" and len(run["samples"]) == len(steps)
+        assert run["status"] == "complete" and len(run["samples"]) == len(doc["runs"])
         assert run["summary"]["combined_score"] == pytest.approx(expected)
 
 
@@ -155,7 +173,9 @@ def test_ctrl_c_tears_down_and_resume_completes_the_run(tmp_path) -> None:
     with ResultsStore(db) as store:
         run = store.run(1)
         assert run["status"] == "complete"
-        assert [s["key"] for s in run["samples"]] == run["plan"]  # each measured once, in plan order
+        keys = [s["key"] for s in run["samples"]]
+        assert keys == [k for k in run["plan"] if k in keys]  # each measured once, in plan order
+        assert {k for k in run["plan"] if not k.startswith("ramp/")} <= set(keys)  # only ramp loads are skipped
         assert {k: c for k, c in ((s["key"], s["created"]) for s in run["samples"]) if k in before} == before
         assert run["summary"]["overhead"]["resumed_measurements"] == len(before)
     again = subprocess.run([sys.executable, "-m", "svcframe", "roofline", "collect", "--store", str(db), "--resume",

@@ -96,7 +96,7 @@ def runnable_pages() -> Iterator[Path]:
 FASTER: dict[str, list[tuple[str, str]]] = {
     "docs/guides/selftest.md": [
         ("svcframe roofline collect ", "svcframe roofline collect --duration-seconds 0.3 --repeats 1 "
-         "--grid-servers 1 --grid-clients 1,2 --sweep-max-servers 0 "),
+         "--grid-servers 1 --grid-clients 1,2 --sweep-max-servers 0 --saturation-depth 4 --max-clients-per-core 2 "),
         ("--duration-seconds 5 ", "--duration-seconds 0.5 "),
     ],
 }  # fmt: skip

@@ -145,6 +145,8 @@ async def test_put_get_small_roundtrip(kv: KVClient, client_engine: Engine) -> N
     await kv.put("empty", b"")
     assert await kv.get("hello") == b"world"
     assert await kv.get(b"hello") == b"world"  # str keys are stored as UTF-8
+    await kv.handle.call("put", {"key": "text", "value": "é, text"})  # as svcframe call sends a JSON str
+    assert await kv.get("text") == "é, text".encode()  # a str value too
     assert await kv.get(b"\x00bin\xff") == bytes(range(256))
     assert await kv.get("empty") == b""
     assert await kv.length("hello") == 5
@@ -319,7 +321,7 @@ async def test_get_bulk_into_read_only_handle_fails(raw: ProviderHandle, kv: KVC
     ("rpc", "arg", "error", "match"),
     [
         ("put", {"key": 5, "value": b"x"}, RemoteError, "'key' must be str or bytes, not int"),
-        ("put", {"key": "k", "value": "text"}, RemoteError, "'value' must be bytes, not str"),
+        ("put", {"key": "k", "value": 5}, RemoteError, "'value' must be bytes or str, not int"),
         ("put", {"value": b"x"}, RemoteError, "no 'key' field"),
         ("get", "k", RemoteError, "must be a dict"),
         ("put_bulk", {"key": "k", "bulk": [1, 2]}, BulkError, "not a bulk handle"),

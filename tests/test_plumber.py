@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from roofline_kit import layout_problems
 
 from selftest.nic_dispersion import SCENARIOS, dispersion_figure, plan_choices, scenario_placements
 from svcframe import Engine
@@ -400,6 +401,7 @@ def test_nic_dispersion_command(tmp_path: Path) -> None:
         "selftest nic-dispersion: [1/2] unbound / byset", "selftest nic-dispersion: [2/2] unbound / roundrobin",
     ]  # fmt: skip
     fig = dispersion_figure(doc)
+    assert layout_problems(fig) == []  # nothing cut at the edges, no legend over the bars
     (ax,) = fig.axes
     assert ax.get_title().endswith("\n64 KiB bulk pulls, 200 ms per run, bucket policy all")
     assert any("loopback aliases: NIC k is stood in for by 127.0.0.(k+2)" in t.get_text() for t in ax.texts)

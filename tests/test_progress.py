@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import WAIT_SECONDS, wait_until
+from conftest import FAVOURED_PRIORITY, WAIT_SECONDS, ahead_of_the_machine, wait_until
 
 from svcframe import Engine, RemoteError, TimeoutError_
 from svcframe.progress import PROGRESS_MODES, Progress
@@ -310,14 +310,26 @@ async def test_busy_mode_never_backs_off(progress_factory: Any) -> None:
 
 
 @contextlib.contextmanager
-def bursting(core: int, bursts: int, burn_seconds: float, rest_seconds: float) -> Iterator[subprocess.Popen[bytes]]:
-    """Another process on ``core`` that wants it in ``bursts`` short bursts, far apart (a schedule), then exits."""
+def bursting(
+    core: int, bursts: int, burn_seconds: float, rest_seconds: float, *, real_time: bool = False
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Another process on ``core`` that wants it in ``bursts`` short bursts, far apart (a schedule), then exits.
+    ``real_time``: it runs as :func:`ahead_of_the_machine` runs the test (SCHED_FIFO, the same priority), and
+    hands the core back every 200 µs of its burn (``sched_yield``, as time slices do between ordinary
+    processes): the two meet on the core as equals, the machine's other load does not get between them."""
+    burn = (
+        "    while time.monotonic() < end:\n"
+        "        t = time.perf_counter()\n"
+        "        while time.perf_counter() - t < 200e-6: pass\n"
+        "        os.sched_yield()\n"
+        if real_time
+        else "    while time.monotonic() < end: pass\n"
+    )
     code = (
         f"import os, time; os.sched_setaffinity(0, [{core}])\n"
-        f"for _ in range({bursts}):\n"
-        f"    end = time.monotonic() + {burn_seconds}\n"
-        "    while time.monotonic() < end: pass\n"
-        f"    time.sleep({rest_seconds})\n"
+        + (f"os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param({FAVOURED_PRIORITY}))\n" if real_time else "")
+        + f"for _ in range({bursts}):\n"
+        f"    end = time.monotonic() + {burn_seconds}\n" + burn + f"    time.sleep({rest_seconds})\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
     try:
@@ -338,7 +350,11 @@ async def test_rare_bursts_of_contention_do_not_escalate_the_hold_off(progress_f
     p = progress_factory("spindown", spindown_msec=600_000.0, backoff=True)
     p.inflight = 1
     seen: list[float] = []
-    with pinned(core), bursting(core, bursts=4, burn_seconds=0.06, rest_seconds=0.45) as proc:
+    with (
+        pinned(core),
+        ahead_of_the_machine() as real_time,
+        bursting(core, bursts=4, burn_seconds=0.06, rest_seconds=0.45, real_time=real_time) as proc,
+    ):
         while proc.poll() is None or len(seen) < p.contended:
             if p.contended > len(seen):
                 seen.append(p.last_holdoff)

@@ -89,6 +89,66 @@ def test_check_reports_every_problem_by_json_path(tmp_path: Path) -> None:
     )
 
 
+def test_an_invalid_section_hides_no_other_problem(tmp_path: Path) -> None:
+    """An engine typo stopped the check before any provider's config was looked at. One pass now: the
+    sections' problems, then every remaining provider checked by its type, each line naming its JSON path in the
+    user's file; and launch says the same, naming the user's file (not its temporary per-rank copy)."""
+    path = tmp_path / "typos.json"
+    path.write_text(json.dumps({
+        "engine": {"address": "tcp://127.0.0.1:0", "progress_mod": "busy"},
+        "libraries": ["providers.kv"],
+        "providers": [{"name": "store", "type": "kv", "config": {"durabilty": "fast"}},
+                      {"name": "bad name", "type": "kv"},
+                      {"name": "other", "type": "kv", "config": {"path": ":memory:", "inline_max_bytes": -1}}],
+    }))  # fmt: skip
+    expected = [
+        f'{path}: engine.progress_mod: Extra inputs are not permitted (got "busy")',
+        f"{path}: providers[1].name: String should match pattern '^[A-Za-z_][A-Za-z0-9_]*$' (got \"bad name\")",
+        f'{path}: providers[0].config.durabilty: Extra inputs are not permitted (got "fast")',
+        f"{path}: providers[2].config.inline_max_bytes: Input should be greater than or equal to 0 (got -1)",
+    ]
+    assert error_lines(svcframe("config", "check", str(path))) == expected
+    assert error_lines(svcframe("launch", str(path), "--procs", "2", "--group-file", str(tmp_path / "g.json"))) == (
+        expected
+    )
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_kv_names_a_file_per_rank_and_refuses_one_file_for_several_processes(tmp_path: Path) -> None:
+    """The kv example config under launch --procs N: every rank opened one SQLite file ("database is locked").
+    {rank} names a file per rank; one file for several processes is refused before any starts, with the fix."""
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps({"libraries": ["providers.kv"], "providers": [
+        {"name": "store", "type": "kv", "config": {"path": "kv.sqlite"}}]}))  # fmt: skip
+    assert svcframe("config", "check", str(shared)).returncode == 0  # one process: fine
+    (line,) = error_lines(svcframe("config", "check", str(shared), "--procs", "3"))
+    assert line.startswith(f"{shared}: providers[0].config.path: each of the 3 server processes would open "
+                           "'kv.sqlite', and SQLite lets one of them write")  # fmt: skip
+    assert "give a file per rank, such as 'kv-{rank}.sqlite'" in line
+    (refused,) = error_lines(svcframe("launch", str(shared), "--procs", "2", cwd=tmp_path))
+    assert refused == line.replace("3 server processes", "2 server processes")
+    assert not (tmp_path / "kv.sqlite").exists()  # nothing started
+    checked = json.loads(svcframe("config", "check", str(ROOT / "configs" / "kv.json"), "--procs", "2").stdout)
+    assert checked["providers"][0]["config"]["path"] == "kv-store-0.sqlite"  # rank 0's, as launch checks it
+
+    group = tmp_path / "g.json"
+    launcher = subprocess.Popen([sys.executable, "-m", "svcframe", "launch", str(ROOT / "configs" / "kv.json"),
+                                 "--procs", "2", "--group-file", str(group)], cwd=tmp_path, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    try:
+        assert "2 server(s) ready" in launcher.stderr.readline()
+        members = json.loads(group.read_text())["members"]
+        for rank, member in enumerate(members):
+            config = get_config(member["address"])
+            assert config["providers"][0]["config"]["path"] == f"kv-store-{rank}.sqlite"
+            assert (tmp_path / f"kv-store-{rank}.sqlite").exists()
+    finally:
+        launcher.terminate()
+        assert launcher.wait(timeout=30) == 0
+        assert launcher.stderr is not None
+        launcher.stderr.close()
+
+
 def test_serve_refuses_the_same_problems_with_the_same_lines(tmp_path: Path) -> None:
     """``serve`` runs the check ``config check`` runs: the same problems, the same lines, nothing started."""
     path = tmp_path / "broken.json"

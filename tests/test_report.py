@@ -31,7 +31,9 @@ window.addEventListener("load", () => {
   const im = [...document.images];
   document.documentElement.setAttribute("data-probe", JSON.stringify({
     images: im.length, broken: im.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt),
-    errors: window.__errors, h2: [...document.querySelectorAll("h2")].map(h => h.textContent)}));
+    errors: window.__errors, h2: [...document.querySelectorAll("h2")].map(h => h.textContent),
+    widest: Math.max(...[...document.querySelectorAll("table")].map(t => t.getBoundingClientRect().right)),
+    page: document.documentElement.scrollWidth}));
 });
 </script>"""
 
@@ -60,7 +62,7 @@ def stored(tmp_path_factory):
     for name, metrics, sweep in (("a", ["rpc_rate"], 0), ("b", ["rpc_rate", "bandwidth"], 2)):
         collect(CollectOptions(out=tmp / name, metrics=metrics, duration_seconds=0.2, repeats=1,
                                warmup_iterations=5, bulk_size=64 * 1024, grid_servers=[1], grid_clients=[1, 2],
-                               saturation_depth=2, sweep_max_servers=sweep, store=db))  # fmt: skip
+                               saturation_depth=2, max_clients_per_core=2, sweep_max_servers=sweep, store=db))  # fmt: skip
     return tmp, db
 
 
@@ -131,7 +133,7 @@ def test_page_renders_in_headless_chromium(page, tmp_path) -> None:
     assert browser is not None
     dom = subprocess.run(
         [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000",
-         "--dump-dom", probed.as_uri()],
+         "--window-size=1280,1600", "--dump-dom", probed.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -141,6 +143,8 @@ def test_page_renders_in_headless_chromium(page, tmp_path) -> None:
     assert probe["broken"] == [], f"images that did not decode: {probe['broken']}"
     assert probe["errors"] == [], f"errors in the page: {probe['errors']}"
     assert "Rooflines" in probe["h2"]
+    # every table, "every measurement" among them, fits a 1280 px window: nothing to scroll sideways
+    assert probe["widest"] <= 1280 and probe["page"] <= 1280, probe
     console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], f"console messages: {console}"
 
@@ -179,9 +183,8 @@ def test_summary_says_which_samples_the_model_claims_and_why_others_are_excluded
     assert (
         "rpc_rate: the model claims 1 of 8 validation samples (one process per core or fewer): median error 5%" in text
     )
-    assert (
-        "repeats of Pc and Ps spread 11% and 3%; 7 share cores (up to 2 server and 8 client processes per core" in text
-    )
+    assert "median error 5%; 7 share cores (up to 2 server and 8 client processes per core" in text
+    assert "rpc_rate: repeats spread Pc 11% and Ps 3% (max / min - 1)." in text
     assert "bandwidth: no validation sample fits the cores, so this machine cannot validate the model" in text
     assert "server node 1 core(s) and the client nodes 1" in text
     assert "one process per core (Carns et al. 2025, section 4.3" in text
@@ -200,9 +203,57 @@ def test_verdict_gives_the_claimed_error_when_the_machine_can_validate_the_model
     model = Roofline(METRICS["rpc_rate"], Range(20.0, 20.0), Range(20.0, 20.0), grid).to_dict()
     lines = validity_lines({"rpc_rate": model}, {"nodes": [{"slots": 4}, {"slots": 8}]}, 1.0, 12)
     assert lines[0] == ("rpc_rate: the model claims 2 of 2 validation samples (one process per core or fewer): "
-                        "median error 20%; repeats of Pc and Ps spread 0% and 0%.")  # fmt: skip
+                        "median error 20%.")  # fmt: skip
+    assert lines[1] == "rpc_rate: repeats spread Pc 0% and Ps 0% (max / min - 1)."
     assert (
         lines[-1]
         == "Verdict: the model predicts the samples it claims with a median error of at most 20% (rpc_rate 20%)."
     )
     assert not any(line.startswith("Why excluded") for line in lines)
+
+
+def test_a_lower_bound_is_marked_in_the_tables_and_kept_out_of_the_verdict(capsys, tmp_path) -> None:
+    """A Ps from a server that was not saturated (the clients set the rate) is a lower bound: the tables mark it
+    (and the ridge it moves), say how Pc and Ps were measured, and the verdict does not claim its errors test the
+    model; the other metric's still does."""
+    from selftest.report import collect_summary_json, print_collect_summary, validity_lines
+    from selftest.roofline import METRICS, Range, Roofline, Sample, Saturation
+
+    grid = [Sample(1, 4, 4.5, 0.25, 0.5), Sample(2, 2, 14.0, 0.5, 0.25)]
+    ramp = ({"clients": 2, "depth": 1, "rate": 50.0}, {"clients": 2, "depth": 4, "rate": 60.0},
+            {"clients": 2, "depth": 16, "rate": 60.5})  # fmt: skip
+    low = Saturation(True, "the server used 31% of its core, the clients used 98% of their cores: the clients, not "
+                     "the server, set the rate", 0.31, 0.98, ramp=ramp)  # fmt: skip
+    pc = Saturation(False, "the client used 60% of its core, the server used 40% of its core", 0.4, 0.6)
+    metrics = {
+        "rpc_rate": Roofline(METRICS["rpc_rate"], Range(20.0, 20.0), Range(20.0, 20.0), grid, pc, low).to_dict(),
+        "bandwidth": Roofline(
+            METRICS["bandwidth"],
+            Range(0.5, 0.55),
+            Range(0.44, 0.45),
+            [Sample(1, 4, 0.1, 0.25, 0.5), Sample(2, 2, 0.4, 0.5, 0.25)],
+        ).to_dict(),
+    }
+    nodes = {"nodes": [{"name": "local0", "slots": 4}, {"name": "local1", "slots": 8}]}
+    lines = validity_lines(metrics, nodes, 1.0, 12)
+    assert (
+        "rpc_rate: Ps 20 ops/s is a lower bound: the server used 31% of its core, the clients used 98% of their "
+        "cores: the clients, not the server, set the rate." in lines
+    )
+    assert lines[-1] == ("Verdict: the model predicts the samples it claims with a median error of at most 11% "
+                         "(bandwidth 11%); rpc_rate's Ps is a lower bound (measured short of saturation, see above): "
+                         "the ceiling drawn from it lies too low, so the errors against it do not test the model.")  # fmt: skip
+    print_collect_summary({"metrics": metrics, "nodes": nodes, "wall_seconds": 1.0, "measurement_seconds": 0.5},
+                          tmp_path)  # fmt: skip
+    text = capsys.readouterr().out
+    (row,) = [ln for ln in text.splitlines() if ln.startswith("rpc_rate ") and "ops/s" in ln]
+    assert row.split() == ["rpc_rate", "20", "ops/s", "≥", "20", "ops/s", "≤", "1"]
+    (bw,) = [ln for ln in text.splitlines() if ln.startswith("bandwidth ") and "GiB/s" in ln]
+    assert "0.500-0.550 GiB/s" in bw and "0.440-0.450 GiB/s" in bw and "MiB/s" not in text  # one unit: the plot's
+    (ps_row,) = [ln for ln in text.splitlines() if ln.startswith("rpc_rate ") and " Ps " in ln]
+    assert ps_row.split() == ["rpc_rate", "Ps", "2", "clients", "x", "16", "calls", "(of", "3", "loads)", "31%",
+                              "98%", "lower", "bound"]  # fmt: skip
+    summary = collect_summary_json({"metrics": metrics, "nodes": nodes}, tmp_path)["metrics"]
+    assert summary["rpc_rate"]["ps"]["lower_bound"] is True and summary["rpc_rate"]["pc"]["lower_bound"] is False
+    assert summary["rpc_rate"]["ps_saturation"]["reason"].startswith("the server used 31%")
+    assert summary["bandwidth"]["ps"]["lower_bound"] is False and summary["bandwidth"]["ps_saturation"] is None

@@ -20,6 +20,7 @@ from selftest.roofline import (
     Range,
     Roofline,
     Sample,
+    Saturation,
     combine_scores,
     plot,
 )
@@ -252,11 +253,55 @@ def test_json_round_trip() -> None:
     )
     text = json.dumps(rl.to_dict(), allow_nan=False)
     doc = json.loads(text)
-    assert doc["ridge"] == {"min": 1.0, "max": 1.0}
+    assert doc["ridge"] == {"min": 1.0, "max": 1.0, "relation": "="}
     assert doc["scores"]["overall"]["count"] == 3
+    assert doc["pc_saturation"] is None and doc["ps_saturation"] is None  # not recorded: nothing claimed
     back = Roofline.from_dict(doc)
     assert back == rl
     assert back.to_dict() == doc
+
+
+def test_a_lower_bound_travels_with_the_model_and_moves_its_ridge() -> None:
+    """A Ps from a server that was not saturated (Carns et al. 2025, section 4.3: Ps is a saturated server's rate)
+    is a lower bound: the true ridge X* = Pc / Ps lies left of the one drawn; a Pc that is one moves it right."""
+    ramp = ({"clients": 2, "depth": 1, "rate": 9e4}, {"clients": 2, "depth": 4, "rate": 9.1e4})
+    low = Saturation(True, "the clients set the rate", 0.3, 0.97, 0.35, 1.4, 0.02, ramp)
+    fine = Saturation(False, "the client's round trip set the rate", 0.4, 0.6)
+    same = Range(16_000.0, 18_000.0)
+    rl = Roofline(METRICS["rpc_rate"], Range(16_000.0, 18_000.0), Range(45_000.0, 45_500.0),
+                  [Sample(1, 1, 20_700.0, pc_configuration=same), Sample(1, 8, 5_000.0)], fine, low)  # fmt: skip
+    doc = json.loads(json.dumps(rl.to_dict(), allow_nan=False))
+    assert doc["ps_saturation"]["lower_bound"] is True and doc["ps_saturation"]["ramp"] == [dict(r) for r in ramp]
+    back = Roofline.from_dict(doc)
+    assert back == rl and back.ps_lower_bound and not back.pc_lower_bound
+    assert back.ridge_relation == "<="
+    assert Roofline(rl.metric, rl.pc, rl.ps, [], low, fine).ridge_relation == ">="
+    assert Roofline(rl.metric, rl.pc, rl.ps, [], low, low).ridge_relation == "?"
+    assert Roofline(rl.metric, rl.pc, rl.ps, [], fine, fine).ridge_relation == "="
+    assert back.samples[0].pc_difference == pytest.approx(0.15)  # 20.7 k against Pc 16-18 k: +15%
+    assert back.samples[1].pc_difference is None
+    findings = back.findings()
+    assert findings[0] == "Ps 45-45.5 k ops/s is a lower bound: the clients set the rate"
+    assert "repeats spread Pc 12% and Ps 1% (max / min - 1)" in findings
+    assert ("the 1x1 sample repeats Pc's configuration: 20.7 k ops/s against Pc 16-18 k ops/s, +15% against its range"
+            in findings)  # fmt: skip
+    assert findings[-1] == "1 of 2 samples above the max ceiling (up to +15%), client-bound"
+    twice = Roofline(rl.metric, rl.pc, rl.ps, [Sample(1, 1, 8_000.0, pc_configuration=same),
+                     Sample(1, 1, 17_000.0, pc_configuration=same)], fine, fine).findings()  # fmt: skip
+    assert [f for f in twice if "Pc's configuration" in f] == [  # one configuration, one sentence
+        "the 1x1 samples (2) repeat Pc's configuration, Pc 16-18 k ops/s: 8 k ops/s, -50% against its range; "
+        "17 k ops/s, within its range"]  # fmt: skip
+    above = Roofline(rl.metric, rl.pc, rl.ps, [Sample(1, 8, 9_000.0)], fine, low).findings()[-1]
+    assert above == ("1 of 1 samples above the max ceiling (up to +58%), server-bound, where the ceiling is Ps·X and "
+                     "Ps is a lower bound")  # fmt: skip
+    contended = Saturation(False, "saturated", 1.0, 0.5, 1.6, 0.6, 0.4, ramp)
+    worded = Roofline(rl.metric, rl.pc, rl.ps, [], fine, contended).findings()
+    assert ("Ps was measured under contention: its server waited for a core 40% of the time they were ready to run "
+            "(other processes had it)") in worded  # fmt: skip
+    with pytest.raises(ValueError, match="server_utilization"):
+        Saturation(True, "x", server_utilization=float("nan"))
+    with pytest.raises(ValueError, match="a saturation is"):
+        Saturation.from_dict({"reason": "no lower_bound"})
 
 
 def test_from_dict_hand_written_document() -> None:
@@ -366,7 +411,7 @@ def test_platform_load_of_a_file_that_is_not_json(tmp_path: Path) -> None:
 
 
 def test_the_models_work_on_json_files_alone_without_the_engine(tmp_path: Path) -> None:
-    # a fresh interpreter: every model and a plot on JSON files, and not one svcframe module imported (no engine)
+    # a fresh interpreter: every model and a plot on JSON files, and no svcframe module but its notation (no engine)
     doc = platform_doc({"rpc_rate": (20.0, 80.0), "bandwidth": (2.0, 1.0), "storage_iops": (3.0, 6.0),
                         "storage_bandwidth": (0.5, 0.25)})  # fmt: skip
     (tmp_path / "platform.json").write_text(json.dumps(doc))
@@ -397,5 +442,7 @@ print(json.dumps(out))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     out = json.loads(proc.stdout)
-    assert out == {"place": pytest.approx(4.0), "io": ["network", "storage"], "workflow": 8, "svcframe": []}
+    # of svcframe, the figure notation alone (svcframe.units: pure functions, so tables and plots read alike)
+    assert out == {"place": pytest.approx(4.0), "io": ["network", "storage"], "workflow": 8,
+                   "svcframe": ["svcframe", "svcframe.units"]}  # fmt: skip
     assert_png(tmp_path / "placed.png")

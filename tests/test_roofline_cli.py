@@ -236,7 +236,12 @@ def test_io_rooflines_with_workloads_counts_and_samples(store: tuple[Path, int],
     assert network["ridge_intensity_ops_per_byte"] == pytest.approx(40_000 / (0.5 * 2**30))
     assert storage["psi_ops_per_second"] == 8_000
     first = next(cells(line) for line in out.splitlines() if line.startswith("network "))
-    assert first[1:5] == ["40 k ops/s", "512 MiB/s", f"{40_000 / 2**29:.3g}", "13.1 KiB"]  # psi, kappa, ridge
+    assert first[1:5] == [
+        "40 k ops/s",
+        "0.500 GiB/s",
+        f"{40_000 / 2**29:.3g}",
+        "13.1 KiB",
+    ]  # psi, kappa (GiB/s, as plotted), ridge
     (kv_point,) = doc["points"]["network"]
     result = json.loads(put1.read_text())
     assert kv_point["label"] == "kv put 1x1 (put-1x1)"

@@ -127,6 +127,7 @@ def test_placement_end_to_end_real_collection_and_real_selftest_run(tmp_path: Pa
     config = SELFTEST_CONFIG
     doc = collect(CollectOptions(out=tmp_path / "rl", duration_seconds=0.2, repeats=1, warmup_iterations=5,
                                  grid_servers=[1], grid_clients=[1], sweep_max_servers=0, saturation_depth=2,
+                                 max_clients_per_core=2,
                                  store=tmp_path / "r.sqlite"))  # fmt: skip
     with ResultsStore(tmp_path / "r.sqlite") as store:
         run = store.run(doc["run_id"])

@@ -48,6 +48,28 @@ def _check_consistent(results: dict, params: SelftestParams, n_servers: int) -> 
         assert results["environment"][key]
 
 
+def test_one_client_on_two_servers_counts_the_server_that_served(servers) -> None:
+    """``selftest run --clients 1`` on 2 servers: the idle server is not counted in the rate per server, nor in
+    the service ratio a placement reads (X = 1 server that served / 1 client, not 2)."""
+    from selftest.roofline import Workload
+
+    params = SelftestParams(clients=1, duration_seconds=0.3, warmup_iterations=5)
+    results = run_selftest(params, servers)
+    _check_consistent(results, params, 1)
+    agg = results["aggregate"]
+    assert [s["clients"] for s in results["servers"]] == [1, 0] and agg["servers_serving"] == 1
+    assert agg["rate_per_server_ops_per_second"] == pytest.approx(agg["rate_ops_per_second"])
+    assert agg["server_utilization"] == results["servers"][0]["utilization"]  # over the server that served
+    (point,) = Workload.from_selftest_results(results).points
+    assert (point.servers, point.clients, point.service_ratio) == (1, 1, 1.0)
+    # each side's CPU: what it used, and (Linux keeps scheduler statistics) what it wanted, ran or waited for
+    (client,) = results["clients"]
+    assert 0 < client["utilization"] <= 1.05 and agg["client_utilization"] == client["utilization"]
+    if results["servers"][0]["demand"] is not None:
+        assert client["demand"] >= client["utilization"] * 0.9 and agg["server_demand"] > 0
+        assert agg["client_runqueue_wait_seconds"] >= 0 and agg["server_runqueue_wait_seconds"] >= 0
+
+
 def test_noop_two_clients_two_servers(servers) -> None:
     params = SelftestParams(clients=2, duration_seconds=0.5, warmup_iterations=5, timeline_interval_seconds=0.1)
     results = run_selftest(params, servers)
@@ -116,7 +138,7 @@ def test_collect_small_suite_writes_plots_and_model(tmp_path) -> None:
     )  # fmt: skip
     steps: list[str] = []
     doc = collect(opts, lambda desc, i, n: steps.append(desc))
-    assert len(steps) == len(plan(opts))
+    assert len(steps) == len(doc["runs"]) <= len(plan(opts))  # ramp loads past the rate's plateau are skipped
     for metric in ("rpc_rate", "bandwidth"):
         png = (tmp_path / "rl" / f"{metric}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -127,7 +149,11 @@ def test_collect_small_suite_writes_plots_and_model(tmp_path) -> None:
         assert model["ridge"]["max"] == pytest.approx(ridge)
     saved = json.loads((tmp_path / "rl" / "roofline.json").read_text())
     assert saved["metrics"].keys() == {"rpc_rate", "bandwidth"}
-    assert len(list((tmp_path / "rl" / "runs").glob("*.json"))) == len(plan(opts))
+    assert len(list((tmp_path / "rl" / "runs").glob("*.json"))) == len(doc["runs"])
+    for metric in ("rpc_rate", "bandwidth"):  # Ps says how it was measured, and whether it is a lower bound
+        saturation = saved["metrics"][metric]["ps_saturation"]
+        assert saturation["ramp"] and isinstance(saturation["lower_bound"], bool) and saturation["reason"]
+        assert saved["metrics"][metric]["pc_saturation"]["server_utilization"] is not None
     assert 0 < saved["measurement_seconds"] < saved["wall_seconds"]
 
 
@@ -157,3 +183,27 @@ def test_quickstart_custom_provider(tmp_path) -> None:
             launcher.kill()
             launcher.wait()
         launcher.stderr.close()
+
+
+@pytest.mark.asyncio
+async def test_calls_in_flight_at_once_each_reuse_a_buffer_of_their_own() -> None:
+    """Quintain's poolset: 8 bulk pulls in flight at once take 8 server buffers, and the next 8 reuse them (a
+    loaded server measured page faults when one buffer per size was kept and the others were made anew)."""
+    import asyncio
+
+    from svcframe.testing import ProviderFor
+
+    size = 256 * 1024
+    kit = ProviderFor("selftest", library="selftest.provider")
+    async with kit as handle:
+        assert kit.server is not None and kit.client is not None
+        (provider,) = kit.server.providers.values()
+        exposed = kit.client.expose(bytearray(size), "r")
+
+        async def round_of(n: int) -> set[int]:
+            await asyncio.gather(*(handle.call("work", [0, "pull", exposed.to_wire(), b""]) for _ in range(n)))
+            return {id(buf) for buf in provider._buffers[size]}
+
+        first = await round_of(8)
+        assert len(first) == 8
+        assert await round_of(8) == first  # the same buffers, none made anew

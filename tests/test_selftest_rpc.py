@@ -203,8 +203,9 @@ def test_cli_rpc_run_with_a_generator_in_the_current_directory(kv: tuple[str, Pa
          "cannot import nosuch_mod: ModuleNotFoundError"),
         (["--rpc", "1:put", "--arg", "{bad"], "svcframe: error: cannot read --arg ('{bad'): Expecting property"),
         (["--rpc", "1:put", "--arg-option", "novalue"], "svcframe: error: --arg-option 'novalue': expected KEY=VALUE"),
-        (["--rpc", "1:put", "--arg", '{"key": "k", "value": "text"}'],
-         "svcframe: error: clients did not finish warm-up: client 0 failed: remote TypeError: 'value' must be bytes"),
+        (["--rpc", "1:put", "--arg", '{"key": "k", "value": 5}'],
+         "svcframe: error: clients did not finish warm-up: client 0 failed: remote TypeError: 'value' must be bytes "
+         "or str, not int"),
         (["--workload", "noop", "--rpc", "1:put"], "svcframe: error: selftest parameters: (top level): the rpc "
          "workload needs rpc"),
     ],

@@ -1,7 +1,9 @@
-"""Every view of a server's statistics tells the same, exact call count: after a self-test
-of N calls run through the CLI, ``svcframe monitor`` (one snapshot, in a pipe and as JSON), ``svcframe stats
-diagnose``, ``svcframe stats dump`` (JSON and Prometheus ``calls_total``), the admin ``statistics`` RPC and the
-diagnosis the self-test prints all report N ``work`` calls, N being the self-test's own count."""
+"""Every view of a server's statistics tells the same, exact call count: after a self-test of N timed calls (and
+W warm-up calls) run through the CLI, ``svcframe monitor`` (one snapshot, in a pipe and as JSON), ``svcframe stats
+diagnose``, ``svcframe stats dump`` (JSON and Prometheus ``calls_total``) and the admin ``statistics`` RPC all
+report the ``work`` calls they counted before, plus W + N; the diagnosis the self-test prints reports N, its timed
+window. Measuring the live service changed nothing its users see: the statistics were never reset (their
+``since`` is unchanged) and no counter went down."""
 
 from __future__ import annotations
 
@@ -44,17 +46,34 @@ def _work_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+async def _statistics(server: str) -> dict[str, Any]:
+    async with Engine(None, secret=b"svcframe-test-secret") as engine:
+        return await ServiceHandle(engine, server).statistics()
+
+
+def _work_calls(stats: dict[str, Any]) -> int:
+    return sum(r["calls"] for r in stats["rpcs"]["target"] if r["rpc"] == "work")
+
+
 def test_every_view_reports_the_selftests_call_count(server: str, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
+    svcframe("selftest", "run", "-t", server, "--clients", "1", "--duration-seconds", "0.2")  # an earlier user's
+    before = run(_statistics(server))
     printed = svcframe("selftest", "run", "-t", server, "--clients", "2", "--duration-seconds", "0.5", "-o", str(out))
     results = json.loads(out.read_text())
     n = results["aggregate"]["ops"]
     assert n == sum(c["ops"] for c in results["clients"]) > 100
-    # the diagnosis the self-test printed: exact calls, and not the tool's own statistics call
+    total = _work_calls(before) + results["aggregate"]["warmup_ops"] + n  # what every view now counts
+    assert _work_calls(before) > 0 and results["aggregate"]["warmup_ops"] == 2 * 10
+    # the diagnosis the self-test printed: exact calls of its timed window, and not the tool's own statistics call
     assert re.search(rf"target: work\[1\] from \S+: {n:,} calls, \d+% of target time", printed), printed
     (diagnosis,) = results["diagnosis"].values()
     assert [f["calls"] for f in diagnosis["findings"] if f["callpath"] == "work[1]"] == [n]
     assert all(f["callpath"] != "statistics[0]" for f in diagnosis["findings"])
+    after = run(_statistics(server))
+    assert after["rpcs"]["since"] == before["rpcs"]["since"]  # never reset: the service's users see no change
+    assert _work_calls(after) == total
+    n = total  # the views below count every call since the server started
 
     # monitor, one snapshot: as JSON lines, and as the table a pipe gets
     (line,) = svcframe("monitor", server, "--count", "1", "--json").splitlines()
@@ -85,8 +104,4 @@ def test_every_view_reports_the_selftests_call_count(server: str, tmp_path: Path
     assert dumped["rpcs"]["timing_sample_every"] == 16 and dumped["rpcs"]["always_timed"] == 64
 
     # the admin statistics RPC itself
-    async def rpc() -> dict[str, Any]:
-        async with Engine(None, secret=b"svcframe-test-secret") as engine:
-            return await ServiceHandle(engine, server).statistics()
-
-    assert _work_row(run(rpc())["rpcs"]["target"])["calls"] == n
+    assert _work_row(run(_statistics(server))["rpcs"]["target"])["calls"] == n

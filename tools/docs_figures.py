@@ -111,6 +111,10 @@ def snippet(record: dict[str, Any]) -> str:
     docs/snippets/figures.md is what docs/images/figures.json gives)."""
     from svcframe.units import quantity_range
 
+    def ceiling(p: dict[str, Any], unit: str) -> str:  # a bandwidth in its own unit (as the plots); >= a lower bound
+        text = quantity_range(p["min"], p["max"], unit, keep_unit=unit.endswith("iB/s"))
+        return f"≥ {text}" if p.get("lower_bound") else text
+
     m, s = record["machine"], record["software"]
     rows = [
         ("made", f"{record['made']} by `python tools/docs_figures.py` ({record['wall_seconds']:.0f} s)"),
@@ -119,17 +123,24 @@ def snippet(record: dict[str, Any]) -> str:
         ("software", f"svcframe {s['svcframe']} (commit {s['commit']}), Python {m['python']}"),
     ]  # fmt: skip
     for name, p in record["parameters"].items():
-        pc = quantity_range(p["pc"]["min"], p["pc"]["max"], p["unit"])
-        ps = quantity_range(p["ps"]["min"], p["ps"]["max"], p["unit"])
-        rows.append((f"`{name}`", f"`Pc` {pc}, `Ps` {ps} per process; ridge `X*` {p['ridge']:.3g}"))
+        pc, ps = ceiling(p["pc"], p["unit"]), ceiling(p["ps"], p["unit"])
+        relation = {"<=": "≤ ", ">=": "≥ ", "?": "? "}.get(p.get("ridge_relation", "="), "")
+        rows.append((f"`{name}`", f"`Pc` {pc}, `Ps` {ps} per process; ridge `X*` {relation}{p['ridge']:.3g}"))
     rows.append(("commands", "<br>".join(f"`{c}`" for c in record["commands"])))
     return "\n".join(["| the run | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]) + "\n"
 
 
 def measured(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each metric's unit, Pc and Ps (min and max) and ridge (of the max ceiling) from ``roofline collect --json``."""
+    """Each metric's unit, Pc and Ps (min, max, and whether each is a lower bound) and ridge (of the max ceiling, and
+    how the true one relates to it) from ``roofline collect --json``."""
     return {
-        name: {"unit": metric["unit"], "pc": metric["pc"], "ps": metric["ps"], "ridge": metric["ridge"]["max"]}
+        name: {
+            "unit": metric["unit"],
+            "pc": metric["pc"],
+            "ps": metric["ps"],
+            "ridge": metric["ridge"]["max"],
+            "ridge_relation": metric["ridge"].get("relation", "="),
+        }
         for name, metric in summary["metrics"].items()
     }
 

@@ -4,11 +4,10 @@ command line, registered in pyproject.toml's ``svcframe.cli`` entry points)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from svcframe.cli.common import StepProgress, echo_json, json_option, output_path
+from svcframe.cli.common import StepProgress, echo_json, json_option, output_path, write_output
 
 from ..bench import WORKLOAD_GROUPS, WORKLOADS
 
@@ -36,8 +35,7 @@ def bench(quick: bool, seconds: float, workloads: tuple[str, ...], output: str, 
     with StepProgress("bench", len(bench_steps(opts.workloads))) as progress:
         result = run_bench(opts, lambda description, done, total: progress.step(description, done))
         progress.finish()
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(json.dumps(result, indent=2))
+    write_output(output, json.dumps(result, indent=2), "the benchmark's results")
     if as_json:
         echo_json(result)
         return

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import echo_json, fail, json_option, output_path
+from svcframe.cli.common import echo_json, fail, json_option, output_path, writable, write_output
 from svcframe.errors import SvcframeError
 
 from ..plotting import PlottingUnavailable
@@ -78,18 +78,20 @@ def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: 
     --json: {"run": ID, "service", "platform", "history": [IDs], "rows": [{"quantity", "unit", "value", "count",
     "min", "q1", "median", "q3", "max", "percentile", "verdict"}, ...], "plot": PATH}."""
     from ..report import print_comparison
-    from ..store import compare, plot_history
+    from ..store import compare, history_png
 
     try:
         with open_store(store_path or ctx.obj.get("store_path")) as st:
             run = st.run(run_ref, with_samples=False)
             hist = [h for h in st.history(run["id"]) if h["id"] != run["id"] and h["created"] <= run["created"]]
         rows = compare(run, hist)
-        dest = Path(out) if out else Path("out/history") / f"run-{run['id']}.png"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        png = plot_history(run, hist, dest)
+        image = history_png(run, hist)
     except (SvcframeError, PlottingUnavailable) as exc:
         fail(str(exc))
+    dest = Path(out) if out else Path("out/history") / f"run-{run['id']}.png"
+    if out is None and (problem := writable(dest)) is not None:
+        fail(problem)
+    png = write_output(dest, image, "the plot")
     if as_json:
         echo_json({"run": run["id"], "service": run["service"], "platform": run["platform"],
                    "history": [h["id"] for h in hist], "rows": rows, "plot": str(png)})  # fmt: skip
@@ -105,15 +107,17 @@ def history_show(ctx: click.Context, run_ref: str, store_path: str | None, out: 
               help="HTML file (default: out/report/run-ID.html).")  # fmt: skip
 def report(run_ref: str, store_path: str | None, out: str | None) -> None:
     """Write one self-contained HTML page of a run from the results store: every plot and table."""
-    from ..report import write_report
+    from ..report import report_html
 
     try:
         with open_store(store_path) as st:
             run = st.run(run_ref)
             hist = [h for h in st.history(run["id"]) if h["id"] != run["id"] and h["created"] <= run["created"]]
         dest = Path(out) if out else Path("out/report") / f"run-{run['id']}.html"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        write_report(run, hist, dest)
+        if out is None and (problem := writable(dest)) is not None:
+            fail(problem)
+        text = report_html(run, hist)
     except (SvcframeError, PlottingUnavailable) as exc:
         fail(str(exc))
+    write_output(dest, text, "the report")
     click.echo(f"report: {dest}")

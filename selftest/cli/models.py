@@ -39,6 +39,8 @@ from svcframe.cli.common import (
     quantity,
     ranks_option,
     read_secret,
+    writable,
+    write_output,
 )
 from svcframe.errors import SvcframeError
 
@@ -87,10 +89,14 @@ def load_platform(ref: str, store_path: str | None) -> tuple[Any, int | None]:
 
 
 def out_dir(out: str | None, as_json: bool, default: str) -> Path | None:
+    """The directory the command writes in (``-o``, else ``default``; None with ``--json`` and no ``-o``), checked
+    before it computes anything (a user error names what is wrong)."""
     if out is None and as_json:
         return None
     path = Path(out or default)
-    path.mkdir(parents=True, exist_ok=True)
+    problem = writable(path, directory=True)
+    if problem is not None:
+        fail(problem)
     return path
 
 
@@ -123,8 +129,19 @@ def workload_from_files(files: Sequence[str], name: str | None) -> Any:
 
 
 def write_json(path: Path, doc: Any) -> Path:
-    path.write_text(json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n")
-    return path
+    """``doc`` as indented JSON in ``path`` (a late failure keeps it in a temporary file: ``write_output``)."""
+    return write_output(path, json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n", f"{path.name}'s data")
+
+
+def draw(plot: Callable[[], Path], path: Path, written: Sequence[Path]) -> Path:
+    """``plot()`` (which writes ``path``): a user error when matplotlib is missing or the file cannot be written,
+    naming what was written already."""
+    try:
+        return plot()
+    except PlottingUnavailable as exc:
+        fail(f"{exc}: {', '.join(map(str, written))}")
+    except OSError as exc:
+        fail(f"cannot write {path} ({exc.strerror or exc}); written: {', '.join(map(str, written)) or 'nothing'}")
 
 
 # -- place ----------------------------------------------------------------------------------------------------------
@@ -177,18 +194,16 @@ def place_command(
     except ValueError as exc:
         fail(str(exc))
     dest = out_dir(out, as_json, "out/placement")
+    kept = None
+    if run_id is not None and not no_store:  # kept with the run first: a file that cannot be written loses nothing
+        with open_store(store_path) as st:
+            kept = (st.add_placement(run_id, placement), st.path)
     written = []
     if dest is not None:
         written = [write_json(dest / "workload.json", workload.model_dump(mode="json")),
                    write_json(dest / "placement.json", placement)]  # fmt: skip
-        try:
-            written.insert(0, plot_placement(platform, placement, dest / "placement.png"))
-        except PlottingUnavailable as exc:
-            fail(f"{exc}: {', '.join(map(str, written))}")
-    kept = None
-    if run_id is not None and not no_store:
-        with open_store(store_path) as st:
-            kept = (st.add_placement(run_id, placement), st.path)
+        png = dest / "placement.png"
+        written.insert(0, draw(lambda: plot_placement(platform, placement, png), png, written))
     if as_json:
         echo_json(placement)
         return
@@ -310,7 +325,7 @@ def io_command(
     10-12). FILES (self-test --rpc results, workload JSON) go on the network roofline at 1 / bytes per call.
     """
     from ..roofline import IOPoint, io_rooflines
-    from ..roofline.io import validation_points
+    from ..roofline.io import IO_METRICS, validation_points
     from ..roofline.placement import io_points
     from ..roofline.plots import plot_io
     from ..roofline.scores import combine_scores
@@ -322,7 +337,10 @@ def io_command(
         fail(f"{platform.label}: the model has no metric pair of an I/O roofline (storage: storage_iops and "
              f"storage_bandwidth; network: rpc_rate and bandwidth)")  # fmt: skip
     points: dict[str, list[Any]] = {name: [] for name in rooflines}
-    notes = []
+    # psi and kappa are the platform's Ps (server side) or Pc (client side): said when they are lower bounds
+    notes = platform.lower_bounds(
+        [m for name in rooflines for m in IO_METRICS[name]], ["Ps" if side == "server" else "Pc"]
+    )
     if files and "network" not in rooflines:
         fail(f"{platform.label}: the model has no network I/O roofline (rpc_rate and bandwidth) for FILES")
     for f, workload in workloads:  # several RPCs may share the roofline
@@ -363,14 +381,17 @@ def io_command(
     written = []
     if dest is not None:
         written.append(write_json(dest / "io.json", doc))
-        try:
-            written.insert(0, plot_io(list(rooflines.values()), dest / "io.png", points))
-        except PlottingUnavailable as exc:
-            fail(f"{exc}: {written[0]}")
+        png = dest / "io.png"
+        written.insert(0, draw(lambda: plot_io(list(rooflines.values()), png, points), png, written))
     if as_json:
         echo_json(doc)
         return
     _print_io(doc, written)
+
+
+def _gib(bytes_per_second: float) -> str:
+    # a bandwidth in GiB/s, as the plots and the collect tables show one (never rescaled to MiB/s)
+    return quantity(bytes_per_second / 2**30, "GiB/s", keep_unit=True)
 
 
 def _print_io(doc: dict[str, Any], written: Sequence[Path]) -> None:
@@ -378,9 +399,8 @@ def _print_io(doc: dict[str, Any], written: Sequence[Path]) -> None:
     rows: list[tuple[str, ...]] = []
     for name, rl in doc["rooflines"].items():
         ridge = rl["ridge_intensity_ops_per_byte"]
-        rows.append((name, quantity(rl["psi_ops_per_second"], "ops/s"), quantity(rl["kappa_bytes_per_second"], "B/s"),
-                     f"{ridge:.3g}", quantity(1 / ridge, "B"),
-                     quantity(rl["system_score_bandwidth_bytes_per_second"], "B/s")))  # fmt: skip
+        rows.append((name, quantity(rl["psi_ops_per_second"], "ops/s"), _gib(rl["kappa_bytes_per_second"]),
+                     f"{ridge:.3g}", quantity(1 / ridge, "B"), _gib(rl["system_score_bandwidth_bytes_per_second"])))  # fmt: skip
     columns = ("roofline", "psi", "kappa", "ridge ops/B", "1 op per", "bandwidth score")
     print_table(columns, rows, numeric=columns[1:], console=console,
                 title=f"I/O rooflines (Zhu & Neuwirth eq. 3) of {doc['platform']}, per {doc['side']} process, "
@@ -487,10 +507,8 @@ def workflow_command(
     written = []
     if dest is not None:
         written.append(write_json(dest / "workflow.json", analysis))
-        try:
-            written.insert(0, plot_workflow(roofline, dest / "workflow.png", analysis["runs"]))
-        except PlottingUnavailable as exc:
-            fail(f"{exc}: {written[0]}")
+        png = dest / "workflow.png"
+        written.insert(0, draw(lambda: plot_workflow(roofline, png, analysis["runs"]), png, written))
     if as_json:
         echo_json(analysis)
         return
@@ -549,5 +567,6 @@ def _print_workflow(analysis: dict[str, Any], written: Sequence[Path]) -> None:
         lines.append(f"run {r['label']}: {r['parallel_tasks']} parallel, {quantity(r['tasks_per_second'], 'tasks/s')} "
                      f"against a roof of {quantity(r['attainable_tasks_per_second'], 'tasks/s')} ({r['headroom']:.3g}x "
                      f"headroom), {r['bound_kind']}-bound{wall}{zone}")  # fmt: skip
+    lines += [f"note: {note}" for note in analysis.get("notes") or []]
     lines += [f"{'plot' if path.suffix == '.png' else 'json'}: {path}" for path in written]
     print_lines(*lines, console=console)

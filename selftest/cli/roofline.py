@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from svcframe.cli.common import StepProgress, echo_json, fail, int_list, json_option, output_path
+from svcframe.cli.common import StepProgress, echo_json, fail, int_list, json_option, output_path, writable
 from svcframe.config import load_config
 from svcframe.errors import SvcframeError
 
@@ -50,6 +50,10 @@ def roofline() -> None:
               type=click.Choice(ALL_METRICS),
               help="Metric to measure (repeatable; default all four).")  # fmt: skip
 @click.option("--bulk-size", type=click.IntRange(min=1), default=1024 * 1024, show_default=True)
+@click.option("--saturation-depth", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Ps: the load ramp's most calls in flight per client process (from 1, 4x a step).")  # fmt: skip
+@click.option("--max-clients-per-core", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Ps: the load ramp's most client processes per client-node core (from 2, doubling).")  # fmt: skip
 @click.option("--grid-servers", default="1,2", show_default=True, callback=int_list)
 @click.option("--grid-clients", default="1,2,4,8", show_default=True, callback=int_list)
 @click.option("--sweep-max-servers", type=click.IntRange(min=0), default=None,
@@ -88,21 +92,25 @@ def roofline() -> None:
 @json_option
 def roofline_collect(
     out: str, config_file: str | None, duration_seconds: float, repeats: int, paper: bool, metrics: tuple[str, ...],
-    bulk_size: int, grid_servers: list[int], grid_clients: list[int], sweep_max_servers: int | None,
+    bulk_size: int, saturation_depth: int, max_clients_per_core: int, grid_servers: list[int],
+    grid_clients: list[int], sweep_max_servers: int | None,
     storage_dir: str | None, storage_block_size: int, storage_bandwidth_block_size: int, storage_op: str,
     storage_fsync: bool,
     service: str | None, platform_name: str | None, weights: tuple[str, ...], nodes_spec: str | None,
     hostfile: str | None, launcher: str, grid_server_nodes: list[int] | None, grid_client_nodes: list[int] | None,
     coordinator_host: str | None, store_path: str | None, no_store: bool, resume: str | None, as_json: bool,
 ) -> None:  # fmt: skip
-    """Run the whole suite over a node set: launch, Pc over every pair of nodes, Ps, server sweep, validation
-    grid, teardown; write plots + JSON and record the run in the results store. Ctrl-C stops cleanly;
-    --resume continues. On a cluster: inside salloc/sbatch (--launcher srun) or with --hostfile (mpiexec).
+    """Run the whole suite over a node set: launch, Pc over every pair of nodes, the load ramp that saturates the
+    server node, Ps under its load, server sweep, validation grid, teardown; write plots + JSON and record the run
+    in the results store. A Pc or Ps measured short of its definition is marked a lower bound, with what was
+    measured (CPU of servers and clients, the ramp). Ctrl-C stops cleanly; --resume continues. On a cluster:
+    inside salloc/sbatch (--launcher srun) or with --hostfile (mpiexec).
 
     Progress goes to stderr: a bar on a terminal, one line per measurement in a pipe or a log. --json prints
     the summary as one JSON document: {"kind": "svcframe-roofline-summary", "run_id", "store", "metrics": {NAME:
-    {"unit", "parameters", "pc", "ps", "ridge", "scores", "above_ceiling", "plot"}}, "combined_score", "weights",
-    "validity", "overhead", "model", "sweep_plot"} (the whole model is in the roofline.json it names)."""
+    {"unit", "parameters", "pc", "ps" (each with "lower_bound"), "pc_saturation", "ps_saturation", "ridge",
+    "scores", "above_ceiling", "findings", "plot"}}, "combined_score", "weights", "validity", "overhead", "model",
+    "sweep_plot"} (the whole model is in the roofline.json it names)."""
     from .. import SELFTEST_CONFIG
     from ..collect import CollectOptions, collect, plan
     from ..report import collect_summary_json, print_collect_summary
@@ -133,7 +141,8 @@ def roofline_collect(
         opts = CollectOptions(
             out=Path(out), config=Path(config_file) if config_file else SELFTEST_CONFIG,
             metrics=list(metrics) or list(ALL_METRICS), duration_seconds=duration_seconds, repeats=repeats,
-            bulk_size=bulk_size, grid_servers=grid_servers,
+            bulk_size=bulk_size, saturation_depth=saturation_depth, max_clients_per_core=max_clients_per_core,
+            grid_servers=grid_servers,
             grid_clients=grid_clients, sweep_max_servers=sweep_max_servers,
             storage_dir=Path(storage_dir) if storage_dir else None, storage_block_size=storage_block_size,
             storage_bandwidth_block_size=storage_bandwidth_block_size, storage_op=storage_op,
@@ -180,6 +189,13 @@ def roofline_collect(
         echo_json(collect_summary_json(doc, Path(opts.out)))
     else:
         print_collect_summary(doc, Path(opts.out))
+    if doc.get("unwritten"):  # the disk filled or the directory went away during the run: nothing is lost
+        where = (
+            [f"run {doc['run_id']} in {doc['store']} (svcframe report {doc['run_id']})"] if doc.get("run_id") else []
+        )
+        where += [f"the model in {doc['kept']}"] if doc.get("kept") else []
+        fail(f"cannot write {len(doc['unwritten'])} file(s), first {doc['unwritten'][0]}; the measurements are kept: "
+             f"{'; '.join(where) or 'the summary above'}")  # fmt: skip
 
 
 @roofline.command("plot")
@@ -199,13 +215,16 @@ def roofline_plot(model: str, out: str | None) -> None:
         fail(f"{model} is not a roofline model (the roofline.json of `svcframe roofline collect`)"
               + (f"; it is a {kind} document" if kind else ""), 2)  # fmt: skip
     dest = Path(out) if out else Path(model).parent
-    dest.mkdir(parents=True, exist_ok=True)
+    if out is None and (problem := writable(dest, directory=True)) is not None:
+        fail(problem)
     try:
         for name, m in doc["metrics"].items():
             title = plot_title(name, doc.get("options") or {}) if name in ALL_METRICS else None
             click.echo(plot(Roofline.from_dict(m), dest / f"{name}.png", title=title))
     except (ValueError, PlottingUnavailable) as exc:
         fail(f"{model}: {exc}")
+    except OSError as exc:
+        fail(f"cannot write in {dest}: {exc.strerror or exc}")
 
 
 # measured workloads on the three models (models.py)

@@ -26,6 +26,7 @@ from svcframe.cli.common import (
     ranks_option,
     read_secret,
     resolve_targets,
+    write_output,
 )
 from svcframe.errors import SvcframeError
 from svcframe.loops import EVENT_LOOPS
@@ -106,7 +107,7 @@ def selftest_run(
     from svcframe.config import format_validation_error
     from svcframe.diagnosis import format_diagnosis
 
-    from ..driver import SelftestParams, quintain_params, run_selftest, save_results
+    from ..driver import SelftestParams, quintain_params, run_selftest
 
     values: dict[str, Any] = json_argument(f"@{params_file}", "the parameters file") if params_file else {}
     if not isinstance(values, dict):
@@ -141,17 +142,24 @@ def selftest_run(
         finally:
             _selftest_detach(attachment, keep_provider)
     if output:
-        save_results(results, output)
+        write_output(output, json.dumps(results, indent=2), "the self-test results")
     if output and not as_json:
         agg = results["aggregate"]
         lat = agg["latency_usec"]
         click.echo(
             f"{params.workload}: {quantity(agg['rate_ops_per_second'], 'ops/s')}"
-            + (f" ({quantity(agg['bandwidth_gib_per_second'], 'GiB/s')})" if agg["bandwidth_gib_per_second"] else "")
+            + (
+                f" ({quantity(agg['bandwidth_gib_per_second'], 'GiB/s', keep_unit=True)})"
+                if agg["bandwidth_gib_per_second"]
+                else ""
+            )
             + f", p50 {quantity(lat['p50'], 'usec')}, "
             f"p99 {quantity(lat['p99'], 'usec')}, server CPU {quantity(agg['server_cpu_usec_per_op'], 'usec/op')}; "
             f"results in {output}"
         )
+        if agg["servers_serving"] < len(results["servers"]):
+            click.echo(f"{agg['servers_serving']} of {len(results['servers'])} servers served (client i calls server "
+                       "i mod S: the others had no client); rates per server are over those that served")  # fmt: skip
         modes = results["progress_modes"]
         servers_modes = ", ".join(sorted(set(map(str, modes["servers"].values()))))
         click.echo(f"progress: clients {modes['client']}, servers {servers_modes}")
@@ -286,12 +294,13 @@ def selftest_bursts(
     except (SvcframeError, ValueError) as exc:
         fail(str(exc))
     dest = Path(out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "bursts.json").write_text(json.dumps(results, indent=2))
+    write_output(dest / "bursts.json", json.dumps(results, indent=2), "the bursts' results")
     try:
         png = plot_bursts(results, dest / "bursts.png")
     except PlottingUnavailable as exc:
         fail(f"{exc}: {dest / 'bursts.json'}")
+    except OSError as exc:
+        fail(f"cannot write {dest / 'bursts.png'} ({exc.strerror or exc}); the results are in {dest / 'bursts.json'}")
     if as_json:
         echo_json(results)
         return
@@ -340,7 +349,7 @@ def selftest_nic_dispersion(
     document (the nic-dispersion.json written under -o)."""
     from svcframe.topology import discover, load_topology
 
-    from ..nic_dispersion import DispersionOptions, run_dispersion, save
+    from ..nic_dispersion import DispersionOptions, plot_dispersion, run_dispersion
 
     opts = DispersionOptions(
         out=Path(out), clients=clients, scenarios=list(scenarios) or list(SCENARIOS),
@@ -358,17 +367,20 @@ def selftest_nic_dispersion(
             progress.finish()
     except SvcframeError as exc:
         fail(str(exc))
+    js = write_output(Path(opts.out) / "nic-dispersion.json", json.dumps(doc, indent=2, default=str), "the results")
     try:
-        js, png = save(doc, opts.out)
+        png = plot_dispersion(doc, Path(opts.out) / "nic-dispersion.png")
     except PlottingUnavailable as exc:
-        fail(str(exc))
+        fail(f"{exc}: {js}")
+    except OSError as exc:
+        fail(f"cannot write {Path(opts.out) / 'nic-dispersion.png'} ({exc.strerror or exc}); the results are in {js}")
     if as_json:
         echo_json(doc)
         return
     console = output_console()
     print_lines(*(f"note: {note}" for note in doc["notes"]), console=console)
     names = [n["name"] for n in doc["nics"]]
-    rows = [(r["scenario"], r["nic_policy"], quantity(r["bandwidth_gib_per_second"], "GiB/s"),
+    rows = [(r["scenario"], r["nic_policy"], quantity(r["bandwidth_gib_per_second"], "GiB/s", keep_unit=True),
              " ".join(str(r["clients_per_nic"][n]) for n in names)) for r in doc["runs"]]  # fmt: skip
     print_table(("scenario", "nic_policy", "bandwidth", "clients per NIC"), rows, numeric=("bandwidth",),
                 title=f"aggregate bandwidth of {clients} clients, {quantity(bulk_size, 'B')} bulk pulls; clients "

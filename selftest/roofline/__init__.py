@@ -1,7 +1,8 @@
 """The rooflines: three models, their scores, plots and the placement of workloads (DESIGN.md section 6b).
 
 One place for everything roofline, pure analysis on plain numbers and JSON documents, with no service
-running: the models import nothing of svcframe (no engine). Drawing needs matplotlib, an optional extra,
+running: the models import nothing of svcframe but its figure notation (``svcframe.units``, pure functions; no
+engine). Drawing needs matplotlib, an optional extra,
 through ``selftest.plotting`` (one clear error when it is missing).
 
 * ``dataservice``: the data-service roofline of Carns et al. 2025 (rate per client process against the
@@ -21,11 +22,13 @@ from .dataservice import (
     METRICS,
     REGION_CLIENT_BOUND,
     REGION_SERVER_BOUND,
+    SATURATED_UTILIZATION,
     Metric,
     Platform,
     Range,
     Roofline,
     Sample,
+    Saturation,
 )
 from .io import IOPoint, IORoofline, io_rooflines
 from .placement import Workload, WorkloadPoint, place
@@ -37,6 +40,7 @@ __all__ = [
     "METRICS",
     "REGION_CLIENT_BOUND",
     "REGION_SERVER_BOUND",
+    "SATURATED_UTILIZATION",
     "IOPoint",
     "IORoofline",
     "Metric",
@@ -44,6 +48,7 @@ __all__ = [
     "Range",
     "Roofline",
     "Sample",
+    "Saturation",
     "WorkflowRoofline",
     "WorkflowSpec",
     "Workload",

@@ -11,6 +11,12 @@ The model is the one of Carns et al. 2025 (``papers/carns2025-data-service-roofl
 * the attainable rate per client process is ``R(X) = min(Pc, Ps * min(X, 1))`` and the ridge point, where
   the two ceilings meet, is ``X* = min(Pc / Ps, 1)``.
 
+A parameter measured short of its definition is a *lower bound* (:class:`Saturation`): a ``Ps`` whose server was
+not saturated ("we focus on measuring a server's maximum performance when saturated", section 4.3), a ``Pc`` set
+by its server rather than by its client ("a given client process can go no faster than the rate it achieves when
+communicating with a single quiescent server process", section 4.3). The ceiling drawn from a lower bound lies
+too low, and so do the ridge point and the scores built on it: the model says so wherever it shows them.
+
 Validation samples (measured rates at chosen server and client counts) are scored against ``R(X)`` with the
 score of Zhu, Neuwirth et al. (``papers/zhu-neuwirth-io-roofline-scoring.txt``, eqs. 10–12):
 ``score = 1 / (1 + |log10(R(X) / measured)|)``, and scores combine by weighted geometric mean.
@@ -34,6 +40,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
+
+from svcframe.units import quantity, quantity_range
 
 from .scores import rate_score, weighted_geometric_mean
 
@@ -121,6 +129,95 @@ class Range:
         raise ValueError(f"a range is {{'min': x, 'max': y}} or [x, y], got {d!r}")
 
 
+SATURATED_UTILIZATION = 0.9
+"""A process that used (or, where the kernel tells, wanted) at least this fraction of one core over a measurement
+was CPU-bound: saturated. (A polling server, ``busy`` or ``spindown`` progress, counts its polling as CPU time: the
+load ramp, not its CPU alone, tells a saturated server from a polling one; see :class:`Saturation`.)"""
+CONTENDED_WAITING = 0.1
+"""A measurement whose processes waited for their cores at least this fraction of the time they were ready to run
+(10%) was made under contention: other processes took those cores, and its rates are lower than the machine's."""
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """Whether a measured parameter (``Pc`` or ``Ps``) reached what it stands for, or is a lower bound of it, and
+    what was measured to tell (Carns et al. 2025, section 4.3).
+
+    ``Ps`` is "a server's maximum performance when saturated": the collector raises the load (client processes,
+    calls in flight) until the server's aggregate rate stops growing (:data:`selftest.collect.RAMP_GROWTH`). Its
+    ``Ps`` is a lower bound when the rate was still growing at the largest load tried, or when the clients'
+    cores were saturated (:data:`SATURATED_UTILIZATION`) while the server's was not: the clients, not the
+    server, set the rate. ``Pc`` is the rate of one client "communicating with a single quiescent server
+    process": a lower bound when its server was saturated and its client was not (the server set the rate).
+
+    Which side was saturated is read from its *demand* where the kernel keeps scheduler statistics: the fraction
+    of a core it wanted, ran or waited for (a process starved by others is not idle); from its utilisation (CPU
+    used) elsewhere.
+
+    Attributes:
+        lower_bound: the measurement did not reach the parameter: the true value is higher.
+        reason: what was measured, in words, for tables, plots and reports (utilisations, the ramp).
+        server_utilization: the fraction of one core each serving server process used (mean over the samples),
+            None when not recorded.
+        client_utilization: for ``Ps``, the fraction of the client processes' cores they used; for ``Pc``, the
+            fraction of its core the client used; None when not recorded.
+        server_demand, client_demand: the same for what they wanted (ran, or waited for); None when not recorded.
+        contention: the fraction of the time the server (and, for ``Pc``, the client) was ready to run that it
+            waited for its core: other processes had it; None when not recorded.
+        ramp: for ``Ps``, the loads tried in order: ``{"clients", "depth", "rate"}`` (aggregate rate, the
+            metric's unit); empty for ``Pc``.
+
+    Raises:
+        ValueError: a utilisation, demand or contention that is not a finite number >= 0.
+    """
+
+    lower_bound: bool
+    reason: str
+    server_utilization: float | None = None
+    client_utilization: float | None = None
+    server_demand: float | None = None
+    client_demand: float | None = None
+    contention: float | None = None
+    ramp: tuple[Mapping[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("server_utilization", "client_utilization", "server_demand", "client_demand", "contention"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not math.isfinite(value) or value < 0):
+                raise ValueError(f"Saturation.{name} must be a finite number >= 0 or None, got {value!r}")
+        object.__setattr__(self, "lower_bound", bool(self.lower_bound))
+        object.__setattr__(self, "ramp", tuple(dict(step) for step in self.ramp))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"lower_bound", "reason", "server_utilization", "client_utilization", "server_demand",
+        "client_demand", "contention", "ramp": [...]}``."""
+        return {
+            "lower_bound": self.lower_bound,
+            "reason": self.reason,
+            "server_utilization": self.server_utilization,
+            "client_utilization": self.client_utilization,
+            "server_demand": self.server_demand,
+            "client_demand": self.client_demand,
+            "contention": self.contention,
+            "ramp": [dict(step) for step in self.ramp],
+        }
+
+    @classmethod
+    def from_dict(cls, d: object) -> Saturation:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: not an object with ``lower_bound`` and ``reason``, or an invalid value.
+        """
+        if not isinstance(d, Mapping) or "lower_bound" not in d or "reason" not in d:
+            raise ValueError(f"a saturation is {{'lower_bound', 'reason', ...}}, got {d!r}")
+        ramp = d.get("ramp") or []
+        if not isinstance(ramp, Sequence) or not all(isinstance(step, Mapping) for step in ramp):
+            raise ValueError(f"a saturation's ramp is a list of objects, got {ramp!r}")
+        return cls(bool(d["lower_bound"]), str(d["reason"]), d.get("server_utilization"), d.get("client_utilization"),
+                   d.get("server_demand"), d.get("client_demand"), d.get("contention"), tuple(ramp))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Metric:
     """One performance metric that a roofline can be drawn for.
@@ -138,6 +235,16 @@ class Metric:
     def to_dict(self) -> dict[str, str]:
         """``{"name": ..., "unit": ..., "label": ...}``."""
         return {"name": self.name, "unit": self.unit, "label": self.label}
+
+    def format(self, value: float | None) -> str:
+        """A rate of this metric as every table, plot and report shows it: a bandwidth in the metric's own unit
+        (``0.434 GiB/s``, never rescaled to MiB/s beside a plot in GiB/s), other rates in the house notation
+        (``16.9 k ops/s``, ``svcframe.units.quantity``)."""
+        return quantity(value, self.unit, keep_unit=self.unit in BYTE_RATE_UNITS)
+
+    def format_range(self, low: float, high: float) -> str:
+        """A min-max range of this metric, as :meth:`format` shows one rate."""
+        return quantity_range(low, high, self.unit, keep_unit=self.unit in BYTE_RATE_UNITS)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | str) -> Metric:
@@ -181,10 +288,13 @@ class Sample:
         server_processes_per_core: active server processes per usable core of the busiest server node
             (finite, > 0), or ``None`` when not recorded (documents of older versions).
         client_processes_per_core: the same for the client processes on the client nodes.
+        pc_configuration: when the sample repeats a ``Pc`` measurement's configuration (one client against one
+            server, on the same pair of nodes), the range of those ``Pc`` measurements; else None. The two measure
+            the same thing at different times: their difference is the machine's repeatability.
 
     Raises:
-        ValueError: a count is not an integer >= 1, the rate is negative or not finite, or a
-            processes-per-core value is not a finite number > 0.
+        ValueError: a count is not an integer >= 1, the rate is negative or not finite, a processes-per-core
+            value is not a finite number > 0, or ``pc_configuration`` is not a Range.
     """
 
     servers: int
@@ -192,6 +302,7 @@ class Sample:
     rate_per_client: float
     server_processes_per_core: float | None = None
     client_processes_per_core: float | None = None
+    pc_configuration: Range | None = None
 
     def __post_init__(self) -> None:
         for name in ("servers", "clients"):
@@ -214,6 +325,8 @@ class Sample:
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"Sample.{name} must be finite and > 0, got {value!r}")
             object.__setattr__(self, name, float(value))
+        if self.pc_configuration is not None and not isinstance(self.pc_configuration, Range):
+            raise ValueError(f"Sample.pc_configuration must be a Range or None, got {self.pc_configuration!r}")
 
     @property
     def service_ratio(self) -> float:
@@ -233,12 +346,29 @@ class Sample:
         """
         return any(v is not None and v > 1.0 for v in (self.server_processes_per_core, self.client_processes_per_core))
 
+    @property
+    def pc_difference(self) -> float | None:
+        """How far the sample lies outside the ``Pc`` range of its configuration (:attr:`pc_configuration`), as a
+        fraction: ``rate / max - 1`` above it, ``rate / min - 1`` below it (negative), 0 within it; None when the
+        sample repeats no ``Pc`` configuration."""
+        pc = self.pc_configuration
+        if pc is None:
+            return None
+        if self.rate_per_client > pc.max:
+            return self.rate_per_client / pc.max - 1.0
+        if self.rate_per_client < pc.min:
+            return self.rate_per_client / pc.min - 1.0 if pc.min > 0 else None
+        return 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        """``{"servers", "clients", "rate_per_client"}``, plus the processes per core that are recorded."""
+        """``{"servers", "clients", "rate_per_client"}``, plus the processes per core that are recorded and the
+        ``pc_configuration`` range when there is one."""
         d: dict[str, Any] = {"servers": self.servers, "clients": self.clients, "rate_per_client": self.rate_per_client}
         for name in ("server_processes_per_core", "client_processes_per_core"):
             if getattr(self, name) is not None:
                 d[name] = getattr(self, name)
+        if self.pc_configuration is not None:
+            d["pc_configuration"] = self.pc_configuration.to_dict()
         return d
 
     @classmethod
@@ -257,6 +387,7 @@ class Sample:
             rate_per_client=d["rate_per_client"],
             server_processes_per_core=d.get("server_processes_per_core"),
             client_processes_per_core=d.get("client_processes_per_core"),
+            pc_configuration=Range.from_dict(d["pc_configuration"]) if d.get("pc_configuration") else None,
         )
 
 
@@ -271,7 +402,8 @@ def _check_bound(bound: str) -> None:
 
 
 ABOVE_CEILING_TOLERANCE = 0.05
-"""A validation sample more than this far above the upper ceiling (5%) is flagged: the ceiling was measured low."""
+"""A validation sample more than this far above the upper ceiling (5%) is counted as above it
+(:meth:`Roofline.above_ceiling`)."""
 
 
 @dataclass
@@ -284,6 +416,9 @@ class Roofline:
         ps: peak server rate, per server process: aggregate rate of one saturated server node divided by
             its server processes (min–max).
         samples: validation measurements drawn and scored against the ceilings.
+        pc_saturation, ps_saturation: whether each parameter reached its definition or is a lower bound, and
+            what was measured to tell (:class:`Saturation`); None when not recorded (documents of older
+            versions, hand-written models): nothing is claimed either way.
 
     Raises:
         ValueError: ``pc.min`` or ``ps.min`` is 0 (a zero peak has no ridge point and no scores), or a field
@@ -294,6 +429,8 @@ class Roofline:
     pc: Range
     ps: Range
     samples: list[Sample] = field(default_factory=list)
+    pc_saturation: Saturation | None = None
+    ps_saturation: Saturation | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.metric, Metric):
@@ -311,6 +448,33 @@ class Roofline:
         for s in self.samples:
             if not isinstance(s, Sample):
                 raise ValueError(f"Roofline.samples must hold Sample objects, got {s!r}")
+        for name in ("pc_saturation", "ps_saturation"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Saturation):
+                raise ValueError(f"Roofline.{name} must be a Saturation or None, got {value!r}")
+
+    @property
+    def pc_lower_bound(self) -> bool:
+        """``Pc`` was measured short of its definition (:class:`Saturation`): the client ceiling lies too low."""
+        return self.pc_saturation is not None and self.pc_saturation.lower_bound
+
+    @property
+    def ps_lower_bound(self) -> bool:
+        """``Ps`` was measured from a server that was not saturated: the server ceiling lies too low."""
+        return self.ps_saturation is not None and self.ps_saturation.lower_bound
+
+    @property
+    def ridge_relation(self) -> str:
+        """How the true ridge point relates to :meth:`ridge`, given which parameters are lower bounds: ``"="``
+        (neither), ``"<="`` (``Ps`` only: a larger ``Ps`` moves ``X* = Pc / Ps`` left), ``">="`` (``Pc`` only,
+        and ``Pc / Ps < 1``: a larger ``Pc`` moves it right, up to 1) or ``"?"`` (both: either way)."""
+        if self.pc_lower_bound and self.ps_lower_bound:
+            return "?"
+        if self.ps_lower_bound:
+            return "<="
+        if self.pc_lower_bound and self.ridge("max") < 1.0:
+            return ">="
+        return "="
 
     def _peaks(self, bound: str) -> tuple[float, float]:
         _check_bound(bound)
@@ -411,8 +575,8 @@ class Roofline:
         """The samples measured above the upper ceiling by more than ``tolerance``, with their excess.
 
         No deployment should beat ``R(X)`` at its service ratio with the largest Pc and Ps measured, so a sample
-        above it says the ceilings were measured low (a noisy run: other load while Pc or Ps was sampled, too
-        few repeats): the model's errors there say more about the run than about the service.
+        above it says a ceiling lies low: :meth:`findings` says what the data shows about why (a parameter that
+        is a lower bound, the spread of repeated measurements of one configuration).
 
         Args:
             tolerance: relative excess tolerated as noise (default :data:`ABOVE_CEILING_TOLERANCE`).
@@ -422,6 +586,56 @@ class Roofline:
         """
         found = [(s, self.efficiency(s) - 1.0) for s in self.samples]
         return [(s, excess) for s, excess in found if excess > tolerance]
+
+    def findings(self) -> list[str]:
+        """What this roofline's own numbers show about its ceilings, one sentence each, for the plot, the tables
+        and the verdict (every figure is computed from the data here, nothing is guessed):
+
+        * a parameter that is a lower bound (:class:`Saturation`), with what was measured;
+        * how far repeated measurements of ``Pc`` and of ``Ps`` spread (``max / min - 1``);
+        * each sample that repeats a ``Pc`` configuration (:attr:`Sample.pc_configuration`), against that range;
+        * the samples above the upper ceiling (:meth:`above_ceiling`) and the region they lie in.
+        """
+        m = self.metric
+        lines = []
+        for name, saturation, rng in (("Ps", self.ps_saturation, self.ps), ("Pc", self.pc_saturation, self.pc)):
+            if saturation is not None and saturation.lower_bound:
+                lines.append(f"{name} {m.format_range(rng.min, rng.max)} is a lower bound: {saturation.reason}")
+        for name, saturation in (("Ps", self.ps_saturation), ("Pc", self.pc_saturation)):
+            if saturation is not None and (saturation.contention or 0.0) >= CONTENDED_WAITING:
+                who = "its server" if name == "Ps" else "its client and server"
+                lines.append(f"{name} was measured under contention: {who} waited for a core "
+                             f"{saturation.contention:.0%} of the time they were ready to run (other processes had it)")  # fmt: skip
+        spreads = [f"{name} {self_range.max / self_range.min - 1:.0%}" for name, self_range in (("Pc", self.pc),
+                   ("Ps", self.ps)) if self_range.min > 0]  # fmt: skip
+        lines.append(f"repeats spread {' and '.join(spreads)} (max / min - 1)")
+        repeats: dict[tuple[int, int, float, float], list[Sample]] = {}  # one sentence per configuration
+        for sample in self.samples:
+            pc = sample.pc_configuration
+            if pc is not None and sample.pc_difference is not None:
+                repeats.setdefault((sample.servers, sample.clients, pc.min, pc.max), []).append(sample)
+        for (servers, clients, low, high), same in repeats.items():
+            each = [(m.format(s.rate_per_client), "within its range" if not s.pc_difference
+                     else f"{s.pc_difference:+.0%} against its range") for s in same]  # fmt: skip
+            pc_range = m.format_range(low, high)
+            if len(same) == 1:
+                lines.append(f"the {servers}x{clients} sample repeats Pc's configuration: {each[0][0]} against Pc "
+                             f"{pc_range}, {each[0][1]}")  # fmt: skip
+            else:
+                lines.append(f"the {servers}x{clients} samples ({len(same)}) repeat Pc's configuration, Pc {pc_range}: "
+                             + "; ".join(f"{rate}, {where}" for rate, where in each))  # fmt: skip
+        above = self.above_ceiling()
+        if above:
+            worst = max(excess for _, excess in above)
+            regions = sorted({self.region(s) for s, _ in above})
+            text = (f"{len(above)} of {len(self.samples)} samples above the max ceiling (up to +{worst:.0%}), "
+                    f"{' and '.join(regions)}")  # fmt: skip
+            if self.ps_lower_bound and regions == [REGION_SERVER_BOUND]:
+                text += ", where the ceiling is Ps·X and Ps is a lower bound"
+            elif self.pc_lower_bound and regions == [REGION_CLIENT_BOUND]:
+                text += ", where the ceiling is Pc and Pc is a lower bound"
+            lines.append(text)
+        return lines
 
     def scores(self, bound: Bound = "max") -> dict[str, Any]:
         """Score every sample and summarise the samples the model claims to predict, overall and per region.
@@ -484,16 +698,21 @@ class Roofline:
         """A JSON-ready document: the parameters and samples, plus the derived ridge points and scores.
 
         Returns:
-            ``{"metric", "pc", "ps", "samples", "ridge": {"min", "max"}, "scores": scores("max")}``;
-            :meth:`from_dict` reads the first four keys and recomputes the rest.
+            ``{"metric", "pc", "ps", "pc_saturation", "ps_saturation", "samples", "ridge": {"min", "max",
+            "relation"}, "scores": scores("max"), "findings"}`` (the saturations None when not recorded;
+            ``ridge.relation``: :attr:`ridge_relation`); :meth:`from_dict` reads the first six keys and
+            recomputes the rest.
         """
         return {
             "metric": self.metric.to_dict(),
             "pc": self.pc.to_dict(),
             "ps": self.ps.to_dict(),
+            "pc_saturation": self.pc_saturation.to_dict() if self.pc_saturation is not None else None,
+            "ps_saturation": self.ps_saturation.to_dict() if self.ps_saturation is not None else None,
             "samples": [s.to_dict() for s in self.samples],
-            "ridge": {"min": self.ridge("min"), "max": self.ridge("max")},
+            "ridge": {"min": self.ridge("min"), "max": self.ridge("max"), "relation": self.ridge_relation},
             "scores": self.scores("max"),
+            "findings": self.findings(),
         }
 
     @classmethod
@@ -501,7 +720,8 @@ class Roofline:
         """Rebuild a roofline from :meth:`to_dict` output or a hand-written document.
 
         ``metric`` may be a name from :data:`METRICS` or a full metric dict; ``pc`` and ``ps`` may be
-        ``{"min", "max"}`` or ``[min, max]``; ``samples`` is optional. Derived keys are ignored.
+        ``{"min", "max"}`` or ``[min, max]``; ``samples``, ``pc_saturation`` and ``ps_saturation`` are optional.
+        Derived keys are ignored.
 
         Raises:
             ValueError: a required key is missing or a value is invalid.
@@ -517,6 +737,8 @@ class Roofline:
             pc=Range.from_dict(d["pc"]),
             ps=Range.from_dict(d["ps"]),
             samples=[Sample.from_dict(s) for s in samples],
+            pc_saturation=Saturation.from_dict(d["pc_saturation"]) if d.get("pc_saturation") else None,
+            ps_saturation=Saturation.from_dict(d["ps_saturation"]) if d.get("ps_saturation") else None,
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -614,6 +836,30 @@ class Platform:
                 f"collect it: svcframe roofline collect --metric {metric}"
             )
         return self.rooflines[metric]
+
+    def lower_bounds(self, metrics: Iterable[str], parameters: Iterable[str] = ("Pc", "Ps")) -> list[str]:
+        """What every model built on this platform says of its own figures: one sentence per ``Pc`` or ``Ps`` of
+        ``metrics`` that is a lower bound (:class:`Saturation`), with what was measured. A ceiling drawn from a
+        lower bound lies too low (Carns et al. 2025, section 4.3), and so do the ridges, scores and headroom
+        built on it. Metrics the platform lacks are skipped.
+
+        Args:
+            metrics: the metrics a model uses (placement: ``rpc_rate`` and ``bandwidth``).
+            parameters: ``"Pc"``, ``"Ps"`` or both: those the model uses (the I/O roofline of the server side:
+                ``Ps``).
+        """
+        wanted = set(parameters)
+        lines = []
+        for name in metrics:
+            rl = self.rooflines.get(name)
+            if rl is None:
+                continue
+            for param, saturation, rng in (("Pc", rl.pc_saturation, rl.pc), ("Ps", rl.ps_saturation, rl.ps)):
+                if param in wanted and saturation is not None and saturation.lower_bound:
+                    lines.append(f"{name}'s {param} {rl.metric.format_range(rng.min, rng.max)} is a lower bound "
+                                 f"({saturation.reason}): the ceilings drawn from it lie too low, and so do the "
+                                 "ridges and scores built on them")  # fmt: skip
+        return lines
 
     @classmethod
     def from_document(cls, doc: Any, source: str = "document") -> Platform:

@@ -140,7 +140,8 @@ class Workload(BaseModel):
     def from_selftest_results(cls, results: dict[str, Any], name: str | None = None, label: str = "") -> Workload:
         """A one-point workload from a self-test results document (``selftest/driver.py``, ``to_json``).
 
-        Servers are the results' servers, clients ``parameters.clients``, the rate
+        Servers are the results' servers that served (a server no client called, with fewer clients than
+        servers, is not counted: X is servers that served / clients), clients ``parameters.clients``, the rate
         ``aggregate.rate_per_client_ops_per_second``. Bytes per call: an ``rpc`` run's measured
         ``rpc.bytes_per_call`` (request and response bodies and bulk bytes, ``selftest/rpc_workload.py``);
         otherwise the request and response buffers plus the bulk transfer of a ``bulk`` run (a ``storage``
@@ -153,8 +154,9 @@ class Workload(BaseModel):
             ValueError: the document is not a self-test results document (names the missing key).
         """
         try:
-            params, agg, servers = results["parameters"], results["aggregate"], results["servers"]
+            params, agg = results["parameters"], results["aggregate"]
             clients = int(params["clients"])
+            serving = serving_servers(results)
             rpc = results.get("rpc")
             if rpc is not None:
                 payload = int(rpc["bytes_per_call"])
@@ -162,9 +164,9 @@ class Workload(BaseModel):
                 payload = int(params.get("req_buffer_size", 0)) + int(params.get("resp_buffer_size", 0))
                 if params.get("workload") == "bulk":
                     payload += int(params["bulk_size"])
-            server_share, client_share = _processes_per_core(results, len(servers), clients)
+            server_share, client_share = _processes_per_core(results, serving, clients)
             point = WorkloadPoint(
-                servers=len(servers),
+                servers=serving,
                 clients=clients,
                 rate_per_client_ops_per_second=float(agg["rate_per_client_ops_per_second"]),
                 bytes_per_call=payload,
@@ -342,6 +344,16 @@ def _bulk_bytes(stats: Mapping[str, Any], peers: set[str]) -> float:
     )
 
 
+def serving_servers(results: Mapping[str, Any]) -> int:
+    """The servers of a self-test results document that served calls: ``aggregate.servers_serving``, else (older
+    documents) the servers its clients were spread over, ``min(servers, clients)`` (client i calls server i mod S).
+    """
+    agg = results["aggregate"]
+    if agg.get("servers_serving") is not None:
+        return int(agg["servers_serving"])
+    return min(len(results["servers"]), int(results["parameters"]["clients"]))
+
+
 def _on_host(address: str, host: str | None) -> bool:
     """The address is on the host of ``host`` (a unix socket, a loopback address, or that host name)."""
     if address.startswith("unix://"):
@@ -392,7 +404,9 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
 
         ``score`` and ``median_headroom`` in the summary are over the points the model claims (not
         oversubscribed; Zhu eq. 12 with equal weights); ``excluded`` counts the others. ``notes`` start
-        with the workload's own (``source.notes``: what its statistics could not tell).
+        with the workload's own (``source.notes``: what its statistics could not tell), then say which of the
+        ceilings' ``Pc`` and ``Ps`` are lower bounds (:meth:`Platform.lower_bounds`: scores against them are
+        too low).
 
     Raises:
         ValueError: the platform has no ``rpc_rate`` roofline, or ``bound`` is invalid.
@@ -402,6 +416,9 @@ def place(platform: Platform, workload: Workload, bound: Bound = "max") -> dict[
     notes = [str(n) for n in workload.source.get("notes") or []]
     if bandwidth is None and any(p.bytes_per_call for p in workload.points):
         notes.append("the platform model has no bandwidth roofline: points are placed on the RPC rate alone")
+    used = ["rpc_rate"] + (["bandwidth"] if bandwidth is not None and any(p.bytes_per_call for p in workload.points)
+                           else [])  # fmt: skip
+    notes += platform.lower_bounds(used)
     rows: list[dict[str, Any]] = []
     for p in workload.points:
         applicable = {"rpc_rate": rpc}

@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .dataservice import Bound, Platform, bytes_per_second
+from .dataservice import Bound, Platform, Roofline, bytes_per_second
 from .scores import rate_score
 
 ZONE_GOOD_GOOD = "good makespan, good throughput"
@@ -381,6 +381,14 @@ class WorkflowSpec(BaseModel):
         return cls.from_document(doc, str(path))
 
 
+def _lower_bound_marks(rl: Roofline, bound: Bound) -> tuple[str, str]:
+    """``"≥ "`` (or ``""``) for a node ceiling ``min(Pc, Ps)`` and for a system ceiling ``Ps``: a ceiling drawn
+    from a parameter that is a lower bound (:class:`~selftest.roofline.Saturation`) lies too low."""
+    pc, ps = getattr(rl.pc, bound), getattr(rl.ps, bound)
+    node_low = (rl.pc_lower_bound and pc <= ps) or (rl.ps_lower_bound and ps <= pc)
+    return ("≥ " if node_low else ""), ("≥ " if rl.ps_lower_bound else "")
+
+
 def _service_ceilings(
     platform: Platform, servers: int, processes_per_task: int, rpcs: float, nbytes: float, bound: Bound
 ) -> tuple[Ceiling, ...]:
@@ -390,24 +398,28 @@ def _service_ceilings(
     if rpcs > 0:
         rl = platform.roofline("rpc_rate")
         node, ps = rl.attainable(1.0, bound), getattr(rl.ps, bound)
+        at_least, ps_at_least = _lower_bound_marks(rl, bound)
         ceilings.append(
-            node_ceiling(f"node: RPC rate {node:,.0f} ops/s {per_process}", rpcs, node * processes_per_task)
+            node_ceiling(f"node: RPC rate {at_least}{node:,.0f} ops/s {per_process}", rpcs, node * processes_per_task)
         )
-        ceilings.append(system_ceiling(f"system: RPC rate Ps {ps:,.0f} ops/s x {servers} servers", rpcs, ps * servers))
+        ceilings.append(
+            system_ceiling(f"system: RPC rate Ps {ps_at_least}{ps:,.0f} ops/s x {servers} servers", rpcs, ps * servers)
+        )
     if nbytes > 0:
         rl = platform.roofline("bandwidth")
         node, ps = rl.attainable(1.0, bound), getattr(rl.ps, bound)
         unit = rl.metric.unit
+        at_least, ps_at_least = _lower_bound_marks(rl, bound)
         ceilings.append(
             node_ceiling(
-                f"node: bandwidth {node:.3g} {unit} {per_process}",
+                f"node: bandwidth {at_least}{node:.3g} {unit} {per_process}",
                 nbytes,
                 bytes_per_second(rl.metric, node) * processes_per_task,
             )
         )
         ceilings.append(
             system_ceiling(
-                f"system: bandwidth Ps {ps:.3g} {unit} x {servers} servers",
+                f"system: bandwidth Ps {ps_at_least}{ps:.3g} {unit} x {servers} servers",
                 nbytes,
                 bytes_per_second(rl.metric, ps) * servers,
             )
@@ -454,7 +466,9 @@ def analyse(platform: Platform, spec: WorkflowSpec, bound: Bound = "max") -> dic
         spec's parallel tasks), "attainable_zone" (the zone of Fig. 2a the roof reaches there, None without
         both targets), "stages": [{"name", "tasks", "attainable_tasks_per_second", "bound",
         "makespan_lower_bound_seconds"}],
-        "makespan_lower_bound_seconds" (the stages' sum: they run one after the other), "runs": [place()]}``.
+        "makespan_lower_bound_seconds" (the stages' sum: they run one after the other), "runs": [place()],
+        "notes": the platform's ``Pc`` and ``Ps`` the ceilings use that are lower bounds
+        (:meth:`Platform.lower_bounds`)}``.
 
     Raises:
         ValueError: as :func:`from_platform`.
@@ -495,4 +509,8 @@ def analyse(platform: Platform, spec: WorkflowSpec, bound: Bound = "max") -> dic
         "runs": [
             roofline.place(r.label, r.parallel_tasks, r.tasks or spec.tasks, r.makespan_seconds) for r in spec.runs
         ],
+        "notes": platform.lower_bounds(
+            (["rpc_rate"] if any(s.rpcs_per_task for s in spec.stages) else [])
+            + (["bandwidth"] if any(s.bytes_per_task for s in spec.stages) else [])
+        ),
     }

@@ -14,15 +14,18 @@ for its column folds onto more lines; in a pipe or a file (an sbatch log) they a
 row, no wider than ``$COLUMNS`` when it is set. Every command that prints a table also takes ``--json``
 (:func:`json_option`). Long commands report progress (:class:`StepProgress`) on stderr: a rich progress bar on
 a terminal, one plain line per step elsewhere, so a log shows it as it happens. Paths a command writes are
-checked before it runs (:func:`output_path`).
+checked before it runs (:func:`output_path`), and written whole; what cannot be written after all is kept in a
+temporary file, named in one line (:func:`write_output`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -128,24 +131,83 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> l
     return [int(p) for p in parts]
 
 
-def output_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A click callback for a path the command writes (a file, or a directory when the parameter's type is
-    ``click.Path(file_okay=False)``): checked before anything runs, so a long run never ends unable to write
-    its results. The directory it goes in is created when missing; a usage error naming the path when that
-    cannot be (a file stands in the way, no permission)."""
-    if value is None:
-        return None
-    path = Path(value)
-    folder = path if isinstance(param.type, click.Path) and not param.type.file_okay else path.parent
+def writable(path: str | os.PathLike[str], *, directory: bool = False) -> str | None:
+    """Why the command cannot write ``path`` (a file, or a directory it writes files in), or None when it can.
+
+    The directory is created when missing; then a file is really created in it and removed (permission bits
+    alone do not tell: root passes them on ``/proc``, a read-only mount or an immutable directory), and a file
+    that exists already is opened for writing (without a change)."""
+    target = Path(path)
+    folder = target if directory else target.parent
+    if not directory and target.is_dir():
+        return f"{path} is a directory; give a file name"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise click.BadParameter(f"{value}: cannot create the directory {folder}: {exc.strerror}", ctx, param) from None
-    if not os.access(folder, os.W_OK):
-        raise click.BadParameter(f"{value}: cannot write in {folder}", ctx, param)
-    if path.is_dir() and folder is not path:
-        raise click.BadParameter(f"{value} is a directory; give a file name", ctx, param)
+        return f"{path}: cannot create the directory {folder}: {exc.strerror}"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".svcframe-probe-")
+        os.close(fd)
+        os.unlink(probe)
+        if not directory and target.exists():
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
+    except OSError as exc:
+        return f"{path}: cannot write in {folder}: {exc.strerror or exc}"
+    return None
+
+
+def output_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for a path the command writes (a file, or a directory when the parameter's type is
+    ``click.Path(file_okay=False)``): checked before anything runs (:func:`writable`), so a long run never ends
+    unable to write its results; a usage error naming the path when it cannot be written."""
+    if value is None:
+        return None
+    problem = writable(value, directory=isinstance(param.type, click.Path) and not param.type.file_okay)
+    if problem is not None:
+        raise click.BadParameter(problem, ctx, param)
     return value
+
+
+def write_output(path: str | os.PathLike[str], data: str | bytes, what: str) -> Path:
+    """Write a command's results to ``path`` (checked before the command ran, :func:`output_path`), whole or not
+    at all (a temporary file beside it, then renamed). When that fails anyway (the disk filled, the directory
+    went away), the results are not lost: they go to a file of the temporary directory, and the command ends
+    with one line naming both (exit status 1); when even that fails, on stdout.
+
+    Args:
+        data: the file's text (UTF-8) or bytes.
+        what: what the results are, for that line ("the self-test results").
+
+    Returns:
+        ``path``.
+    """
+    target = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.fchmod(fd, 0o666 & ~mask)  # as open() would have made it (mkstemp makes 0600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return target
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    try:
+        fd, kept = tempfile.mkstemp(prefix=f"svcframe-{target.stem}-", suffix=target.suffix)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+    except OSError:
+        sys.stdout.buffer.write(raw)
+        fail(f"cannot write {path} ({reason}), nor a file in {tempfile.gettempdir()}: {what} printed on stdout")
+    fail(f"cannot write {path} ({reason}): {what} kept in {kept}")
 
 
 def group_option(fn: F) -> F:
@@ -207,7 +269,8 @@ def resolve_targets(addresses: tuple[str, ...], group: str | None, ranks: list[i
 
 def run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout: float = 10.0) -> dict[str, Any]:
     """``ServiceGroupHandle.call(method, *args)`` on every target. A member that fails is one line on stderr
-    and an exit code of 1, after the others' results were printed (JSON keyed by address)."""
+    and an exit code of 1, after the others' results were printed (JSON keyed by address); when every member
+    failed, stdout stays empty (a pipe gets no ``{}`` to mistake for a result)."""
     from ..admin import ServiceGroupHandle
     from ..engine import Engine
     from ..loops import run
@@ -221,7 +284,8 @@ def run_admin(targets: list[tuple[str, int]], method: str, *args: Any, timeout: 
     for address, exc in failed.items():
         click.echo(f"svcframe: {address}: {describe(exc)}", err=True)
     if failed:
-        echo_json({a: r for a, r in results.items() if a not in failed})
+        if len(failed) < len(results):
+            echo_json({a: r for a, r in results.items() if a not in failed})
         sys.exit(1)
     return results
 

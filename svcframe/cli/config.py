@@ -4,12 +4,11 @@ configuration of running servers (JMESPath queries, JSON Patch)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from ..composition import check_service, service_schema
-from ..config import load_config
+from ..composition import check_document, service_schema
+from ..config import read_document
 from ..errors import SvcframeError
 from ..provider import installed_libraries
 from .common import (
@@ -22,6 +21,7 @@ from .common import (
     resolve_targets,
     run_admin,
     target_options,
+    write_output,
 )
 
 
@@ -32,24 +32,27 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
-def config_check(file: str) -> None:
+@click.option("--procs", "-n", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Check it as `svcframe launch --procs N` starts it: N processes in one directory.")  # fmt: skip
+def config_check(file: str, procs: int) -> None:
     """Check a bootstrap config offline as `svcframe serve` does before it starts anything: the sections,
     the libraries (imported, from the current directory first), each provider's type, id, config (by its
     type's Config model) and dependencies (names, types, local ones listed before).
 
-    Prints the config with every default filled in, provider configs and chosen ids included. Each problem
-    is one line on stderr naming its JSON path (exit 1); a dependency on another server is noted on stderr,
-    not checked. Mochi's margo/bedrock sections are read as engine/admin (one warning names what is ignored).
+    Prints the config with every default filled in, provider configs and chosen ids included. Every problem is
+    found in one pass (an invalid section does not hide the providers' problems), each one line on stderr
+    naming its JSON path in FILE (exit 1); a dependency on another server is noted on stderr, not checked.
+    Mochi's margo/bedrock sections are read as engine/admin (one warning names what is ignored).
     """
     import_from_cwd()
     try:
-        cfg = load_config(file)
+        data = read_document(file)
     except SvcframeError as exc:
         fail(str(exc))
-    checked, findings = check_service(cfg, source=file)
+    cfg, checked, findings = check_document(data, file, procs=procs)
     for note in findings.notes:
         click.echo(f"svcframe: note: {note}", err=True)
-    if findings.problems:
+    if findings.problems or cfg is None:
         fail("\n".join(findings.problems))
     document = cfg.model_dump(mode="json")
     document["providers"] = [
@@ -73,7 +76,7 @@ def config_schema_cmd(libraries: tuple[str, ...], output: str | None) -> None:
     except SvcframeError as exc:
         fail(str(exc))
     if output:
-        Path(output).write_text(json.dumps(schema, indent=2) + "\n")
+        write_output(output, json.dumps(schema, indent=2) + "\n", "the schema")
         click.echo(f"schema written to {output}", err=True)
     else:
         echo_json(schema)
@@ -91,7 +94,7 @@ def config_get(address: tuple[str, ...], group: str | None, ranks: list[int] | N
         fail(f"--output takes the configuration of one server; {len(targets)} were given")
     configs = run_admin(targets, "get_config")
     if output:
-        Path(output).write_text(json.dumps(next(iter(configs.values())), indent=2) + "\n")
+        write_output(output, json.dumps(next(iter(configs.values())), indent=2) + "\n", "the configuration")
         click.echo(f"configuration of {targets[0][0]} written to {output}", err=True)
     else:
         echo_json(configs)

@@ -7,7 +7,6 @@ import contextlib
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -25,6 +24,7 @@ from .common import (
     resolve_targets,
     run_admin,
     target_options,
+    write_output,
 )
 
 MONITOR_COLUMNS = ("server", "side", "callpath", "peer", "calls_per_second", "calls", "p50_usec", "p99_usec",
@@ -175,7 +175,7 @@ def stats_dump(
 
         text = to_prometheus_many([({"server": a}, st) for a, st in results.items()]).decode()
     if output:
-        Path(output).write_text(text)
+        write_output(output, text, "the statistics")
         click.echo(f"statistics of {len(results)} server(s) written to {output}", err=True)
     else:
         click.echo(text)
@@ -262,10 +262,10 @@ def trace_off(address: tuple[str, ...], group: str | None, ranks: list[int] | No
 @click.option("--clear", is_flag=True, help="Empty the servers' trace buffers after reading.")
 def trace_dump(address: tuple[str, ...], group: str | None, ranks: list[int] | None, output: str, clear: bool) -> None:
     """Merge the servers' trace events into one Chrome Trace file (open it at ui.perfetto.dev)."""
-    from ..tracing import write_chrome_trace
+    from ..tracing import chrome_trace
 
     results = run_admin(resolve_targets(address, group, ranks), "trace_events", clear)
     events = [e for evs in results.values() for e in evs]
     names = {e["pid"]: a for a, evs in results.items() for e in evs[:1]}
-    write_chrome_trace(output, events, process_names=names)
+    write_output(output, json.dumps(chrome_trace(events, process_names=names)), "the trace")
     click.echo(f"{len(events)} events from {len(results)} server(s) written to {output}", err=True)

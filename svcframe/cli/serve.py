@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ..config import load_config
+from ..config import parse_config, read_document
 from ..errors import SvcframeError
 from ..group import GROUP_ENV
 from .common import fail, import_from_cwd, output_path, read_secret
@@ -44,24 +44,37 @@ def _no_group_flag(fn: Any) -> Any:
               help="How long rank 0 waits for the other ranks.")  # fmt: skip
 @click.option("--lifeline-fd", type=int, default=None,
               help="Shut down when this pipe's write end closes (the launcher exited).")  # fmt: skip
+@click.option("--config-name", default=None, hidden=True, help="What errors name CONFIG by (svcframe launch).")
+@click.option("--rank", type=click.IntRange(min=0), default=None, hidden=True,
+              help="This process's rank among --procs (svcframe launch; else the launcher's).")  # fmt: skip
+@click.option("--procs", type=click.IntRange(min=1), default=1, hidden=True,
+              help="Processes started from CONFIG on this machine (svcframe launch).")  # fmt: skip
 def serve(
     config: str, ready_fd: int | None, secret_file: str | None, address: str | None, group_file: str | None,
-    group_timeout_seconds: float, lifeline_fd: int | None,
+    group_timeout_seconds: float, lifeline_fd: int | None, config_name: str | None, rank: int | None, procs: int,
 ) -> None:  # fmt: skip
     """Run one server from a JSON bootstrap CONFIG until SIGTERM / Ctrl-C / admin shutdown.
 
     Under a launcher (srun, mpiexec) each process learns its rank from the environment (or mpi4py); with
-    --group-file the group is published when all ranks accept calls (svcframe/ranks.py).
+    --group-file the group is published when all ranks accept calls (svcframe/ranks.py). A provider config
+    may name per-rank files with {rank} (kv: "path": "kv-{rank}.sqlite").
 
     Libraries are imported as ``python -m`` would: the current directory first."""
     from ..server import run_server
 
     import_from_cwd()
-
+    source = config_name or config
     try:
-        cfg = load_config(config)
+        data = read_document(config)
+        cfg = parse_config(data, source)
         if address:
             cfg.engine.address = address
+        per_rank = isinstance(data, dict) and "{rank}" in json.dumps(data.get("providers"))
+        if rank is None:  # the rank a launcher's environment gives, where the config names per-rank files
+            from .. import ranks
+
+            launched = ranks.from_environment() if per_rank else None
+            rank = launched.rank if launched is not None else 0
     except SvcframeError as exc:
         if ready_fd is not None:
             os.write(ready_fd, (json.dumps({"ok": False, "error": str(exc)}) + "\n").encode())
@@ -87,7 +100,7 @@ def serve(
                 click.echo(f"svcframe: group of {len(members)} published to {group_file}", err=True)
 
     sys.exit(run_server(cfg, ready_fd=ready_fd, secret=read_secret(secret_file), on_ready=on_ready,
-                        lifeline_fd=lifeline_fd, source=config))  # fmt: skip
+                        lifeline_fd=lifeline_fd, source=source, rank=rank, procs=procs))  # fmt: skip
 
 
 @click.command()
@@ -107,6 +120,7 @@ def launch(
     cleanly on Ctrl-C or SIGTERM."""
     from ..launch import Launch, usable_cores
 
+    import_from_cwd()  # the config's libraries are checked here before any server starts, as serve imports them
     stop = {"now": False}
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -215,8 +215,10 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
     def identity(self) -> Identity:
         return Identity(self.engine_id, self.address, self._secret, self.bulk_cma)
 
-    async def start(self) -> Engine:
-        """Bind the listener (if any) and start the progress loop.
+    async def start(self, *, serving: bool = True) -> Engine:
+        """Bind the listener (if any) and start the progress loop. With ``serving=False`` the address is bound
+        (``address`` is known) but no peer is accepted until :meth:`start_serving`: a server starting its
+        providers answers nobody before it is ready.
 
         Raises:
             ConnectionLost: the address cannot be bound.
@@ -224,7 +226,7 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
         self._loop = asyncio.get_running_loop()
         self._deadlines.start(self._loop)
         if self._listen_address is not None:
-            self._server, self._bound = await listen(self._listen_address, self._accept)
+            self._server, self._bound = await listen(self._listen_address, self._accept, start_serving=serving)
         self.progress.start(self._loop)
         self._sweeper = self._loop.call_later(self._sweep_interval(), self._sweep)
         if self.sampler is not None:
@@ -232,6 +234,11 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
                 self._loop, lambda: self.progress.inflight + sum(len(c.pending) for c in self._all_conns)
             )
         return self
+
+    async def start_serving(self) -> None:
+        """Accept peers on the address bound by ``start(serving=False)`` (a no-op when already serving)."""
+        if self._server is not None and not self._server.is_serving():
+            await self._server.start_serving()
 
     async def __aenter__(self) -> Engine:
         return await self.start()

@@ -578,9 +578,10 @@ ConnFactory = Callable[[], Connection]
 
 
 async def listen(
-    address: Address, factory: ConnFactory, *, backlog: int = 1024
+    address: Address, factory: ConnFactory, *, backlog: int = 1024, start_serving: bool = True
 ) -> tuple[asyncio.AbstractServer, Address]:
-    """Start listening; return the server and the address actually bound (port 0 resolved).
+    """Start listening; return the server and the address actually bound (port 0 resolved). With
+    ``start_serving=False`` the address is bound but no connection is accepted until ``start_serving()``.
 
     Raises:
         ConnectionLost: the address cannot be bound (in use, permission, no such interface).
@@ -589,9 +590,10 @@ async def listen(
     try:
         if address.scheme == "unix":
             _remove_stale_socket(address.path)
-            server = await loop.create_unix_server(factory, address.path, backlog=backlog)
+            server = await loop.create_unix_server(factory, address.path, backlog=backlog, start_serving=start_serving)
             return server, address
-        server = await loop.create_server(factory, address.host, address.port, backlog=backlog, reuse_address=True)
+        server = await loop.create_server(factory, address.host, address.port, backlog=backlog, reuse_address=True,
+                                          start_serving=start_serving)  # fmt: skip
     except OSError as exc:
         raise ConnectionLost(f"cannot listen on {address}: {exc.strerror or exc}") from exc
     port = server.sockets[0].getsockname()[1]

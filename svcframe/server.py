@@ -141,7 +141,8 @@ class Server:
 
     async def start(self) -> Server:
         """Check the config, then start everything; on any failure close what was started and raise
-        (ConfigError, every problem one line, or the cause)."""
+        (ConfigError, every problem one line, or the cause). The engine binds its address first and accepts
+        peers only once every provider has started."""
         checked, findings = check_service(self.config, source=self.source)
         findings.raise_problems()
         ec = self.config.engine
@@ -161,7 +162,7 @@ class Server:
                 "engine.auth.secret_file (or SVCFRAME_SECRET), or set engine.trusted_network to true if the "
                 "network is trusted."
             )
-        await self.engine.start()
+        await self.engine.start(serving=False)  # bound (providers may need the address), answering nobody yet
         try:
             from .admin import AdminProvider
 
@@ -170,6 +171,7 @@ class Server:
             self.config.providers = []
             for provider in checked:
                 await self._start_provider(provider, self.source)
+            await self.engine.start_serving()
         except BaseException:
             await self.close()
             raise

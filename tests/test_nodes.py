@@ -4,7 +4,6 @@ command lines, and the measurement plan they give over N nodes (Carns et al. sec
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
@@ -66,8 +65,9 @@ def test_missing_hostfile(tmp_path) -> None:
         read_hostfile(tmp_path / "nope")
 
 
-@pytest.mark.skipif(shutil.which("scontrol") is not None, reason="scontrol present: Slurm's own parser is used")
 def test_slurm_host_lists_through_python_hostlist() -> None:
+    """python-hostlist expands the lists, whether or not Slurm's scontrol is installed (it used to be asked
+    first, and failed or retried for a minute without a slurm.conf)."""
     assert expand_hostlist("nid[001-003,010],login1") == ["nid001", "nid002", "nid003", "nid010", "login1"]
     env = {"SLURM_JOB_NODELIST": "c[1-3]", "SLURM_JOB_CPUS_PER_NODE": "36(x2),72", "SLURM_JOB_ID": "7"}
     assert [(n.host, n.slots) for n in slurm_nodes(env)] == [("c1", 36), ("c2", 36), ("c3", 72)]
@@ -117,10 +117,19 @@ def test_resolve_sources_launchers_and_errors(tmp_path) -> None:
         resolve(launcher="ssh", env={})
 
 
+def test_mpiexec_inside_an_allocation_uses_its_nodes(tmp_path) -> None:
+    """MPICH's mpiexec inside salloc/sbatch starts its proxies through srun: the node set is the allocation's,
+    never the local default (whose 127.0.0.1 srun does not know: collect hung for its whole timeout)."""
+    slurm = {"SLURM_JOB_NODELIST": "svcf-node[1-2]", "SLURM_JOB_CPUS_PER_NODE": "4(x2)", "SLURM_JOB_ID": "3"}
+    ns = resolve(launcher="mpiexec", env=slurm, check_launcher=False)
+    assert (ns.source, ns.launcher, [n.host for n in ns.nodes]) == ("slurm", "mpiexec", ["svcf-node1", "svcf-node2"])
+    with pytest.raises(NodeError, match="leave out --nodes to use the allocation's nodes"):
+        resolve("local:2", launcher="mpiexec", env=slurm, check_launcher=False)
+    assert resolve("local:2", launcher="local", env=slurm).source == "local"  # local nodes, forked here
+
+
 def test_srun_is_required_when_chosen_but_absent(monkeypatch, tmp_path) -> None:
-    if shutil.which("srun") is not None:
-        pytest.skip("srun is installed here")
-    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun there (nor beside this Python)
     with pytest.raises(NodeError, match="no srun on PATH"):
         resolve(env={"SLURM_JOB_NODELIST": "c[1-2]"}, launcher="srun")
 

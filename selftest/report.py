@@ -102,13 +102,29 @@ def overhead_rows(overhead: Mapping[str, Any]) -> list[tuple[str, float, float]]
     ]
 
 
+def node_words(nodes: Mapping[str, Any] | None) -> tuple[str, str]:
+    """What a run's nodes are called in sentences, and how to get more of them, by where they came from:
+    ``("this machine", "--nodes local:K, --hostfile")``, ``("the 2 nodes of the Slurm allocation", "a larger
+    allocation: salloc -N")``, ``("the 3 hosts of hostfile h", "more hosts in the hostfile")``."""
+    source = str((nodes or {}).get("source") or "local")
+    count = len((nodes or {}).get("nodes") or [])
+    if source == "slurm":
+        return f"the {count} nodes of the Slurm allocation", "a larger allocation: salloc -N or sbatch -N"
+    if source.startswith("hostfile:"):
+        return f"the {count} hosts of hostfile {source.split(':', 1)[1]}", "more hosts in the hostfile"
+    if source == "pbs":
+        return f"the {count} nodes of the PBS allocation", "a larger allocation: qsub -l select=N"
+    return "this machine", "--nodes local:K on a larger machine, --hostfile, or a Slurm allocation"
+
+
 def validity_lines(
     models: Mapping[str, Mapping[str, Any]],
     nodes: Mapping[str, Any] | None,
     load_average: float | None = None,
     usable_cores: int | None = None,
 ) -> list[str]:
-    """Plain sentences on what the model can claim on this machine, for the terminal and the page.
+    """Plain sentences on what the model can claim on these nodes (this machine, the allocation's...: from
+    ``nodes["source"]``, :func:`node_words`), for the terminal and the page.
 
     Per metric: how many validation samples the model claims (one process per core or fewer: Carns et al.
     2025, section 4.3 and Figures 11-12) and their median error, how far repeated measurements of the same
@@ -116,7 +132,7 @@ def validity_lines(
     processes share cores (``scores["excluded"]``), left out of the scores and errors. A metric whose ceiling
     lies below its own samples (:meth:`~selftest.roofline.Roofline.above_ceiling`: a noisy run) is flagged.
     Then why: the cores of the server and client nodes when samples were excluded or none fits them. Last, a
-    verdict: the largest median error of the claimed samples, or that this machine cannot validate the model
+    verdict: the largest median error of the claimed samples, or that the nodes cannot validate the model
     and why (no more than one claimed sample per metric; other processes loading the cores beyond their number).
 
     Args:
@@ -129,6 +145,7 @@ def validity_lines(
         Lines of text.
     """
     node_list = list((nodes or {}).get("nodes") or [])
+    where, more_nodes = node_words(nodes)
     server_cores = int(node_list[0]["slots"]) if node_list else None
     client_cores = sum(int(n["slots"]) for n in node_list[1:]) if len(node_list) > 1 else None
     lines: list[str] = []
@@ -148,7 +165,7 @@ def validity_lines(
             text = (f"{name}: the model claims {claimed['count']} of {total} validation samples (one process per "
                     f"core or fewer): median error {_pct(claimed['median_relative_error'])}; {repeat}")  # fmt: skip
         else:
-            text = f"{name}: no validation sample fits the cores, so this machine cannot validate the model; {repeat}"
+            text = f"{name}: no validation sample fits the cores, so {where} cannot validate the model; {repeat}"
         if excluded["count"]:
             any_excluded = True
             rows = [r for r in scores["samples"] if r.get("oversubscribed")]
@@ -165,18 +182,18 @@ def validity_lines(
                          f"{_pct(worst)} above R(X) with the largest Pc and Ps): Pc or Ps was measured low, a noisy "
                          "run; rerun with more --repeats on an idle machine before trusting its errors.")  # fmt: skip
     if any_excluded:
-        cores = (f"this machine gives the server node {server_cores} core(s) and the client nodes {client_cores}; "
+        cores = (f"{where} give the server node {server_cores} core(s) and the client nodes {client_cores}; "
                  if server_cores is not None and client_cores is not None else "")  # fmt: skip
         lines.append(f"Why excluded: {cores}the model assumes one process per core (Carns et al. 2025, section "
                      "4.3, Figures 11-12: parameters and validation with one process per physical core), so "
                      "samples whose processes share cores are circled in red in the plots and left out of the "
                      "scores and errors above. To validate more of the model, keep --grid-servers within the "
-                     "server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
-                     "(--nodes, --hostfile).")  # fmt: skip
+                     f"server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
+                     f"({more_nodes}).")  # fmt: skip
     if worst_spread[1]:
         lines.append(f"Repeatability: the same parameter measured again varied by up to {_pct(worst_spread[0])} "
-                     f"({worst_spread[1]}); model errors of that size cannot be told from this machine's "
-                     "noise.")  # fmt: skip
+                     f"({worst_spread[1]}); model errors of that size cannot be told from the noise of "
+                     f"{where}.")  # fmt: skip
     claimed = {name: m["scores"]["overall"] for name, m in models.items()}
     reasons = []
     if claimed and max(c["count"] for c in claimed.values()) <= 1:
@@ -186,7 +203,7 @@ def validity_lines(
         reasons.append(f"other processes held the load average at {load_average:.1f} on {usable_cores} usable "
                        "cores as the run began, so its rates are not repeatable; rerun on an idle machine")  # fmt: skip
     if reasons:
-        lines.append("Verdict: this machine cannot validate the model: " + "; ".join(reasons) + ".")
+        lines.append(f"Verdict: {where} cannot validate the model: " + "; ".join(reasons) + ".")
     elif any(c["count"] for c in claimed.values()):
         errors = {n: c["median_relative_error"] for n, c in claimed.items() if c["count"]}
         worst = max(errors, key=lambda n: errors[n])
@@ -250,7 +267,7 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
             _errors_cell(scores["regions"][REGION_SERVER_BOUND]), _errors_cell(scores["regions"][REGION_CLIENT_BOUND]),
             f"{len(above)} (+{_pct(max(e for _, e in above))})" if above else "0",
         ))  # fmt: skip
-    title = "data-service roofline of this machine: ceilings (min-max of the repeats)"
+    title = f"data-service roofline of {node_words(doc.get('nodes'))[0]}: ceilings (min-max of the repeats)"
     print_table(("metric", "Pc per client", "Ps per server", "ridge X*"), ceilings, numeric=("ridge X*",),
                 title=title, console=console)  # fmt: skip
     print_lines(*(f"  {name}: {metric_parameters(name, options)}" for name in doc["metrics"]), console=console)

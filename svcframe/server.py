@@ -455,6 +455,7 @@ async def _main(
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
     lifeline_fd: int | None = None,
     source: str = "config",
+    on_failure: Callable[[str], None] | None = None,
 ) -> bool:
     server = Server(config, secret=secret, source=source)
     loop = asyncio.get_running_loop()
@@ -466,6 +467,8 @@ async def _main(
             with contextlib.suppress(OSError):
                 os.unlink(address[len("unix://") :])
         _report(ready_fd, {"ok": False, "error": reason})
+        if on_failure is not None:
+            on_failure(reason)
         os._exit(1)
 
     server.on_blocked_start = blocked
@@ -539,21 +542,26 @@ def run_server(
     on_ready: Callable[[Server], Awaitable[None]] | None = None,
     lifeline_fd: int | None = None,
     source: str = "config",
+    on_failure: Callable[[str], None] | None = None,
 ) -> int:
     """A server process's main. Returns the exit code (0 after a clean shutdown, 1 on a start-up error).
 
     ``on_ready(server)`` runs as a task once the server accepts calls (cancelled at shutdown; an exception
     in it is logged and shuts the server down). ``lifeline_fd``: the read end of a pipe whose write end
     only the launcher holds; when it closes (the launcher exited, even by SIGKILL) the server shuts down.
-    ``source``: what start-up errors name the config by (its file)."""
+    ``source``: what start-up errors name the config by (its file). ``on_failure(reason)`` is called when the
+    start-up fails (a config error, an address that cannot be bound, a provider that does not start), before
+    the process exits (a rank of a job tells the others with it: ``svcframe.ranks.report_failure``)."""
     if config.engine.cpu_affinity:
         os.sched_setaffinity(0, config.engine.cpu_affinity)
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.engine.event_loop)) as runner:
-            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd, source))
+            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd, source, on_failure))
     except (SvcframeError, OSError) as exc:
         for line in str(exc).splitlines():  # one record per problem (a config check finds them all)
             log.error("server failed to start: %s", line)
+        if on_failure is not None:
+            on_failure(" ".join(str(exc).split()))
         return 1
     return 0 if ok else 1
 

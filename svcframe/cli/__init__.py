@@ -2,7 +2,7 @@
 other packages register as plugins.
 
     svcframe serve CONFIG | launch CONFIG --procs N [--group-file F]          serve.py
-    svcframe status | shutdown | provider add|remove|list|lookup | library    admin.py
+    svcframe status | shutdown | wait | provider add|remove|list|lookup | library  admin.py
     svcframe config check | schema | get | query | patch                       config.py
     svcframe call [ADDRESS] RPC_NAME [ARG]                                     call.py
     svcframe monitor | stats dump|diagnose | trace on|off|dump                 observe.py
@@ -134,7 +134,7 @@ def main(verbose: int) -> None:
 
 for _command in (
     serve.serve, serve.launch,
-    admin.status, admin.shutdown, admin.provider, admin.library,
+    admin.status, admin.shutdown, admin.wait, admin.provider, admin.library,
     config.config,
     call.call,
     observe.monitor, observe.stats, observe.trace,

@@ -9,13 +9,14 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from ..config import load_config
 from ..errors import SvcframeError
 from ..group import GROUP_ENV
+from ..ranks import BARRIERS
 from .common import fail, import_from_cwd, output_path, read_secret
 
 
@@ -38,56 +39,88 @@ def _no_group_flag(fn: Any) -> Any:
 @click.option("--secret-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--address", default=None, help="Override engine.address.")
 @click.option("--group-file", callback=output_path, type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Under srun/mpiexec: rank 0 writes this group file once every rank is ready.")  # fmt: skip
+              help="Rank 0 writes this group file once every rank accepts calls, and removes it as it exits.")  # fmt: skip
 @_no_group_flag
 @click.option("--group-timeout-seconds", type=float, default=120.0, show_default=True,
               help="How long rank 0 waits for the other ranks.")  # fmt: skip
+@click.option("--barrier", type=click.Choice(BARRIERS), default="auto", show_default=True,
+              help="How ranks meet before the group file: mpi (mpi4py), filesystem (member files in FILE.d/, on a "
+              "filesystem every node sees), auto (mpi when mpi4py loads an MPI that speaks the launcher's PMI).")  # fmt: skip
+@click.option("--multi-node/--single-node", default=None,
+              help="Clients on other nodes call these servers: refuse an address only this node reaches "
+              "[default: when the launcher's step spans several nodes].")  # fmt: skip
 @click.option("--lifeline-fd", type=int, default=None,
               help="Shut down when this pipe's write end closes (the launcher exited).")  # fmt: skip
 def serve(
     config: str, ready_fd: int | None, secret_file: str | None, address: str | None, group_file: str | None,
-    group_timeout_seconds: float, lifeline_fd: int | None,
+    group_timeout_seconds: float, barrier: str, multi_node: bool | None, lifeline_fd: int | None,
 ) -> None:  # fmt: skip
     """Run one server from a JSON bootstrap CONFIG until SIGTERM / Ctrl-C / admin shutdown.
 
-    Under a launcher (srun, mpiexec) each process learns its rank from the environment (or mpi4py); with
-    --group-file the group is published when all ranks accept calls (svcframe/ranks.py).
+    Under a launcher (srun, mpiexec, mpirun) each process learns its rank and size from the launcher's
+    environment, with or without --group-file: a fixed TCP port of CONFIG is offset by the node-local rank
+    and a unix path gets .RANK, so that the ranks of one node do not collide. With --group-file the group is
+    published when all ranks accept calls (mpi4py, when it loads an MPI, tells the rank too); a rank that
+    fails ends every rank's wait, naming itself (svcframe/ranks.py).
 
     Libraries are imported as ``python -m`` would: the current directory first."""
+    from .. import ranks
     from ..server import run_server
 
     import_from_cwd()
+
+    def refuse(message: str) -> NoReturn:
+        if ready_fd is not None:
+            os.write(ready_fd, (json.dumps({"ok": False, "error": message}) + "\n").encode())
+        fail(message)
 
     try:
         cfg = load_config(config)
         if address:
             cfg.engine.address = address
+        info = ranks.from_environment() or (ranks.detect() if group_file is not None else ranks.RankInfo(0, 1))
     except SvcframeError as exc:
-        if ready_fd is not None:
-            os.write(ready_fd, (json.dumps({"ok": False, "error": str(exc)}) + "\n").encode())
-        fail(str(exc))
+        refuse(str(exc))
+    cfg.engine.address = ranks.rank_address(cfg.engine.address, info)
+    comm = None
+    try:
+        ranks.check_reachable(cfg.engine.address, info, multi_node=multi_node)
+        if group_file is not None:
+            ranks.remove_stale_group_file(group_file, info, ranks.process_start())
+            comm, _ = ranks.choose_barrier(info, barrier)
+    except SvcframeError as exc:
+        if group_file is not None:
+            ranks.report_failure(group_file, info, str(exc))
+        refuse(str(exc))
     on_ready = None
     if group_file is not None:
-        from .. import ranks
-
-        try:
-            info = ranks.detect()
-        except SvcframeError as exc:
-            fail(str(exc))
-        cfg.engine.address = ranks.rank_address(cfg.engine.address, info)
-        comm = ranks.mpi_comm() if info.size > 1 else None
-        if comm is not None and (comm.Get_size(), comm.Get_rank()) != (info.size, info.rank):
-            comm = None  # mpi4py is built against another MPI than the launcher's: use the filesystem
+        started = ranks.process_start()
 
         async def on_ready(server: Any) -> None:
             member = ranks.member_record(info, server.address, cfg.admin.provider_id)
             members = await ranks.publish_group(group_file, member, info, engine=server.engine, comm=comm,
-                                                timeout_seconds=group_timeout_seconds)  # fmt: skip
+                                                timeout_seconds=group_timeout_seconds, started=started)  # fmt: skip
             if members is not None:
                 click.echo(f"svcframe: group of {len(members)} published to {group_file}", err=True)
 
-    sys.exit(run_server(cfg, ready_fd=ready_fd, secret=read_secret(secret_file), on_ready=on_ready,
-                        lifeline_fd=lifeline_fd, source=config))  # fmt: skip
+    def on_failure(reason: str) -> None:  # the start-up failed: end the job's wait at once, naming this rank
+        if info.size <= 1:
+            return
+        click.echo(f"svcframe: error: {info} ({info.source}) failed to start; "
+                   f"{'aborting the MPI job' if comm is not None else 'the other ranks stop waiting'}", err=True)  # fmt: skip
+        if comm is not None:
+            ranks.abort_job(comm)
+        elif group_file is not None:
+            ranks.report_failure(group_file, info, reason)
+
+    code = run_server(cfg, ready_fd=ready_fd, secret=read_secret(secret_file), on_ready=on_ready,
+                      lifeline_fd=lifeline_fd, source=config, on_failure=on_failure)  # fmt: skip
+    if group_file is not None:
+        ranks.remove_own_group_file(group_file, info)
+        if code != 0 and comm is not None:  # the group failed after start-up (a rank missing, refused)
+            click.echo(f"svcframe: error: {info} ({info.source}): the group failed; aborting the MPI job", err=True)
+            ranks.abort_job(comm)
+    sys.exit(code)
 
 
 @click.command()

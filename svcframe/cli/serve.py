@@ -133,12 +133,20 @@ def serve(
 @click.option("--pin/--no-pin", default=False, help="Pin rank i to usable core i (mod cores).")
 @click.option("--start-timeout-seconds", type=float, default=60.0, show_default=True)
 @click.option("--secret-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--kill-on-bad-exit", "-K", is_flag=True, default=False,
+              help="Stop every server when one exits with an error or a signal (srun -K); by default the others "
+              "serve on and the group file lists the live ones.")  # fmt: skip
 def launch(
-    config: str, procs: int, group_file: str, pin: bool, start_timeout_seconds: float, secret_file: str | None
-) -> None:
+    config: str, procs: int, group_file: str, pin: bool, start_timeout_seconds: float, secret_file: str | None,
+    kill_on_bad_exit: bool,
+) -> None:  # fmt: skip
     """Start N server processes from CONFIG, write the group file when all are ready, and stop them all
-    cleanly on Ctrl-C or SIGTERM."""
-    from ..launch import Launch, usable_cores
+    cleanly on Ctrl-C or SIGTERM.
+
+    A server that exits meanwhile is reported at once (its rank, pid and how it ended); the group file is
+    written again without it, and the launcher's exit status is 1 when any server ended with an error or a
+    signal."""
+    from ..launch import Launch, describe_exit, usable_cores
 
     stop = {"now": False}
 
@@ -153,18 +161,31 @@ def launch(
         members = job.start()
     except SvcframeError as exc:
         fail(str(exc))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    old_wakeup = signal.set_wakeup_fd(wake_w)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         click.echo(f"svcframe: {procs} server(s) ready; group file {group_file}; logs in {job.workdir}", err=True)
         for m in members:
             click.echo(f"  rank {m.rank}: {m.address} (pid {m.pid})", err=True)
-        while not stop["now"] and len(job.wait(0.2)) < procs:
-            pass  # woken every 0.2 s to notice a signal; exits when every server has exited
+        while not stop["now"] and len(job.departed) < procs:
+            for rank, code in sorted(job.wait_for_exits(wake_fd=wake_r).items()):
+                live = procs - len(job.departed)
+                click.echo(f"svcframe: rank {rank} (pid {job.departed[rank]['pid']}) {describe_exit(code)}; "
+                           f"{live} of {procs} server(s) left{'; group file rewritten' if live else ''}", err=True)  # fmt: skip
+                if code != 0 and kill_on_bad_exit:
+                    click.echo("svcframe: stopping the others (--kill-on-bad-exit)", err=True)
+                    stop["now"] = True
     finally:
         codes = job.stop()
         for s, h in old.items():
             signal.signal(s, h)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wake_r)
+        os.close(wake_w)
     bad = {r: c for r, c in codes.items() if c != 0}
     if bad:
-        fail(f"server(s) exited with non-zero codes: {bad}; their logs are kept in {job.workdir}")
+        which = "; ".join(f"rank {r} {describe_exit(c)}" for r, c in sorted(bad.items()))
+        fail(f"{which}; logs kept in {job.workdir}")
     click.echo("svcframe: all servers stopped cleanly", err=True)

@@ -4,6 +4,7 @@ command lines, and the measurement plan they give over N nodes (Carns et al. sec
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
@@ -178,3 +179,27 @@ def test_default_local_plan_is_unchanged_in_shape() -> None:
     assert ps[0].servers == half and ps[0].clients == max(2, 2 * (len(cores) - half if len(cores) > 1 else 1))
     assert [(s.servers, s.clients) for s in steps if s.stage == "grid"] == [(1, 1), (1, 2), (1, 4), (1, 8),
                                                                            (2, 1), (2, 2), (2, 4), (2, 8)]  # fmt: skip
+
+
+def test_addresses_are_checked_before_anything_starts_on_other_nodes() -> None:
+    """Servers on remote nodes listen on their node's name unless --interface says otherwise: a name that does
+    not resolve, or a coordinator host only this node reaches, is one error naming the option that fixes it."""
+    from selftest.collect import check_addresses, interface_address
+
+    remote = NodeSet((Node("c1", "no-such-node.invalid", 4), Node("c2", "no-such-node-2.invalid", 4)), "slurm", "srun")
+    with pytest.raises(NodeError, match=r"node c1 \(slurm\): its name 'no-such-node.invalid' does not resolve here.*"
+                                        r"give --interface NAME"):  # fmt: skip
+        check_addresses(remote, "10.0.0.1", None)
+    with pytest.raises(NodeError, match=r"the coordinator would listen on tcp://127.0.0.1:0 is a loopback address.*"
+                                        r"give --coordinator-host ADDRESS or --interface NAME"):  # fmt: skip
+        check_addresses(remote, "127.0.0.1", None)
+    with pytest.raises(NodeError, match=r"does not resolve .*the client processes could not dial the coordinator"):
+        check_addresses(remote, "no-such-coordinator.invalid", None)
+    assert interface_address("lo") == "127.0.0.1"
+    with pytest.raises(NodeError, match="--interface nope0: this node has no such interface"):
+        interface_address("nope0")
+    # with --interface, node names need not resolve here: each server takes its interface's address
+    assert check_addresses(remote, "10.0.0.1", "lo") == "10.0.0.1"
+    # this machine under several names (a hostfile of localhost, 127.0.0.1...): loopback is what they share
+    here = NodeSet((Node("a", "localhost", 1), Node("b", "127.0.0.1", 1)), "hostfile:h", "mpiexec")
+    assert check_addresses(here, None, None) == socket.gethostname()

@@ -205,7 +205,8 @@ def _speaks_pmix(mpi: Any) -> bool:
 def choose_barrier(info: RankInfo, barrier: str = "auto", env: Mapping[str, str] | None = None) -> tuple[Any, str]:
     """The barrier of a group: ``(COMM_WORLD, "mpi")`` with MPI initialised, or ``(None, "filesystem")``.
 
-    ``auto`` uses MPI when mpi4py loads an MPI library that can talk to the launcher: under a PMIx launch
+    ``auto`` uses MPI when mpi4py loads an MPI library that can talk to the launcher: not under ``srun`` without
+    ``--mpi`` (no PMI at all: each MPI process would be a job of its own); under a PMIx launch
     (``srun --mpi=pmix``, ``PMIX_RANK`` without ``PMI_RANK``) only a library built with PMIx (Open MPI, an
     MPICH configured with PMIx); MPICH's wheel would abort every rank ("unsupported PMI version PMIx").
     ``mpi`` insists, ``filesystem`` never imports mpi4py.
@@ -219,6 +220,8 @@ def choose_barrier(info: RankInfo, barrier: str = "auto", env: Mapping[str, str]
         raise GroupError(f"--barrier {barrier!r}: choose one of {', '.join(BARRIERS)}")
     if barrier == "filesystem" or info.size <= 1:
         return None, "filesystem"
+    if barrier == "auto" and info.source == "slurm":
+        return None, "filesystem"  # srun without --mpi gives no PMI: MPI would see a job of one process
     mpi, why = load_mpi()
     if mpi is None:
         if barrier == "mpi":

@@ -9,7 +9,8 @@
 #   bash tools/netns_nodes.sh run NODE CMD [ARG...]
 #                                           run CMD on NODE: in its network namespace, with its own host name
 #                                           and /etc/hosts, and a sysfs that shows its interfaces (with the
-#                                           cgroup tree bound back in, which slurmd needs)
+#                                           cgroup tree bound back in, which slurmd needs); CMD keeps the
+#                                           script's PID, so `... run NODE daemon &` gives the daemon's in $!
 #
 # The bed (root only; needs iproute2, util-linux's nsenter and unshare):
 #
@@ -116,7 +117,7 @@ svcf_nodes_run() {  # svcf_nodes_run NODE CMD [ARG...]
   [ $# -gt 0 ] || { echo "netns_nodes: run $node: no command" >&2; return 2; }
   # A new mount and UTS namespace (private propagation: nothing leaks to the host): the host name, the
   # nodes' /etc/hosts, and a fresh sysfs (this namespace's interfaces) with the cgroup tree bound back in.
-  nsenter --net="/run/netns/$node" unshare --mount --uts --propagation private -- \
+  ${_SVCF_EXEC:-} nsenter --net="/run/netns/$node" unshare --mount --uts --propagation private -- \
     sh -c 'set -e
       node=$1 hosts=$2
       shift 2
@@ -136,10 +137,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     up) svcf_nodes_up ;;
     down) svcf_nodes_down ;;
     status) svcf_nodes_status ;;
-    run)
+    run)  # exec: CMD keeps this script's PID (nsenter and unshare exec too), so a caller's $! is CMD's
       shift
       [ $# -ge 1 ] || { echo "usage: $0 run NODE CMD [ARG...]" >&2; exit 2; }
-      svcf_nodes_run "$@"
+      _SVCF_EXEC=exec svcf_nodes_run "$@"
       ;;
     *)
       echo "usage: $0 up|down|status|run NODE CMD [ARG...]" >&2

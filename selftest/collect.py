@@ -480,7 +480,10 @@ def collect(
     for r in rows:
         by_metric[r["metric"]][r["stage"]].append(r)
     models: dict[str, Any] = {}
-    where = socket.gethostname() if node_set.source == "local" else f"{len(node_set)} nodes from {node_set.source}"
+    names = [node.name for node in node_set.nodes]
+    where = (socket.gethostname() if node_set.source == "local"
+             else f"{', '.join(names)} ({node_set.source.split(':')[0]})" if len(names) <= 4
+             else f"{len(names)} nodes ({node_set.source.split(':')[0]})")  # fmt: skip
     for metric, metric_rows in by_metric.items():
         model = _model(metric, metric_rows)
         plot(model, out / f"{metric}.png", title=plot_title(metric, opts.to_dict(), where))

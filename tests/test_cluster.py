@@ -172,8 +172,11 @@ def sbatch(script: Path, workdir: Path, *options: str, timeout: float = 240) -> 
 
 # -- launches ------------------------------------------------------------------------------------------------------
 def test_srun_servers_publish_a_group_that_answers_and_shuts_down(tmp_path: Path, launches: list[Background]) -> None:
-    """srun -n 4 (no --mpi: Slurm's variables give the rank; the filesystem barrier)."""
+    """srun -n 4 (no --mpi: Slurm's variables give the rank; the filesystem barrier), over the group file of an
+    earlier run whose servers are gone: never taken for this one's."""
     group = tmp_path / "group.json"
+    group.write_text(json.dumps({"members": [{"rank": r, "address": f"tcp://127.0.0.1:{r + 1}", "provider_id": 0,
+                                              "pid": 1} for r in range(4)], "metadata": {"created": 1.0}}))  # fmt: skip
     launches.append(Background(["srun", "-n", "4", "-t", SLURM_MINUTES, "--kill-on-bad-exit", *CLI, "serve",
                                 str(SELFTEST_CONFIG), "--group-file", str(group)], tmp_path))  # fmt: skip
     meta = serve_group(group, 4)

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
@@ -322,23 +323,29 @@ def _is_loopback_ip(text: str) -> bool:
 
 def address_problem(address: str) -> str | None:
     """Why peers on other nodes cannot reach ``address`` (None when they can, as far as this node knows):
-    a unix socket, a loopback address, or a host name that resolves only to loopback addresses here (Debian's
-    ``127.0.1.1 <hostname>`` line). A wildcard or a name that does not resolve here is left to ``listen``."""
+    a unix socket, a loopback address, a host name that resolves only to loopback addresses here (Debian's
+    ``127.0.1.1 <hostname>`` line), or one that does not resolve here at all. A wildcard is the plumber's."""
     if address.startswith("unix://"):
         return f"{address} is a unix socket, reachable on its own node only"
     if not address.startswith("tcp://"):
         return None
-    host = address[len("tcp://") :].rpartition(":")[0].strip("[]")
+    problem = _host_problem(address[len("tcp://") :].rpartition(":")[0].strip("[]"))
+    return None if problem is None else f"{address}{problem}"
+
+
+@functools.lru_cache(maxsize=256)
+def _host_problem(host: str) -> str | None:
+    """:func:`address_problem` for a host (one name resolution per host, however many ranks share it)."""
     if host in ("", "*", "0.0.0.0", "::"):
         return None
     if host == "localhost" or _is_loopback_ip(host):
-        return f"{address} is a loopback address, reachable on its own node only"
+        return " is a loopback address, reachable on its own node only"
     try:
         resolved = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
-    except (OSError, UnicodeError):
-        return None
+    except (OSError, UnicodeError) as exc:
+        return f": its host {host} does not resolve on {socket.gethostname()} ({exc})"
     if resolved and all(_is_loopback_ip(str(ip)) for ip in resolved):
-        return (f"{address}: its host {host} resolves to {', '.join(sorted(map(str, resolved)))} here, a loopback "
+        return (f": its host {host} resolves to {', '.join(sorted(map(str, resolved)))} here, a loopback "
                 "address (as Debian's '127.0.1.1 <hostname>' line in /etc/hosts makes it)")  # fmt: skip
     return None
 

@@ -88,6 +88,7 @@ def test_addresses_other_nodes_cannot_reach() -> None:
     assert "loopback" in address_problem("tcp://localhost:5000")
     assert "loopback" in address_problem("tcp://[::1]:5000")
     assert "unix socket" in address_problem("unix:///tmp/s.sock")
+    assert "its host no-such-node.invalid does not resolve on" in address_problem("tcp://no-such-node.invalid:0")
     for reachable in ("tcp://10.200.0.11:0", "tcp://*:0", "tcp://0.0.0.0:7000", "tcp://[::]:0"):
         assert address_problem(reachable) is None, reachable
 

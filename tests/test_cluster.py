@@ -10,7 +10,7 @@ starts is shut down or its job cancelled whatever happens.
     srun / salloc / sbatch with group files, status of every rank, a self-test, shutdown, scancel --signal=TERM
     srun --mpi=pmi2 (MPI's barrier) and --mpi=pmix (MPICH's wheel does not speak PMIx: the filesystem's)
     mpiexec (the wheel's and Debian's) inside and outside an allocation
-    the README's cluster recipe, as written, from sbatch on two nodes
+    the cluster guide's job script (docs/guides/cluster.md), as written, from sbatch on two nodes
     failures: a taken port under MPI's barrier ends the job within the group timeout, naming the rank; a
     loopback address in a step over two nodes is refused with a hint; fixed ports without a group file
     roofline collect over the two namespace nodes (servers on svcf-node1, clients on svcf-node2) with
@@ -279,14 +279,14 @@ echo "srun exited with $?"
     assert not (tmp_path / "group.json").exists()
 
 
-def test_the_readme_recipe_runs_as_written_from_sbatch(tmp_path: Path) -> None:
-    """The README's cluster recipe, a batch script, as it is written there: 4 servers on the two namespace
-    nodes (partition netns), a client that waits for their group file, a self-test, shutdown; the servers
-    remove their files."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if b.startswith("#!/bin/bash\n#SBATCH")]
-    assert blocks, "README.md lost its cluster recipe (a ```sh block starting #!/bin/bash, #SBATCH)"
-    script = tmp_path / "recipe.sh"
+def test_the_cluster_guides_job_script_runs_as_written_from_sbatch(tmp_path: Path) -> None:
+    """The cluster guide's job script, as it is written there: 4 servers on the two namespace nodes
+    (partition netns), a client that waits for their group file, a self-test, shutdown; the servers remove
+    their files."""
+    page = (ROOT / "docs" / "guides" / "cluster.md").read_text()
+    blocks = re.findall(r'```sh \{\.file title="job\.sh"\}\n(.*?)```', page, re.S)
+    assert blocks, 'docs/guides/cluster.md lost its job script (```sh {.file title="job.sh"})'
+    script = tmp_path / "job.sh"
     script.write_text(blocks[0])
     state, output = sbatch(script, tmp_path, "--partition=netns")
     assert state == "COMPLETED", output[-3000:]

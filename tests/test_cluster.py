@@ -330,14 +330,18 @@ def test_a_taken_port_under_mpi_barrier_ends_the_job_within_the_group_timeout(tm
     group = tmp_path / "group.json"
     config = _fixed_port_config(tmp_path, port)
     t0 = time.monotonic()
+    launch = Background(["srun", "--mpi=pmi2", "-n", "3", "-t", SLURM_MINUTES, *CLI, "serve", str(config),
+                         "--group-file", str(group), "--group-timeout-seconds", "30"], tmp_path)  # fmt: skip
     try:
-        done = run(["srun", "--mpi=pmi2", "-n", "3", "-t", SLURM_MINUTES, *CLI, "serve", str(config), "--group-file",
-                    str(group), "--group-timeout-seconds", "30"], timeout=120, cwd=tmp_path)  # fmt: skip
+        code = launch.wait(90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the job did not end within 90 s:\n{launch.output[-3000:]}")
     finally:
         holder.close()
+        launch.end()
     took = time.monotonic() - t0
-    output = done.stdout + done.stderr
-    assert done.returncode != 0 and took < 30, (took, output[-3000:])
+    output = launch.output
+    assert code != 0 and took < 30, (took, output[-3000:])
     assert "rank 1 of 3 (pmi) failed to start; aborting the MPI job" in output, output[-3000:]
     assert not group.exists()
 

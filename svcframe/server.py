@@ -336,6 +336,7 @@ class Server:
             raise ConfigError(f"cannot remove {name!r}: {', '.join(users)} depend(s) on it; remove them first")
         self._removing.add(name)
         try:
+            await self._before_close([provider])
             self.engine.refuse_provider(provider.provider_id, f"provider {name!r} is being removed")
             running = self.engine.inflight_for(provider.provider_id)
             if running:
@@ -430,6 +431,21 @@ class Server:
     def request_shutdown(self) -> None:
         self._shutdown.set()
 
+    async def _before_close(self, providers: list[Provider]) -> None:
+        """Each provider's ``before_close``, at most ``engine.drain_timeout_seconds`` in all."""
+
+        async def one(provider: Provider) -> None:
+            try:
+                await provider.before_close()
+            except Exception:
+                log.exception("provider %s: before_close failed", provider.name)
+
+        if providers:
+            tasks = [asyncio.ensure_future(one(p)) for p in providers]
+            _, late = await asyncio.wait(tasks, timeout=self.config.engine.drain_timeout_seconds)
+            for task in late:
+                task.cancel()
+
     async def serve(self) -> None:
         """Serve until ``request_shutdown`` (admin RPC or signal), then close."""
         await self._shutdown.wait()
@@ -437,7 +453,10 @@ class Server:
 
     async def close(self) -> None:
         """Drain and stop: the engine refuses new calls, running handlers get drain_timeout_seconds,
-        providers are closed in reverse order of creation."""
+        providers are closed in reverse order of creation (each told first, while the engine still runs:
+        ``Provider.before_close``)."""
+        if self.engine is not None and not self.engine.closing:
+            await self._before_close(list(reversed(list(self.providers.values()))))
         if self.engine is not None:
             await self.engine.close(self.config.engine.drain_timeout_seconds)
         for provider in reversed(list(self.providers.values())):

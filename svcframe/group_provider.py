@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -85,7 +84,7 @@ from .errors import (
     RPCError,
     Unauthenticated,
 )
-from .group import GROUP_ENV
+from .group import GROUP_ENV, RANK_ENV, read_group_document, write_group_document
 from .membership import (
     Ack,
     MalformedMessage,
@@ -508,25 +507,23 @@ class GroupProvider(Provider):
         view = swim.view()
         if not view.members or view.members[0].member_id != swim.member_id or view.digest == self._written_digest:
             return
-        try:
-            existing = json.loads(path.read_text())
-            metadata = existing.get("metadata") if isinstance(existing, dict) else None
-        except (OSError, ValueError):
-            metadata = None
-        metadata = dict(metadata) if isinstance(metadata, dict) else {}
+        existing = read_group_document(path) or {"members": [], "metadata": {}}
+        metadata = dict(existing["metadata"])
+        # what another writer recorded of a member (the launcher's "ready"), kept while it is the same process
+        before = {(e.get("address"), e.get("pid")): e for e in existing["members"]}
         metadata["group"] = {"version": view.version, "digest": view.digest, "provider_id": self.provider_id,
                              "writer": swim.member_id}  # fmt: skip
         members, taken = [], {m.rank for m in view.members if m.rank is not None}
         next_rank = max(taken, default=-1) + 1
         seen: set[int] = set()
         for m in view.members:
-            entry = member_entry(m)
+            entry = {**before.get((m.address, m.pid), {}), **member_entry(m)}
             if m.rank is None or m.rank in seen:  # a member without a rank (or a second of one) gets the next
                 entry["rank"], next_rank = next_rank, next_rank + 1
             seen.add(entry["rank"])
             members.append(entry)
         try:
-            _write_atomically(path, {"members": members, "metadata": metadata})
+            write_group_document(path, {"members": members, "metadata": metadata})
         except OSError as exc:
             log.warning("group %s: cannot write group file %s: %s", self.name, path, exc.strerror)
             return
@@ -670,10 +667,6 @@ class FlockProvider(GroupProvider):
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
-#: The environment variable ``svcframe launch`` gives each server its rank in.
-RANK_ENV = "SVCFRAME_RANK"
-
-
 def _launcher_rank() -> int | None:
     """This process's rank: ``$SVCFRAME_RANK`` (``svcframe launch``), else the launcher's (srun, mpiexec)."""
     from .ranks import from_environment
@@ -698,14 +691,8 @@ def _admin_provider_id(engine: Engine) -> int:
 
 def _read_entries(path: Path) -> list[dict[str, Any]]:
     """The member entries of a group file; [] when it is missing, partial or not one."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    members = doc.get("members") if isinstance(doc, dict) else None
-    if not isinstance(members, list):
-        return []
-    return [m for m in members if isinstance(m, dict) and isinstance(m.get("address"), str)]
+    doc = read_group_document(path)
+    return [m for m in doc["members"] if isinstance(m.get("address"), str)] if doc else []
 
 
 def _group_id(entry: dict[str, Any], default: int) -> int:
@@ -727,12 +714,6 @@ def _info_from_entry(entry: dict[str, Any], provider_id: int) -> MemberInfo:
         address, group_id, opt_int("rank"), host if isinstance(host, str) else None, opt_int("pid"),
         opt_int("provider_id") or 0,
     )  # fmt: skip
-
-
-def _write_atomically(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 # -- the client's handle ------------------------------------------------------------------------------------------

@@ -16,6 +16,12 @@ and the group file is written again with the live members only, the departed in 
 
 (removed when no member is left). On a cluster, processes are started by the site launcher (srun, mpiexec)
 instead; this module is the single-machine case.
+
+Each server gets its rank in ``$SVCFRAME_RANK`` and the group file in ``$SVCFRAME_GROUP``. When the config has a
+group provider (``svcframe.group_provider``), the group keeps that file equal to its view; a server that exits is
+then also removed from the view at once: the launcher, which saw it end, asks a live member's group provider to
+remove it (an authenticated ``leave`` for another), and the file is rewritten with every other member's entry kept
+as the group wrote it.
 """
 
 from __future__ import annotations
@@ -35,8 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from .config import ServiceConfig, load_config
-from .errors import LaunchError
-from .group import Member, write_group_file
+from .errors import AppError, LaunchError, SvcframeError
+from .group import (
+    GROUP_ENV,
+    GROUP_PROVIDER_TYPES,
+    RANK_ENV,
+    Member,
+    read_group_document,
+    write_group_document,
+    write_group_file,
+)
 from .transport import parse_address
 
 
@@ -93,6 +107,10 @@ class Launch:
         self.departed: dict[int, dict[str, Any]] = {}  # rank -> {"rank", "pid", "status", "when"}
         self._procs: list[subprocess.Popen[bytes]] = []
         self._pidfds: dict[int, int] = {}  # rank -> pidfd of its process (readable once it exited)
+        groups = [p for p in self.config.providers if p.type in GROUP_PROVIDER_TYPES]
+        self.has_group = bool(groups)
+        self.group_provider_id = groups[0].provider_id if groups else None  # None: assigned; the file says
+        self.group_notes: dict[int, str] = {}  # rank -> what the group did when it departed
         # No orphaned servers if the launcher dies: each server watches the read end of this pipe and shuts
         # down when the write end, held only by this process, closes. (PR_SET_PDEATHSIG is not used: it
         # fires when the *thread* that started the child exits, not the process.)
@@ -122,9 +140,13 @@ class Launch:
                        "--lifeline-fd", str(lifeline_r)]  # fmt: skip
                 if self.secret_file:
                     cmd += ["--secret-file", self.secret_file]
+                env = {**os.environ, RANK_ENV: str(rank)}
+                if self.group_file is not None:
+                    env[GROUP_ENV] = str(self.group_file.resolve())
                 log = open(self.workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child
                 proc = subprocess.Popen(
-                    cmd, pass_fds=(w, lifeline_r), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd, pass_fds=(w, lifeline_r), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=env,
                 )  # fmt: skip
                 log.close()
                 os.close(w)
@@ -151,7 +173,13 @@ class Launch:
                                     "created": self._created}  # fmt: skip
         if self.departed:
             metadata["departed"] = [self.departed[r] for r in sorted(self.departed)]
-        if live:
+        doc = read_group_document(self.group_file) if self.has_group and self.departed else None
+        if live and doc is not None:  # the group's file: its entries kept, the departed ones out
+            gone = {m.address for m in self.members if m.rank in self.departed}
+            doc["members"] = [e for e in doc["members"] if e.get("address") not in gone]
+            doc["metadata"].update(departed=metadata["departed"])
+            write_group_document(self.group_file, doc)
+        elif live:
             write_group_file(self.group_file, live, metadata)
         else:
             with contextlib.suppress(FileNotFoundError):
@@ -194,7 +222,58 @@ class Launch:
                 os.close(fd)
         if now:
             self._write_group_file()
+            self.group_notes.update(self._tell_group([m for m in self.members if m.rank in now]))
         return now
+
+    def _tell_group(self, gone: list[Member]) -> dict[int, str]:
+        """Ask a live member's group provider to remove members that exited (the launcher saw them end: proof a
+        member's own failure detection would take seconds to reach). Returns a note per rank for the output."""
+        live = [m for m in self.members if m.rank not in self.departed]
+        if not self.has_group or not gone or not live:
+            return {}
+        doc = read_group_document(self.group_file) if self.group_file is not None else None
+        ids = {e.get("address"): e.get("group_provider_id") for e in doc["members"]} if doc else {}
+
+        async def tell() -> dict[int, str]:
+            from .engine import FROM_ENVIRONMENT, Engine
+            from .server import read_secret_file
+
+            secret = read_secret_file(self.secret_file) if self.secret_file else FROM_ENVIRONMENT
+            notes: dict[int, str] = {}
+            async with Engine(None, secret=secret) as engine:
+                for m in gone:
+                    problem = "no live member runs the group provider"
+                    for peer in live:
+                        group_id = (
+                            self.group_provider_id if self.group_provider_id is not None else ids.get(peer.address)
+                        )
+                        if not isinstance(group_id, int):
+                            continue
+                        try:
+                            await engine.call(peer.address, "leave", {"address": m.address}, provider_id=group_id,
+                                              timeout_seconds=2.0)  # fmt: skip
+                        except AppError as exc:
+                            if exc.code == "NotMember":  # the group removed it already
+                                notes[m.rank] = "already out of the group's view"
+                                break
+                            problem = f"{peer.address}: {exc}"
+                        except SvcframeError as exc:
+                            problem = f"{peer.address}: {exc}"
+                        else:
+                            view = await engine.call(peer.address, "view", None, provider_id=group_id,
+                                                     timeout_seconds=2.0)  # fmt: skip
+                            notes[m.rank] = f"removed from the group's view (version {view['version']})"
+                            break
+                    else:
+                        notes[m.rank] = f"the group could not be told ({problem}); it detects the exit itself"
+            return notes
+
+        from .loops import run
+
+        try:
+            return run(tell())
+        except SvcframeError as exc:
+            return {m.rank: f"the group could not be told ({exc}); it detects the exit itself" for m in gone}
 
     def _pidfd(self, rank: int, proc: subprocess.Popen[bytes]) -> int | None:
         if rank not in self._pidfds:

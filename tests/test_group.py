@@ -54,24 +54,25 @@ def start_group(tmp_path: Path, n: int, **swim: Any) -> tuple[Path, list[ServerP
     return file, servers
 
 
-async def view_of(engine: Engine, address: str) -> dict[str, Any]:
-    return await engine.call(address, "view", None, provider_id=GROUP_ID, timeout_seconds=5.0)  # type: ignore[no-any-return]
+async def view_of(engine: Engine, address: str, provider_id: int = GROUP_ID) -> dict[str, Any]:
+    return await engine.call(address, "view", None, provider_id=provider_id, timeout_seconds=5.0)  # type: ignore[no-any-return]
 
 
 async def wait_for_view(
-    engine: Engine, address: str, predicate: Callable[[dict[str, Any]], bool], within: float, what: str
-) -> dict[str, Any]:
+    engine: Engine, address: str, predicate: Callable[[dict[str, Any]], bool], within: float, what: str,
+    provider_id: int = GROUP_ID,
+) -> dict[str, Any]:  # fmt: skip
     """The view of the member at ``address`` once ``predicate`` holds, woken by the member's own watch (never a
     fixed sleep); fails after ``within`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    view = await view_of(engine, address)
+    view = await view_of(engine, address, provider_id)
     while not predicate(view):
         left = deadline - loop.time()
         if left <= 0:
             pytest.fail(f"timed out after {within:g} s waiting for {what}; last view: {view}")
         view = await engine.call(address, "watch", {"version": view["version"], "timeout_seconds": min(left, 5.0)},
-                                 provider_id=GROUP_ID, timeout_seconds=min(left, 5.0) + 5.0)  # fmt: skip
+                                 provider_id=provider_id, timeout_seconds=min(left, 5.0) + 5.0)  # fmt: skip
     return view
 
 
@@ -326,3 +327,50 @@ def test_without_a_shared_secret_a_member_refuses_to_start(tmp_path: Path) -> No
     config["providers"][0]["config"]["require_authentication"] = False  # a trusted machine: the user's choice
     with ServerProcess.start(config, tmp_path, name="trusted", env=server_env(secret=False)) as server:
         assert server.alive()
+
+
+# -- svcframe launch ----------------------------------------------------------------------------------------------
+def test_launch_reports_a_killed_rank_in_its_output_exit_status_and_the_view(tmp_path: Path) -> None:
+    """configs/group.json under `svcframe launch`: each server knows its rank and the group file (from the
+    launcher), the group keeps the file; kill -9 of rank 1 is reported at once, removed from the group's view at
+    once (the launcher tells a live member), the file keeps the group's entries of the others, and the launcher
+    exits with status 1 naming the rank."""
+    group = tmp_path / "g.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "svcframe", "launch", str(ROOT / "configs" / "group.json"), "--procs", "3",
+         "--group-file", str(group)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=server_env(), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        line = proc.stderr.readline()
+        assert "3 server(s) ready" in line, line + proc.stderr.read()
+        launched = read_group_file(group).members
+
+        async def ranked_view() -> dict[str, Any]:
+            async with Engine(None) as engine:
+                return await wait_for_view(engine, launched[0].address, lambda v: [m.get("rank") for m in
+                                           v["members"]] == [0, 1, 2], 15.0, "ranks 0-2", provider_id=10)  # fmt: skip
+
+        view = asyncio.run(ranked_view())
+        assert [m["pid"] for m in view["members"]] == [m.pid for m in launched]
+        os.kill(launched[1].pid, signal.SIGKILL)
+        while "killed" not in (line := proc.stderr.readline()):
+            assert line, "the launcher ended without reporting the killed rank"
+        assert f"rank 1 (pid {launched[1].pid}) killed by SIGKILL" in line
+        assert f"removed from the group's view (version {view['version'] + 1})" in line
+        after = json.loads(group.read_text())
+        assert [m["rank"] for m in after["members"]] == [0, 2]
+        assert all("member_id" in m and "group_provider_id" in m for m in after["members"])  # the group's entries
+        assert after["metadata"]["departed"][0]["rank"] == 1
+        out = cli("group", "view", "-g", str(group), "--json")
+        assert [m["rank"] for m in json.loads(out.stdout)["members"]] == [0, 2], out.stderr
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert "rank 1 killed by SIGKILL" in err
+    assert not group.exists()

@@ -17,11 +17,9 @@ from typing import Any
 import click
 
 from ..errors import SvcframeError
-from ..group import GROUP_ENV
+from ..group import GROUP_ENV, GROUP_PROVIDER_TYPES
 from ..registration import MAX_PROVIDER_ID
 from .common import describe, echo_json, fail, group_option, json_option, print_lines, print_table, read_secret
-
-GROUP_TYPES = ("group", "flock")
 
 
 def _provider_id_option(fn: Any) -> Any:
@@ -66,7 +64,7 @@ async def _group_id(engine: Any, address: str, given: int | None, ids: dict[str,
         return ids[address]
     status = await engine.call(address, "status", None, provider_id=0, timeout_seconds=5.0)
     for p in status.get("providers", []) if isinstance(status, dict) else []:
-        if p.get("type") in GROUP_TYPES:
+        if p.get("type") in GROUP_PROVIDER_TYPES:
             return int(p["provider_id"])
     raise SvcframeError(f"{address} runs no group provider (no provider of type group); give --provider-id")
 

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -95,6 +96,7 @@ def serve(
     on_ready = None
     if group_file is not None:
         started = ranks.process_start()
+        os.environ[GROUP_ENV] = str(Path(group_file).resolve())  # a group provider keeps this job's file
 
         async def on_ready(server: Any) -> None:
             member = ranks.member_record(info, server.address, cfg.admin.provider_id)
@@ -172,8 +174,10 @@ def launch(
         while not stop["now"] and len(job.departed) < procs:
             for rank, code in sorted(job.wait_for_exits(wake_fd=wake_r).items()):
                 live = procs - len(job.departed)
+                note = f"; {job.group_notes[rank]}" if rank in job.group_notes else ""
                 click.echo(f"svcframe: rank {rank} (pid {job.departed[rank]['pid']}) {describe_exit(code)}; "
-                           f"{live} of {procs} server(s) left{'; group file rewritten' if live else ''}", err=True)  # fmt: skip
+                           f"{live} of {procs} server(s) left{'; group file rewritten' if live else ''}{note}",
+                           err=True)  # fmt: skip
                 if code != 0 and kill_on_bad_exit:
                     click.echo("svcframe: stopping the others (--kill-on-bad-exit)", err=True)
                     stop["now"] = True

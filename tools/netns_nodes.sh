@@ -25,14 +25,21 @@
 # and tests find the names above in the environment variables SVCF_NODES (the namespaces, space-separated),
 # SVCF_NODE_ADDRESSES and SVCF_BRIDGE_ADDRESS when they source this file with `source tools/netns_nodes.sh`
 # (sourcing defines the names and functions and runs nothing).
+#
+# A second bed beside the first (a benchmark injecting faults while a cluster runs on the default one) takes
+# other names from the same variables, set before running or sourcing this file, e.g.
+#   SVCF_BRIDGE=svcg-br SVCF_BRIDGE_ADDRESS=10.201.0.1 SVCF_NODES="svcg-node1 svcg-node2" \
+#   SVCF_NODE_ADDRESSES="10.201.0.11 10.201.0.12" SVCF_VETH=svcg-veth SVCF_NODES_DIR=/run/svcg-nodes \
+#   bash tools/netns_nodes.sh up
 
-SVCF_BRIDGE=svcf-br
-SVCF_BRIDGE_ADDRESS=10.200.0.1
-SVCF_NODES="svcf-node1 svcf-node2"
-SVCF_NODE_ADDRESSES="10.200.0.11 10.200.0.12"
+SVCF_BRIDGE=${SVCF_BRIDGE:-svcf-br}
+SVCF_BRIDGE_ADDRESS=${SVCF_BRIDGE_ADDRESS:-10.200.0.1}
+SVCF_NODES=${SVCF_NODES:-"svcf-node1 svcf-node2"}
+SVCF_NODE_ADDRESSES=${SVCF_NODE_ADDRESSES:-"10.200.0.11 10.200.0.12"}
+SVCF_VETH=${SVCF_VETH:-svcf-veth}
 SVCF_PREFIX=24
 SVCF_NODES_DIR=${SVCF_NODES_DIR:-/run/svcf-nodes}
-export SVCF_BRIDGE SVCF_BRIDGE_ADDRESS SVCF_NODES SVCF_NODE_ADDRESSES SVCF_NODES_DIR
+export SVCF_BRIDGE SVCF_BRIDGE_ADDRESS SVCF_NODES SVCF_NODE_ADDRESSES SVCF_VETH SVCF_NODES_DIR
 
 _svcf_address() {  # _svcf_address NODE: the node's address
   local i=1 node
@@ -66,7 +73,7 @@ svcf_nodes_up() {
   ip link set "$SVCF_BRIDGE" up
   for node in $SVCF_NODES; do
     address=$(_svcf_address "$node")
-    veth=svcf-veth$i
+    veth=$SVCF_VETH$i
     ip netns add "$node"
     ip link add "$veth" type veth peer name eth0 netns "$node"
     ip link set "$veth" master "$SVCF_BRIDGE"
@@ -86,7 +93,7 @@ svcf_nodes_down() {
   local i=1 node
   for node in $SVCF_NODES; do
     ip netns del "$node" 2>/dev/null || true  # deletes eth0, and with it the veth's other end
-    ip link del "svcf-veth$i" 2>/dev/null || true
+    ip link del "$SVCF_VETH$i" 2>/dev/null || true
     i=$((i + 1))
   done
   ip link del "$SVCF_BRIDGE" 2>/dev/null || true

@@ -409,6 +409,17 @@ class Engine(Calls, Handlers, BulkTransfers, BulkServing, EngineState):
             if entry[1] == 0 and not task.done():
                 task.cancel()  # nobody waits for this dial any more
 
+    def disconnect(self, address: str, reason: str = "dropped by the caller") -> bool:
+        """Drop the connection dialled to ``address``, if any: its pending calls fail with ConnectionLost and the
+        next call dials again. For a caller that finds it stuck (a failure detector whose calls time out: after a
+        path comes back, TCP's retransmission backoff can keep an old connection silent for seconds). Returns
+        whether there was one."""
+        conn = self._conns.get(address)
+        if conn is None or conn.closed:
+            return False
+        conn.abort(ConnectionLost(f"connection to {address}: {reason}"), expected=True)
+        return True
+
     async def _dial(self, address: str) -> Connection:
         target = parse_address(address)
         made: list[Connection] = []

@@ -394,7 +394,14 @@ class Connection(asyncio.BufferedProtocol, ConnectionState):
         if exc is None:
             exc = cut
         if not self.ready.done():
-            self.ready.set_exception(exc or ConnectionLost(f"connection to {self.peername} closed in handshake"))
+            if exc is not None and not isinstance(exc, OSError):
+                self.ready.set_exception(exc)
+            else:  # a reset from the peer's kernel (an OSError) reaches the dialler as ConnectionLost, as any loss
+                lost = ConnectionLost(
+                    f"connection to {self.peername} closed in handshake" + (f": {exc}" if exc else "")
+                )
+                lost.__cause__ = exc
+                self.ready.set_exception(lost)
             self.ready.exception()  # mark retrieved; the dialler re-raises it
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)

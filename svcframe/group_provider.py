@@ -77,6 +77,7 @@ from .errors import (
     AppError,
     ConfigError,
     ConnectionLost,
+    DeadlineExceeded,
     GroupError,
     NoSuchProvider,
     NoSuchRPC,
@@ -412,7 +413,13 @@ class GroupProvider(Provider):
             swim.send_failed(send, loop.time())
             self._flush()
             return None
-        except RPCError as exc:  # a deadline: the protocol's own timers decide what it means
+        except DeadlineExceeded as exc:
+            # the protocol's own timers decide what it means; the connection may be the one stuck (TCP backs off
+            # for seconds on a path that failed and came back): the next message dials afresh
+            log.debug("group %s: %s: %s", self.name, send.address, exc)
+            self.engine.disconnect(send.address, "a membership message timed out")
+            return None
+        except RPCError as exc:
             log.debug("group %s: %s: %s", self.name, send.address, exc)
             return None
         except ConfigError as exc:  # an address the engine cannot dial

@@ -83,6 +83,7 @@ from .errors import (
     NoSuchRPC,
     Refused,
     RPCError,
+    SvcframeError,
     Unauthenticated,
 )
 from .group import GROUP_ENV, RANK_ENV, read_group_document, write_group_document
@@ -803,6 +804,8 @@ class GroupHandle:
                                               timeout_seconds=self.timeout_seconds)  # fmt: skip
             except RPCError as exc:
                 problems.append(f"{address}: {exc}")
+                if isinstance(exc, DeadlineExceeded):  # the connection may be stuck in TCP's backoff: dial afresh
+                    self.engine.disconnect(address, "a view request timed out")
                 continue
             if isinstance(view, dict) and view.get("members"):
                 self._adopt(view, (address, group_id))
@@ -830,7 +833,9 @@ class GroupHandle:
                     address, "watch", {"version": view["version"], "timeout_seconds": timeout_seconds},
                     provider_id=group_id, timeout_seconds=timeout_seconds + self.timeout_seconds,
                 )  # fmt: skip
-            except RPCError:
+            except RPCError as exc:
+                if isinstance(exc, DeadlineExceeded):
+                    self.engine.disconnect(address, "a watch timed out")
                 view = await self.refresh()  # that member is gone: ask another
                 yield view
                 continue
@@ -852,9 +857,9 @@ class GroupHandle:
                 try:
                     async for _ in self.watch():
                         pass
-                except GroupError as exc:
+                except SvcframeError as exc:  # no member answered (GroupError), or a call failed otherwise
                     log.warning("group handle: %s", exc)
-                    await asyncio.sleep(self.timeout_seconds)  # no member answered: try again later
+                    await asyncio.sleep(self.timeout_seconds)  # try again later
 
         self._watcher = asyncio.get_running_loop().create_task(follow())
         return self

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -234,6 +236,21 @@ def test_the_cli_views_watches_and_changes_the_group(tmp_path: Path) -> None:
             [sys.executable, "-m", "svcframe", "group", "watch", "-g", str(file), "--json", "--count", "3"],
             cwd=ROOT, env=server_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        lines: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout], daemon=True)  # type: ignore[union-attr]
+        reader.start()
+
+        def next_view() -> dict[str, Any]:
+            try:
+                return json.loads(lines.get(timeout=60))  # type: ignore[no-any-return]
+            except queue.Empty:
+                watch.kill()
+                pytest.fail(f"svcframe group watch printed no view within 60 s: {watch.communicate()[1]}")
+
+        everyone = {s.address for s in servers}
+        first = next_view()  # the watch is connected before anything changes
+        while addresses(first) != everyone:  # it may start before the last member joined
+            first = next_view()
         out = cli("group", "view", "-g", str(file), "--json")
         assert out.returncode == 0, out.stderr
         view = json.loads(out.stdout)
@@ -244,18 +261,24 @@ def test_the_cli_views_watches_and_changes_the_group(tmp_path: Path) -> None:
         leaving = servers[2].address
         left = cli("group", "leave", leaving, "-g", str(file))
         assert left.returncode == 0 and "left the group" in left.stdout, left.stderr
+        after_leave = next_view()
+        assert addresses(after_leave) == everyone - {leaving}
         back = cli("group", "join", leaving, "-g", str(file), "--json")
         assert back.returncode == 0, back.stderr
         assert leaving in {m["address"] for m in json.loads(back.stdout)["members"]}
-        lines, err = watch.communicate(timeout=60)
-        views = [json.loads(line) for line in lines.splitlines()]
-        assert len(views) == 3, err
-        assert [len(v["members"]) for v in views][1:] == [2, 3] or len(views[-1]["members"]) == 3
+        after_join = next_view()
+        assert addresses(after_join) == everyone
+        assert after_join["version"] > after_leave["version"] > first["version"]
+        assert watch.wait(timeout=60) == 0  # --count 3: the first view and the two changes
+        reader.join()
         # a user error is one line: no group provider at that id
         bad = cli("group", "view", servers[0].address, "--provider-id", "7")
         assert bad.returncode != 0 and "Traceback" not in bad.stderr
         assert len([line for line in bad.stderr.splitlines() if line.strip()]) == 1, bad.stderr
     finally:
+        if watch.poll() is None:
+            watch.kill()
+        watch.communicate()
         stop_all(servers)
 
 

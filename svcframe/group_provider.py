@@ -780,6 +780,7 @@ class GroupHandle:
 
     @property
     def version(self) -> int | None:
+        """The version of the last view read (None before the first ``refresh``)."""
         return None if self.view is None else int(self.view["version"])
 
     @property

@@ -117,7 +117,10 @@ class CollectOptions:
     allocation, else ``local:2``; ``launcher`` is ``auto``, ``local``, ``mpiexec`` or ``srun``.
     ``grid_server_nodes`` x ``grid_client_nodes`` (node counts, fully populated: one process per slot)
     replace the process grid ``grid_servers`` x ``grid_clients`` when given. ``coordinator_host`` is the
-    host the coordinator's engine binds to for remote clients (default: this host's name).
+    host the coordinator's engine binds to for remote clients (default: the address of ``interface`` on this
+    node, else this host's name). ``interface`` (remote nodes only): servers listen on that network
+    interface's address of their node (``tcp://*:0`` with ``engine.plumber.interfaces``), instead of their
+    node name's.
     The saturation ramp (:func:`ramp_loads`): from ``clients_per_core`` client processes per client-node slot
     with one call in flight each, to ``saturation_depth`` calls in flight, then to ``max_clients_per_core``
     client processes per slot.
@@ -152,6 +155,7 @@ class CollectOptions:
     coordinator_host: str | None = None
     clients_per_core: int = 2
     max_clients_per_core: int = 4
+    interface: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (paths as strings)."""
@@ -669,7 +673,10 @@ def collect(
     for r in rows:
         by_metric[r["metric"]][r["stage"]].append(r)
     models: dict[str, Any] = {}
-    where = socket.gethostname() if node_set.source == "local" else f"{len(node_set)} nodes from {node_set.source}"
+    names = [node.name for node in node_set.nodes]
+    where = (socket.gethostname() if node_set.source == "local"
+             else f"{', '.join(names)} ({node_set.source.split(':')[0]})" if len(names) <= 4
+             else f"{len(names)} nodes ({node_set.source.split(':')[0]})")  # fmt: skip
     for metric, metric_rows in by_metric.items():
         model = _model(metric, metric_rows)
         png = out / f"{metric}.png"
@@ -1010,15 +1017,17 @@ def _measure_remote(
     saved_secret = os.environ.get("SVCFRAME_SECRET")
     if not saved_secret:  # servers on other nodes listen on non-loopback addresses: they need a shared secret
         os.environ["SVCFRAME_SECRET"] = secrets.token_hex(32)
+    coordinator_host = check_addresses(node_set, opts.coordinator_host, opts.interface)
     t0 = time.monotonic()
-    coordinator = Coordinator(opts.coordinator_host or socket.gethostname())
+    coordinator = Coordinator(coordinator_host)
     groups: list[ServerGroup] = []
     pool: RemoteClientPool | None = None
     grace_seconds = 5.0
     try:
         coordinator.start()
         for i, count in sorted(_needed(_sizing(todo, ramps), "server_nodes").items()):
-            groups.append(ServerGroup(node_set, i, count, config, workdir, flavour=flavour))
+            groups.append(ServerGroup(node_set, i, count, config, workdir, flavour=flavour, interface=opts.interface,
+                                      multi_node=spans_hosts(node_set)))  # fmt: skip
             groups[-1].start()
         pool = RemoteClientPool(coordinator, node_set, _needed(_sizing(todo, ramps), "client_nodes"), workdir,
                                 flavour=flavour)  # fmt: skip
@@ -1065,6 +1074,72 @@ def _measure_remote(
             if not saved_secret:
                 os.environ.pop("SVCFRAME_SECRET", None)
             timers["teardown"] += time.monotonic() - t2
+
+
+def check_addresses(node_set: NodeSet, coordinator_host: str | None, interface: str | None) -> str:
+    """Before anything starts on other nodes: the host the coordinator binds (returned), checked to be one
+    the nodes can reach, and each node's name checked to resolve here (servers listen on it without
+    ``interface``).
+
+    Raises:
+        NodeError: a name that does not resolve, an interface this node does not have, or a coordinator
+            host that resolves to a loopback address while the nodes are other hosts (Debian's ``127.0.1.1
+            <hostname>`` line); each with the option that fixes it.
+    """
+    from svcframe.ranks import address_problem
+
+    from .nodes import NodeError
+
+    if coordinator_host is None and interface is not None:
+        coordinator_host = interface_address(interface)
+    host = coordinator_host or socket.gethostname()
+    how = "--coordinator-host ADDRESS or --interface NAME (e.g. ib0, eth0)"
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as exc:
+        raise NodeError(f"this node's name {host!r} does not resolve ({exc}): the client processes could not dial "
+                        f"the coordinator; give {how}") from None  # fmt: skip
+    if spans_hosts(node_set):
+        problem = address_problem(f"tcp://{host}:0")
+        if problem is not None:
+            raise NodeError(f"the coordinator would listen on {problem}; processes on the other nodes could not "
+                            f"reach it: give {how}")  # fmt: skip
+    if interface is None:
+        for node in node_set.nodes:
+            try:
+                socket.getaddrinfo(node.host, None)
+            except (OSError, UnicodeError) as exc:
+                raise NodeError(f"node {node.name} ({node_set.source}): its name {node.host!r} does not resolve here "
+                                f"({exc}); servers listen on their node's name: give --interface NAME to have "
+                                "them listen on that interface's address instead") from None  # fmt: skip
+    return host
+
+
+def spans_hosts(node_set: NodeSet) -> bool:
+    """Do the nodes include hosts other than this one (not all named by this host's name or loopback)?"""
+    here = {socket.gethostname(), "localhost", "127.0.0.1"}
+    return any(node.host not in here for node in node_set.nodes)
+
+
+def interface_address(interface: str) -> str:
+    """The IPv4 address (else IPv6) of a network interface of this node.
+
+    Raises:
+        NodeError: no such interface, or it has no IP address.
+    """
+    import psutil
+
+    from .nodes import NodeError
+
+    addresses = psutil.net_if_addrs()
+    if interface not in addresses:
+        raise NodeError(f"--interface {interface}: this node has no such interface (it has "
+                        f"{', '.join(sorted(addresses))})")  # fmt: skip
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for a in addresses[interface]:
+            if a.family == family:
+                return a.address.split("%", 1)[0]
+    raise NodeError(f"--interface {interface}: the interface has no IP address on this node")
 
 
 def _client_summary(node_set: NodeSet, clients: list[dict[str, Any]]) -> list[dict[str, Any]]:

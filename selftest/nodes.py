@@ -13,8 +13,9 @@ source                 nodes
                        ``n // K`` cores, the remainder goes to the last nodes); all bind 127.0.0.1
 ``--hostfile FILE``    Open MPI (``host slots=N``) or MPICH (``host:N``) lines; ``#`` comments;
                        a host listed twice adds its slots; no slot count = 1 slot
-Slurm allocation       ``SLURM_JOB_NODELIST`` expanded by ``scontrol show hostnames`` when it is on
-                       PATH, else by python-hostlist; slots from ``SLURM_JOB_CPUS_PER_NODE``
+Slurm allocation       ``SLURM_JOB_NODELIST`` expanded by python-hostlist (``scontrol show hostnames``
+                       for a list it cannot parse); slots from ``SLURM_JOB_CPUS_PER_NODE``; with
+                       ``--launcher srun`` or ``mpiexec`` (MPICH's Hydra starts its proxies by srun)
 PBS / PALS allocation  ``PBS_NODEFILE`` (one line per slot, as mpiexec reads it)
 nothing                ``local:2``: the single-machine default (server node, client node)
 =====================  ==========================================================================
@@ -222,23 +223,37 @@ def read_hostfile(path: str | os.PathLike[str]) -> list[Node]:
 def expand_hostlist(hostlist: str) -> list[str]:
     """A Slurm compressed host list (``nid[001-003,010],login1``) as host names, in order.
 
-    ``scontrol show hostnames`` when scontrol is on PATH (Slurm's own parser), else python-hostlist.
+    python-hostlist first (pure Python: no daemon, no slurm.conf needed); a list it cannot parse goes to
+    ``scontrol show hostnames`` (Slurm's own parser), when scontrol is on PATH and Slurm is configured here
+    (``SLURM_CONF``, ``/etc/slurm/slurm.conf``, or inside an allocation; without a configuration scontrol
+    retries for about a minute), within ``SCONTROL_TIMEOUT_SECONDS``.
 
     Raises:
-        NodeError: the list cannot be expanded.
+        NodeError: the list cannot be expanded (what each parser said).
     """
-    scontrol = shutil.which("scontrol")
-    if scontrol is not None:
-        done = subprocess.run([scontrol, "show", "hostnames", hostlist], capture_output=True, text=True, timeout=60)
-        if done.returncode == 0:
-            return done.stdout.split()
-        raise NodeError(f"scontrol show hostnames {hostlist!r} failed: {done.stderr.strip()}")
     import hostlist as _hostlist
 
     try:
         return list(_hostlist.expand_hostlist(hostlist))
     except _hostlist.BadHostlist as exc:
-        raise NodeError(f"bad Slurm host list {hostlist!r}: {exc}") from None
+        problem = f"bad Slurm host list {hostlist!r}: {exc}"
+    scontrol = shutil.which("scontrol")
+    configured = os.environ.get("SLURM_CONF") or os.environ.get("SLURM_JOB_ID") or os.path.exists(SLURM_CONF_PATH)
+    if scontrol is None or not configured:
+        raise NodeError(problem)
+    try:
+        done = subprocess.run([scontrol, "show", "hostnames", hostlist], capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT_SECONDS)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NodeError(f"{problem}; scontrol show hostnames did not answer: {exc}") from None
+    if done.returncode == 0 and done.stdout.split():
+        return done.stdout.split()
+    raise NodeError(f"{problem}; scontrol show hostnames: {done.stderr.strip() or 'no host'}")
+
+
+SLURM_CONF_PATH = "/etc/slurm/slurm.conf"
+SCONTROL_TIMEOUT_SECONDS = 10.0
+"""How long ``expand_hostlist`` waits for scontrol (only for a list python-hostlist cannot parse)."""
 
 
 def slurm_nodes(env: Mapping[str, str]) -> list[Node]:
@@ -298,11 +313,16 @@ def resolve(
         raise NodeError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
     if nodes is not None and hostfile is not None:
         raise NodeError("give --nodes local:K or --hostfile FILE, not both")
+    in_slurm = bool(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"))
+    if nodes is not None and launcher == "mpiexec" and in_slurm:
+        raise NodeError(f"--nodes {nodes} --launcher mpiexec inside a Slurm allocation: MPICH's mpiexec starts "
+                        "processes through srun, which has no node named 127.0.0.1; leave out --nodes to use the "
+                        "allocation's nodes, or use --launcher local for local nodes")  # fmt: skip
     if nodes is not None:
         found, source = local_nodes(parse_local_spec(nodes)), "local"
     elif hostfile is not None:
         found, source = read_hostfile(hostfile), f"hostfile:{hostfile}"
-    elif launcher in ("auto", "srun") and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
+    elif launcher in ("auto", "srun", "mpiexec") and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
         found, source = slurm_nodes(env), "slurm"
     elif launcher in ("auto", "mpiexec") and env.get("PBS_NODEFILE"):
         found, source = read_hostfile(env["PBS_NODEFILE"]), "pbs"

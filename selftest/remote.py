@@ -4,8 +4,9 @@ svcframe never starts remote processes itself (DESIGN.md section 7). For a node 
 ``mpiexec`` or ``srun`` (``selftest/nodes.py``), ``roofline collect`` is the *coordinator*: it runs one
 svcframe engine (:class:`Coordinator`) and starts one launcher command per node group:
 
-* **servers** (:class:`ServerGroup`): ``LAUNCHER ... python -m svcframe serve CONFIG --address tcp://HOST:0
-  --group-file F``. Each server learns its rank and size from the launcher's environment
+* **servers** (:class:`ServerGroup`): ``LAUNCHER ... python -m svcframe serve CONFIG --group-file F
+  --multi-node``, CONFIG listening on ``tcp://HOST:0`` (the node's name; with ``--interface NAME``,
+  ``tcp://*:0`` and the plumber on that interface). Each server learns its rank and size from the launcher's environment
   (``svcframe/ranks.py``); rank 0 writes ``F`` once every rank accepts calls (MPI's barrier or the
   filesystem's; never a sleep). ``F`` lives in the output directory, which must be on a filesystem the
   nodes share. The coordinator waits for ``F`` (bounded polling of that condition, stopped early when the
@@ -151,10 +152,15 @@ class ServerGroup:
         config: the bootstrap config (written beside the group file, so every node reads the same).
         workdir: a directory every node sees (group file, config, launcher log).
         flavour: mpiexec flavour (``selftest.nodes.mpiexec_flavour``).
+        interface: listen on this network interface's address of the node (``tcp://*:0`` and the plumber),
+            instead of the node's name.
+        multi_node: clients on other hosts will call (``svcframe serve --multi-node``: an address only the
+            node reaches is refused, with the hint).
     """
 
     def __init__(self, node_set: NodeSet, index: int, count: int, config: ServiceConfig, workdir: Path, *,
-                 flavour: str = "hydra", start_timeout_seconds: float = 120.0) -> None:  # fmt: skip
+                 flavour: str = "hydra", start_timeout_seconds: float = 120.0,
+                 interface: str | None = None, multi_node: bool = True) -> None:  # fmt: skip
         self.node: Node = node_set.nodes[index]
         self.index = index
         self.count = count
@@ -162,11 +168,17 @@ class ServerGroup:
         self.config_file = workdir / f"servers-node{index}.config.json"
         self.log = workdir / f"servers-node{index}.log"
         cfg = config.model_copy(deep=True)
-        cfg.engine.address = f"tcp://{self.node.host}:0"
+        if interface is None:
+            cfg.engine.address = f"tcp://{self.node.host}:0"
+        else:  # the plumber puts a wildcard on the interface's address of each server's node
+            cfg.engine.address = "tcp://*:0"
+            cfg.engine.plumber.bucket_policy = "all"
+            cfg.engine.plumber.interfaces = [interface]
         self.config_file.write_text(cfg.model_dump_json())
         self.admin_provider_id = cfg.admin.provider_id
+        # --multi-node: clients on other hosts call them, so an address only their node reaches is refused
         argv = [sys.executable, "-m", "svcframe", "serve", str(self.config_file), "--group-file", str(self.group_file),
-                "--group-timeout-seconds", str(start_timeout_seconds)]  # fmt: skip
+                "--group-timeout-seconds", str(start_timeout_seconds), "--multi-node" if multi_node else "--single-node"]  # fmt: skip
         self.command = launcher_command(node_set, self.node, count, argv, flavour=flavour)
         self.start_timeout_seconds = start_timeout_seconds
         self.members: list[Member] = []

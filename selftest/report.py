@@ -103,14 +103,30 @@ def overhead_rows(overhead: Mapping[str, Any]) -> list[tuple[str, float, float]]
     ]
 
 
+def node_words(nodes: Mapping[str, Any] | None) -> tuple[str, str]:
+    """What a run's nodes are called in sentences, and how to get more of them, by where they came from:
+    ``("this machine", "--nodes local:K, --hostfile")``, ``("the 2 nodes of the Slurm allocation", "a larger
+    allocation: salloc -N")``, ``("the 3 hosts of hostfile h", "more hosts in the hostfile")``."""
+    source = str((nodes or {}).get("source") or "local")
+    count = len((nodes or {}).get("nodes") or [])
+    if source == "slurm":
+        return f"the {count} nodes of the Slurm allocation", "a larger allocation: salloc -N or sbatch -N"
+    if source.startswith("hostfile:"):
+        return f"the {count} hosts of hostfile {source.split(':', 1)[1]}", "more hosts in the hostfile"
+    if source == "pbs":
+        return f"the {count} nodes of the PBS allocation", "a larger allocation: qsub -l select=N"
+    return "this machine", "--nodes local:K on a larger machine, --hostfile, or a Slurm allocation"
+
+
 def validity_lines(
     models: Mapping[str, Mapping[str, Any]],
     nodes: Mapping[str, Any] | None,
     load_average: float | None = None,
     usable_cores: int | None = None,
 ) -> list[str]:
-    """Plain sentences on what the model can claim on this machine, for the terminal and the page, each computed
-    from the run's own data (nothing is guessed).
+    """Plain sentences on what the model can claim on these nodes (this machine, the allocation's...: from
+    ``nodes["source"]``, :func:`node_words`), for the terminal and the page, each computed from the run's own
+    data (nothing is guessed).
 
     Per metric: how many validation samples the model claims (one process per core or fewer: Carns et al.
     2025, section 4.3 and Figures 11-12) and their median error, and the samples whose processes share cores
@@ -119,7 +135,7 @@ def validity_lines(
     what was measured, contention, the spread of repeats, a sample that repeats ``Pc``'s configuration, the
     samples above the ceiling). Then why samples were excluded, the repeatability, and a verdict: the largest
     median error of the claimed samples of the metrics whose ceilings were measured at their definitions; the
-    metrics whose ceilings are lower bounds, which their errors cannot validate; or that this machine cannot
+    metrics whose ceilings are lower bounds, which their errors cannot validate; or that the nodes cannot
     validate the model and why (no more than one claimed sample per metric; other processes loading the cores).
 
     Args:
@@ -132,6 +148,7 @@ def validity_lines(
         Lines of text.
     """
     node_list = list((nodes or {}).get("nodes") or [])
+    where, more_nodes = node_words(nodes)
     server_cores = int(node_list[0]["slots"]) if node_list else None
     client_cores = sum(int(n["slots"]) for n in node_list[1:]) if len(node_list) > 1 else None
     lines: list[str] = []
@@ -161,7 +178,7 @@ def validity_lines(
                 text = (f"{name}: the model claims {claimed['count']} of {total} validation samples (one process per "
                         f"core or fewer): median error {_pct(claimed['median_relative_error'])}")  # fmt: skip
             else:
-                text = f"{name}: no validation sample fits the cores, so this machine cannot validate the model"
+                text = f"{name}: no validation sample fits the cores, so {where} cannot validate the model"
             if excluded["count"]:
                 any_excluded = True
                 rows = [r for r in scores["samples"] if r.get("oversubscribed")]
@@ -172,20 +189,20 @@ def validity_lines(
             lines.append(text + ".")
         lines += [f"{name}: {finding}." for finding in rl.findings()]
     if any_excluded:
-        cores = (f"this machine gives the server node {server_cores} core(s) and the client nodes {client_cores}; "
+        cores = (f"{where} give the server node {server_cores} core(s) and the client nodes {client_cores}; "
                  if server_cores is not None and client_cores is not None else "")  # fmt: skip
         lines.append(f"Why excluded: {cores}the model assumes one process per core (Carns et al. 2025, section "
                      "4.3, Figures 11-12: parameters and validation with one process per physical core), so "
                      "samples whose processes share cores are circled in red in the plots and left out of the "
                      "scores and errors above. To validate more of the model, keep --grid-servers within the "
-                     "server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
-                     "(--nodes, --hostfile).")  # fmt: skip
+                     f"server node's cores and --grid-clients within the client nodes' cores, or use more nodes "
+                     f"({more_nodes}).")  # fmt: skip
     if worst_spread[1]:
         same = (f"; a sample repeating Pc's configuration differed from Pc by up to {_pct(worst_same[0])} "
                 f"({worst_same[1]})" if worst_same[1] else "")  # fmt: skip
         lines.append(f"Repeatability: the same parameter measured again varied by up to {_pct(worst_spread[0])} "
-                     f"({worst_spread[1]}){same}; model errors of that size cannot be told from this machine's "
-                     "variation.")  # fmt: skip
+                     f"({worst_spread[1]}){same}; model errors of that size cannot be told from the "
+                     f"variation of {where}.")  # fmt: skip
     claimed = {name: m["scores"]["overall"] for name, m in models.items()}
     reasons = []
     if claimed and max(c["count"] for c in claimed.values()) <= 1:
@@ -200,7 +217,7 @@ def validity_lines(
     lower = {name: p for name, p in bounded.items() if p}
     lower_text = "; ".join(f"{name}'s {' and '.join(p)}" for name, p in lower.items())
     if reasons:
-        lines.append("Verdict: this machine cannot validate the model: " + "; ".join(reasons) + "."
+        lines.append(f"Verdict: {where} cannot validate the model: " + "; ".join(reasons) + "."
                      + (f" Lower bounds, besides: {lower_text}." if lower else ""))  # fmt: skip
         return lines
     errors = {n: c["median_relative_error"] for n, c in claimed.items() if c["count"] and n not in lower}
@@ -360,7 +377,7 @@ def print_collect_summary(doc: Mapping[str, Any], out: Path) -> None:
             _errors_cell(scores["regions"][REGION_SERVER_BOUND]), _errors_cell(scores["regions"][REGION_CLIENT_BOUND]),
             f"{len(above)} (+{_pct(max(e for _, e in above))})" if above else "0",
         ))  # fmt: skip
-    title = "data-service roofline of this machine: ceilings (min-max of the repeats; ≥: a lower bound)"
+    title = f"data-service roofline of {node_words(doc.get('nodes'))[0]}: ceilings (min-max of the repeats; ≥: a lower bound)"
     print_table(("metric", "Pc per client", "Ps per server", "ridge X*"), ceilings, numeric=("ridge X*",),
                 title=title, console=console)  # fmt: skip
     print_lines(*(f"  {name}: {metric_parameters(name, options)}" for name in doc["metrics"]), console=console)

@@ -39,7 +39,7 @@ stays port 0), so a server launched from the document is equal to this one, and 
 equal too; the address actually bound is in ``status``.
 
 Clients: ``ServiceHandle`` (one server) and ``ServiceGroupHandle`` (every member of a group file, results
-keyed by address). ``lookup_remote`` is the bounded-wait remote lookup the server uses to resolve
+keyed by address); ``wait_for_group`` waits until a group file names a live group (``svcframe wait``). ``lookup_remote`` is the bounded-wait remote lookup the server uses to resolve
 ``...@ADDRESS`` dependencies (Bedrock's ``bedrock_lookup_provider`` with ``dependency_resolution_timeout``).
 """
 
@@ -70,7 +70,7 @@ from .errors import (
     TimeoutError_,
     Unauthenticated,
 )
-from .group import read_group_file
+from .group import Group, read_group_file
 from .provider import Provider, rpc
 
 log = logging.getLogger("svcframe.admin")
@@ -432,6 +432,60 @@ class ServiceGroupHandle:
 
     async def shutdown(self) -> dict[str, Any]:
         return await self.call("shutdown")
+
+
+async def wait_for_group(
+    engine: Engine, path: str | os.PathLike[str], *, timeout_seconds: float, poll_seconds: float = 0.01
+) -> tuple[Group, dict[str, Any]]:
+    """Wait until the group file exists and every member answers an admin ``status`` call with its own pid:
+    proof that the file names the live group, not one left by an earlier run (whose addresses are dead, or
+    taken by other processes). A client started beside its servers (an sbatch script) waits with it.
+
+    Bounded polling of that condition (the interval doubles from ``poll_seconds`` up to 0.25 s; no fixed
+    sleep), each member's call bounded by the time left.
+
+    Returns:
+        The group and each member's status, keyed by address.
+
+    Raises:
+        GroupError: the file did not appear, or some members did not answer as theirs, within
+            ``timeout_seconds`` (the message names the ranks and why).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_seconds
+    interval = poll_seconds
+    why = f"group file {path} did not appear within {timeout_seconds:g} s"
+    while True:
+        group = _read_if_there(path)
+        if isinstance(group, GroupError):
+            why = f"{group} (within {timeout_seconds:g} s)"
+        elif group is not None:
+            left = max(0.1, min(5.0, deadline - loop.time()))
+            handles = [ServiceHandle(engine, m.address, m.provider_id, timeout_seconds=left) for m in group.members]
+            outs = await asyncio.gather(*(h.status() for h in handles), return_exceptions=True)
+            wrong = []
+            for m, out in zip(group.members, outs, strict=True):
+                if isinstance(out, BaseException):
+                    wrong.append(f"rank {m.rank} at {m.address}: {type(out).__name__}: {out}")
+                elif m.pid is not None and out.get("pid") != m.pid:
+                    wrong.append(f"rank {m.rank} at {m.address} answers with pid {out.get('pid')}, not {m.pid}")
+            if not wrong:
+                return group, {m.address: out for m, out in zip(group.members, outs, strict=True)}
+            why = (f"group file {path}: {len(wrong)} of {len(group.members)} member(s) do not answer as theirs "
+                   f"within {timeout_seconds:g} s, a file left by an earlier run? ({'; '.join(wrong[:3])}"
+                   f"{'; ...' if len(wrong) > 3 else ''})")  # fmt: skip
+        if loop.time() >= deadline:
+            raise GroupError(why)
+        await asyncio.sleep(min(interval, max(0.0, deadline - loop.time())))  # bounded polling of a condition
+        interval = min(interval * 2, 0.25)
+
+
+def _read_if_there(path: str | os.PathLike[str]) -> Group | GroupError | None:
+    """The group file; None while it does not exist; the error when it exists but cannot be read as one."""
+    try:
+        return read_group_file(path)
+    except GroupError as exc:
+        return exc if Path(path).exists() else None
 
 
 def _admin_targets(path: str | os.PathLike[str]) -> list[tuple[str, int]]:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 
 from .config import ProviderSpec, ServiceConfig, check_depth, format_validation_error
 from .errors import ConfigError
-from .provider import PROVIDER_TYPES, ConfigContext, Provider, load_library, provider_type
+from .provider import BUILTIN_TYPES, PROVIDER_TYPES, ConfigContext, Provider, load_library, provider_type
 from .registration import MAX_PROVIDER_ID
 from .settings import EngineConfig, json_path
 
@@ -447,11 +447,12 @@ def service_model(types: Mapping[str, type[Provider]]) -> type[ServiceConfig]:
 
 
 def service_schema(libraries: Sequence[str]) -> dict[str, Any]:
-    """The JSON Schema of a bootstrap config whose providers are of the types ``libraries`` define
-    (``service_model``; the libraries are imported).
+    """The JSON Schema of a bootstrap config whose providers are of svcframe's own types (``BUILTIN_TYPES``) and
+    the types ``libraries`` define (``service_model``; the libraries are imported).
 
     Raises:
         ConfigError: a library cannot be imported.
     """
-    types = {t: PROVIDER_TYPES[t] for library in libraries for t in load_library(library)}
+    builtin = list(dict.fromkeys(BUILTIN_TYPES.values()))  # svcframe's own types, available to every config
+    types = {t: PROVIDER_TYPES[t] for library in [*builtin, *libraries] for t in load_library(library)}
     return service_model(types).model_json_schema()

@@ -353,12 +353,13 @@ class Connections(ConnectionOwner):
     # -- the sweep ---------------------------------------------------------------------------------------------
     def _sweep_interval(self) -> float:
         idle = self.idle_timeout_seconds if self._listening and self.idle_timeout_seconds > 0 else 1e9
-        return min(idle, self.frame_timeout_seconds) / 4
+        return min(idle, self.frame_timeout_seconds) / 10
 
     def _sweep(self) -> None:
         """Drop connections whose current frame did not complete within frame_timeout_seconds (a peer
         trickling bytes), and close accepted connections that completed no frame for idle_timeout_seconds
-        and have no work in flight (half-open or forgotten peers); runs every quarter of the shorter one."""
+        and have no work in flight (half-open or forgotten peers); runs every tenth of the shorter one, so a
+        stalled frame is cut within 1.1 frame timeouts."""
         now = time.monotonic()
         idle_timeout = self.idle_timeout_seconds if self._listening else 0
         for conn in list(self.all):

@@ -54,7 +54,7 @@ from .bulk_serving import BulkServing
 from .calls import Calls
 from .connections import Connections
 from .deadlines import Deadlines
-from .errors import ConfigError
+from .errors import ConfigError, ConnectionLost
 from .handlers import Handlers
 from .monitoring import Monitor, ProcessSampler
 from .progress import Progress
@@ -198,8 +198,10 @@ class Engine:
     def identity(self) -> Identity:
         return Identity(self.engine_id, self.address, self._secret, self.bulk_cma)
 
-    async def start(self) -> Engine:
-        """Bind the listener (if any) and start the progress loop.
+    async def start(self, *, serving: bool = True) -> Engine:
+        """Bind the listener (if any) and start the progress loop. With ``serving=False`` the address is bound
+        (``address`` is known) but no peer is accepted until :meth:`start_serving`: a server starting its
+        providers answers nobody before it is ready.
 
         Raises:
             ConnectionLost: the address cannot be bound.
@@ -208,7 +210,9 @@ class Engine:
         self.deadlines.start(loop)
         self.connections.start(loop, self.identity, self._listen_address is not None)
         if self._listen_address is not None:
-            self._server, self._bound = await listen(self._listen_address, self.connections.accept)
+            self._server, self._bound = await listen(
+                self._listen_address, self.connections.accept, start_serving=serving
+            )
             self.connections.identity = self.identity  # (with the address bound)
         self.handlers.start(loop, self._bound)
         self.serving.start(loop, self.address)
@@ -218,6 +222,11 @@ class Engine:
         if self.sampler is not None:
             self.sampler.start(loop, lambda: self.progress.inflight + sum(len(c.pending) for c in self.connections.all))
         return self
+
+    async def start_serving(self) -> None:
+        """Accept peers on the address bound by ``start(serving=False)`` (a no-op when already serving)."""
+        if self._server is not None and not self._server.is_serving():
+            await self._server.start_serving()
 
     async def __aenter__(self) -> Engine:
         return await self.start()
@@ -345,6 +354,17 @@ class Engine:
     def unexpose(self, handle: BulkHandle) -> None:
         """Stop serving ``handle``: see ``svcframe.bulk_serving.BulkServing.unexpose``."""
         self.serving.unexpose(handle)
+
+    def disconnect(self, address: str, reason: str = "dropped by the caller") -> bool:
+        """Drop the connection dialled to ``address``, if any: its pending calls fail with ConnectionLost and the
+        next call dials again. For a caller that finds it stuck (a failure detector whose calls time out: after a
+        path comes back, TCP's retransmission backoff can keep an old connection silent for seconds). Returns
+        whether there was one."""
+        conn = self.connections.dialled.get(address)
+        if conn is None or conn.closed:
+            return False
+        conn.abort(ConnectionLost(f"connection to {address}: {reason}"), expected=True)
+        return True
 
     async def pull(
         self,

@@ -11,9 +11,10 @@ A group file is Mochi Flock's group file, which svcframe reads and writes as it 
 - svcframe also writes ``pid``, ``host`` and ``ready`` (when the member accepted calls, seconds since the
   epoch); every other key, here or in ``metadata``, is ignored, so a Flock file reads as it is.
 
-Writers: ``svcframe launch`` (``svcframe.launch``) and rank 0 of ``svcframe serve --group-file``
-(``svcframe.ranks``), through :func:`write_group_file` (a temporary file, then a rename: a reader never sees a
-partial group). Readers: every CLI verb with ``-g/--group``, ``ServiceGroupHandle.from_group_file``,
+Writers: ``svcframe launch`` (``svcframe.launch``), rank 0 of ``svcframe serve --group-file``
+(``svcframe.ranks``) and the first member of a group provider's view (``svcframe.group_provider``: its members
+also carry ``member_id`` and ``group_provider_id``, its metadata ``group``), through :func:`write_group_file` or
+:func:`write_group_document` (a temporary file, then a rename: a reader never sees a partial group). Readers: every CLI verb with ``-g/--group``, ``ServiceGroupHandle.from_group_file``,
 ``selftest.remote``, through :func:`read_group_file`.
 
 Errors: :class:`~svcframe.errors.GroupError`, one line naming the file and the problem.
@@ -33,8 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .config import ADMIN_PROVIDER_ID, ProviderId, format_validation_error
 from .errors import GroupError
 
-#: The environment variable naming the group file CLI verbs use when given neither addresses nor -g/--group.
+#: The environment variable naming the group file CLI verbs use when given neither addresses nor -g/--group
+#: (``svcframe launch`` sets it for its servers: their group providers keep that file).
 GROUP_ENV = "SVCFRAME_GROUP"
+#: The environment variable ``svcframe launch`` gives each server its rank in.
+RANK_ENV = "SVCFRAME_RANK"
+#: The provider types of a group that knows who is alive (``svcframe.group_provider``; ``flock`` is Mochi's name).
+GROUP_PROVIDER_TYPES = ("group", "flock")
 
 
 @dataclass(frozen=True)
@@ -146,8 +152,33 @@ def write_group_file(path: str | os.PathLike[str], members: Sequence[Member], me
     Raises:
         OSError: the directory cannot be written.
     """
-    path = Path(path)
     doc = {"members": [m.to_dict() for m in sorted(members, key=lambda m: m.rank)], "metadata": dict(metadata)}
+    write_group_document(path, doc)
+
+
+def write_group_document(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Write a whole group document (``{"members": [{...}, ...], "metadata": {...}}``, members as JSON objects
+    with any keys: a group provider's view adds its own) atomically: a temporary file beside it, then a rename.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def read_group_document(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A group file as it is (every key of its members and metadata kept, for a writer that changes part of it);
+    None when it is missing, unreadable, not JSON or not a group file (``{"members": [...]}``)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("members"), list):
+        return None
+    if not isinstance(doc.get("metadata"), dict):
+        doc["metadata"] = {}
+    doc["members"] = [m for m in doc["members"] if isinstance(m, dict)]
+    return doc

@@ -8,8 +8,20 @@ every process is ready the group file is written (``svcframe.group.write_group_f
     {"members": [{"rank": 0, "address": "tcp://127.0.0.1:41234", "provider_id": 0, "pid": 1234}, ...],
      "metadata": {"config": "...", "host": "...", "created": 1700000000.0}}
 
-(the Flock group-file shape, with the admin provider id per member). On a cluster, processes are
-started by the site launcher (srun, mpiexec) instead; this module is the single-machine case.
+(the Flock group-file shape, with the admin provider id per member). A server that exits while the others
+serve on (killed, crashed, shut down on its own) is noticed at once (``wait_for_exits``: a pidfd per process),
+and the group file is written again with the live members only, the departed in ``metadata.departed``::
+
+    "metadata": {..., "departed": [{"rank": 1, "pid": 1235, "status": "killed by SIGKILL", "when": ...}]}
+
+(removed when no member is left). On a cluster, processes are started by the site launcher (srun, mpiexec)
+instead; this module is the single-machine case.
+
+Each server gets its rank in ``$SVCFRAME_RANK`` and the group file in ``$SVCFRAME_GROUP``. When the config has a
+group provider (``svcframe.group_provider``), the group keeps that file equal to its view; a server that exits is
+then also removed from the view at once: the launcher, which saw it end, asks a live member's group provider to
+remove it (an authenticated ``leave`` for another), and the file is rewritten with every other member's entry kept
+as the group wrote it.
 """
 
 from __future__ import annotations
@@ -30,13 +42,31 @@ from typing import Any
 
 from .composition import check_document
 from .config import ServiceConfig, load_config, read_document
-from .errors import LaunchError
-from .group import Member, write_group_file
+from .errors import AppError, LaunchError, SvcframeError
+from .group import (
+    GROUP_ENV,
+    GROUP_PROVIDER_TYPES,
+    RANK_ENV,
+    Member,
+    read_group_document,
+    write_group_document,
+    write_group_file,
+)
 from .transport import parse_address
 
 
 def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
+
+
+def describe_exit(code: int) -> str:
+    """A process's exit code in words: ``"exited with code 1"``, ``"killed by SIGKILL"``, ``"exited cleanly"``."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return "exited cleanly" if code == 0 else f"exited with code {code}"
 
 
 class Launch:
@@ -79,7 +109,14 @@ class Launch:
         self.workdir = Path(tempfile.mkdtemp(prefix="svcframe-launch-"))  # rank configs and logs
         self.workdir_kept = True
         self.members: list[Member] = []
+        self._created = 0.0  # when the group was first complete (the group file's metadata.created)
+        self.departed: dict[int, dict[str, Any]] = {}  # rank -> {"rank", "pid", "status", "when"}
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._pidfds: dict[int, int] = {}  # rank -> pidfd of its process (readable once it exited)
+        groups = [p for p in self.config.providers if p.type in GROUP_PROVIDER_TYPES]
+        self.has_group = bool(groups)
+        self.group_provider_id = groups[0].provider_id if groups else None  # None: assigned; the file says
+        self.group_notes: dict[int, str] = {}  # rank -> what the group did when it departed
         # No orphaned servers if the launcher dies: each server watches the read end of this pipe and shuts
         # down when the write end, held only by this process, closes. (PR_SET_PDEATHSIG is not used: it
         # fires when the *thread* that started the child exits, not the process.)
@@ -110,9 +147,13 @@ class Launch:
                        "--procs", str(self.procs)]  # fmt: skip
                 if self.secret_file:
                     cmd += ["--secret-file", self.secret_file]
+                env = {**os.environ, RANK_ENV: str(rank)}
+                if self.group_file is not None:
+                    env[GROUP_ENV] = str(self.group_file.resolve())
                 log = open(self.workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child
                 proc = subprocess.Popen(
-                    cmd, pass_fds=(w, lifeline_r), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd, pass_fds=(w, lifeline_r), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=env,
                 )  # fmt: skip
                 log.close()
                 os.close(w)
@@ -126,13 +167,128 @@ class Launch:
             os.close(lifeline_r)
             for r in readers:
                 os.close(r)
-        if self.group_file is not None:
-            write_group_file(
-                self.group_file,
-                self.members,
-                {"config": self.config_source, "host": socket.gethostname(), "created": time.time()},
-            )
+        self._created = time.time()
+        self._write_group_file()
         return self.members
+
+    def _write_group_file(self) -> None:
+        """The group file: the live members, and the departed ones in the metadata (none left: removed)."""
+        if self.group_file is None:
+            return
+        live = [m for m in self.members if m.rank not in self.departed]
+        metadata: dict[str, Any] = {"config": self.config_source, "host": socket.gethostname(),
+                                    "created": self._created}  # fmt: skip
+        if self.departed:
+            metadata["departed"] = [self.departed[r] for r in sorted(self.departed)]
+        doc = read_group_document(self.group_file) if self.has_group and self.departed else None
+        if live and doc is not None:  # the group's file: its entries kept, the departed ones out
+            gone = {m.address for m in self.members if m.rank in self.departed}
+            doc["members"] = [e for e in doc["members"] if e.get("address") not in gone]
+            doc["metadata"].update(departed=metadata["departed"])
+            write_group_document(self.group_file, doc)
+        elif live:
+            write_group_file(self.group_file, live, metadata)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.group_file.unlink()
+
+    def wait_for_exits(self, timeout_seconds: float | None = None, wake_fd: int | None = None) -> dict[int, int]:
+        """Wait until a live server exits (or ``wake_fd`` is readable, or the timeout passes); record each
+        server that exited since the last call as departed and rewrite the group file without it.
+
+        Args:
+            timeout_seconds: None waits until something happens.
+            wake_fd: a descriptor that ends the wait when readable (``signal.set_wakeup_fd``'s pipe).
+
+        Returns:
+            The exit codes of the servers that departed now, by rank (a signal is a negative code).
+        """
+        live = {rank: p for rank, p in enumerate(self._procs) if rank not in self.departed}
+        fds = [self._pidfd(rank, p) for rank, p in live.items()]
+        watch = [fd for fd in fds if fd is not None] + ([wake_fd] if wake_fd is not None else [])
+        if len(watch) == len(live) + (wake_fd is not None) and watch:
+            with contextlib.suppress(InterruptedError):
+                select.select(watch, [], [], timeout_seconds)
+        else:  # no pidfd (an old kernel): poll the processes
+            deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+            while all(p.poll() is None for p in live.values()):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                ready, _, _ = select.select([wake_fd] if wake_fd is not None else [], [], [], 0.2)
+                if ready:
+                    break
+        now: dict[int, int] = {}
+        for rank, p in live.items():
+            code = p.poll()
+            if code is None:
+                continue
+            now[rank] = code
+            self.departed[rank] = {"rank": rank, "pid": p.pid, "status": describe_exit(code), "when": time.time()}
+            fd = self._pidfds.pop(rank, None)
+            if fd is not None:
+                os.close(fd)
+        if now:
+            self._write_group_file()
+            self.group_notes.update(self._tell_group([m for m in self.members if m.rank in now]))
+        return now
+
+    def _tell_group(self, gone: list[Member]) -> dict[int, str]:
+        """Ask a live member's group provider to remove members that exited (the launcher saw them end: proof a
+        member's own failure detection would take seconds to reach). Returns a note per rank for the output."""
+        live = [m for m in self.members if m.rank not in self.departed]
+        if not self.has_group or not gone or not live:
+            return {}
+        doc = read_group_document(self.group_file) if self.group_file is not None else None
+        ids = {e.get("address"): e.get("group_provider_id") for e in doc["members"]} if doc else {}
+
+        async def tell() -> dict[int, str]:
+            from .engine import FROM_ENVIRONMENT, Engine
+            from .server import read_secret_file
+
+            secret = read_secret_file(self.secret_file) if self.secret_file else FROM_ENVIRONMENT
+            notes: dict[int, str] = {}
+            async with Engine(None, secret=secret) as engine:
+                for m in gone:
+                    problem = "no live member runs the group provider"
+                    for peer in live:
+                        group_id = (
+                            self.group_provider_id if self.group_provider_id is not None else ids.get(peer.address)
+                        )
+                        if not isinstance(group_id, int):
+                            continue
+                        try:
+                            await engine.call(peer.address, "leave", {"address": m.address}, provider_id=group_id,
+                                              timeout_seconds=2.0)  # fmt: skip
+                        except AppError as exc:
+                            if exc.code == "NotMember":  # the group removed it already
+                                notes[m.rank] = "already out of the group's view"
+                                break
+                            problem = f"{peer.address}: {exc}"
+                        except SvcframeError as exc:
+                            problem = f"{peer.address}: {exc}"
+                        else:
+                            view = await engine.call(peer.address, "view", None, provider_id=group_id,
+                                                     timeout_seconds=2.0)  # fmt: skip
+                            notes[m.rank] = f"removed from the group's view (version {view['version']})"
+                            break
+                    else:
+                        notes[m.rank] = f"the group could not be told ({problem}); it detects the exit itself"
+            return notes
+
+        from .loops import run
+
+        try:
+            return run(tell())
+        except SvcframeError as exc:
+            return {m.rank: f"the group could not be told ({exc}); it detects the exit itself" for m in gone}
+
+    def _pidfd(self, rank: int, proc: subprocess.Popen[bytes]) -> int | None:
+        if rank not in self._pidfds:
+            try:
+                self._pidfds[rank] = os.pidfd_open(proc.pid)
+            except (OSError, AttributeError):
+                return None
+        return self._pidfds[rank]
 
     def _await_ready(self, readers: dict[int, int]) -> list[Member]:
         deadline = time.monotonic() + self.start_timeout_seconds
@@ -210,6 +366,9 @@ class Launch:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
+        for fd in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()
         if self.group_file is not None and self.members:
             with contextlib.suppress(FileNotFoundError):
                 self.group_file.unlink()

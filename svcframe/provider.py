@@ -121,6 +121,7 @@ def load_library(module: str) -> list[str]:
             file, is named as such).
     """
     before = set(PROVIDER_TYPES)
+    module = MOCHI_LIBRARIES.get(module, module)
     try:
         imported = import_module(module).__name__
     except ImportError as exc:
@@ -141,8 +142,17 @@ def installed_libraries() -> list[str]:
     return sorted({ep.value for ep in entry_points(group=LIBRARY_ENTRY_POINTS)})
 
 
+#: Provider types svcframe itself provides, by type name: the module that registers them, imported the first time
+#: a config names one (no ``libraries`` entry needed).
+BUILTIN_TYPES = {"group": "svcframe.group_provider", "flock": "svcframe.group_provider"}
+#: Mochi's C++ module libraries whose provider types svcframe provides itself (a config listing one loads ours).
+MOCHI_LIBRARIES = {"libflock-bedrock-module.so": "svcframe.group_provider"}
+
+
 def provider_type(type_name: str) -> type[Provider]:
     """Raises ConfigError naming the known types when ``type_name`` is not registered."""
+    if type_name not in PROVIDER_TYPES and type_name in BUILTIN_TYPES:
+        import_module(BUILTIN_TYPES[type_name])
     try:
         return PROVIDER_TYPES[type_name]
     except KeyError:
@@ -279,6 +289,11 @@ class Provider:
 
     async def start(self) -> None:
         """Called after registration; acquire resources here (files, databases, connections)."""
+
+    async def before_close(self) -> None:
+        """Called before the provider is stopped, while its engine still serves and calls (Margo's pre-finalize
+        callbacks): say goodbye to peers here (a group member leaves its group). Keep it short: the server
+        gives it ``engine.drain_timeout_seconds`` at most."""
 
     async def close(self) -> None:
         """Called after the provider's RPCs are removed and its in-flight calls completed."""

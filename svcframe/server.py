@@ -150,7 +150,8 @@ class Server:
 
     async def start(self) -> Server:
         """Check the config, then start everything; on any failure close what was started and raise
-        (ConfigError, every problem one line, or the cause)."""
+        (ConfigError, every problem one line, or the cause). The engine binds its address first and accepts
+        peers only once every provider has started."""
         checked, findings = check_service(self.config, source=self.source, rank=self.rank, procs=self.procs)
         findings.raise_problems()
         ec = self.config.engine
@@ -170,7 +171,7 @@ class Server:
                 "engine.auth.secret_file (or SVCFRAME_SECRET), or set engine.trusted_network to true if the "
                 "network is trusted."
             )
-        await self.engine.start()
+        await self.engine.start(serving=False)  # bound (providers may need the address), answering nobody yet
         try:
             from .admin import AdminProvider
 
@@ -179,6 +180,7 @@ class Server:
             self.config.providers = []
             for provider in checked:
                 await self._start_provider(provider, self.source)
+            await self.engine.start_serving()
         except BaseException:
             await self.close()
             raise
@@ -343,6 +345,7 @@ class Server:
             raise ConfigError(f"cannot remove {name!r}: {', '.join(users)} depend(s) on it; remove them first")
         self._removing.add(name)
         try:
+            await self._before_close([provider])
             self.engine.refuse_provider(provider.provider_id, f"provider {name!r} is being removed")
             running = self.engine.inflight_for(provider.provider_id)
             if running:
@@ -437,6 +440,21 @@ class Server:
     def request_shutdown(self) -> None:
         self._shutdown.set()
 
+    async def _before_close(self, providers: list[Provider]) -> None:
+        """Each provider's ``before_close``, at most ``engine.drain_timeout_seconds`` in all."""
+
+        async def one(provider: Provider) -> None:
+            try:
+                await provider.before_close()
+            except Exception:
+                log.exception("provider %s: before_close failed", provider.name)
+
+        if providers:
+            tasks = [asyncio.ensure_future(one(p)) for p in providers]
+            _, late = await asyncio.wait(tasks, timeout=self.config.engine.drain_timeout_seconds)
+            for task in late:
+                task.cancel()
+
     async def serve(self) -> None:
         """Serve until ``request_shutdown`` (admin RPC or signal), then close."""
         await self._shutdown.wait()
@@ -444,7 +462,10 @@ class Server:
 
     async def close(self) -> None:
         """Drain and stop: the engine refuses new calls, running handlers get drain_timeout_seconds,
-        providers are closed in reverse order of creation."""
+        providers are closed in reverse order of creation (each told first, while the engine still runs:
+        ``Provider.before_close``)."""
+        if self.engine is not None and not self.engine.closing:
+            await self._before_close(list(reversed(list(self.providers.values()))))
         if self.engine is not None:
             await self.engine.close(self.config.engine.drain_timeout_seconds)
         for provider in reversed(list(self.providers.values())):
@@ -464,6 +485,7 @@ async def _main(
     source: str = "config",
     rank: int = 0,
     procs: int = 1,
+    on_failure: Callable[[str], None] | None = None,
 ) -> bool:
     server = Server(config, secret=secret, source=source, rank=rank, procs=procs)
     loop = asyncio.get_running_loop()
@@ -475,6 +497,8 @@ async def _main(
             with contextlib.suppress(OSError):
                 os.unlink(address[len("unix://") :])
         _report(ready_fd, {"ok": False, "error": reason})
+        if on_failure is not None:
+            on_failure(reason)
         os._exit(1)
 
     server.on_blocked_start = blocked
@@ -550,22 +574,28 @@ def run_server(
     source: str = "config",
     rank: int = 0,
     procs: int = 1,
+    on_failure: Callable[[str], None] | None = None,
 ) -> int:
     """A server process's main. Returns the exit code (0 after a clean shutdown, 1 on a start-up error).
 
     ``on_ready(server)`` runs as a task once the server accepts calls (cancelled at shutdown; an exception
     in it is logged and shuts the server down). ``lifeline_fd``: the read end of a pipe whose write end
     only the launcher holds; when it closes (the launcher exited, even by SIGKILL) the server shuts down.
-    ``source``: what start-up errors name the config by (its file). ``rank``, ``procs``: see :class:`Server`."""
+    ``source``: what start-up errors name the config by (its file). ``rank``, ``procs``: see :class:`Server`.
+    ``on_failure(reason)`` is called when the start-up fails (a config error, an address that cannot be bound, a
+    provider that does not start), before the process exits (a rank of a job tells the others with it:
+    ``svcframe.ranks.report_failure``)."""
     _log_build()
     if config.engine.cpu_affinity:
         os.sched_setaffinity(0, config.engine.cpu_affinity)
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.engine.event_loop)) as runner:
-            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd, source, rank, procs))
+            ok = runner.run(_main(config, ready_fd, secret, on_ready, lifeline_fd, source, rank, procs, on_failure))
     except (SvcframeError, OSError) as exc:
         for line in str(exc).splitlines():  # one record per problem (a config check finds them all)
             log.error("server failed to start: %s", line)
+        if on_failure is not None:
+            on_failure(" ".join(str(exc).split()))
         return 1
     return 0 if ok else 1
 

@@ -172,10 +172,10 @@ class EngineConfig(StrictModel):
     )
     handshake_timeout_seconds: float = Field(10.0, gt=0)
     frame_timeout_seconds: float = Field(
-        30.0,
+        10.0,
         gt=0,
         description="a frame must complete this long after its first bytes arrived, else the "
-        "connection is dropped (a peer trickling bytes cannot hold it open)",
+        "connection is dropped (a peer trickling bytes or stalling mid-frame cannot hold it open)",
     )
     max_connections: int | None = Field(
         None, ge=1, description="accepted connections at once (default: 4096, or the descriptor limit less 64)"

@@ -412,7 +412,14 @@ class Connection:
         if exc is None:
             exc = cut
         if not self.ready.done():
-            self.ready.set_exception(exc or ConnectionLost(f"connection to {self.peername} closed in handshake"))
+            if exc is not None and not isinstance(exc, OSError):
+                self.ready.set_exception(exc)
+            else:  # a reset from the peer's kernel (an OSError) reaches the dialler as ConnectionLost, as any loss
+                lost = ConnectionLost(
+                    f"connection to {self.peername} closed in handshake" + (f": {exc}" if exc else "")
+                )
+                lost.__cause__ = exc
+                self.ready.set_exception(lost)
             self.ready.exception()  # mark retrieved; the dialler re-raises it
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
@@ -675,9 +682,10 @@ ConnFactory = Callable[[], ConnectionProtocol]
 
 
 async def listen(
-    address: Address, factory: ConnFactory, *, backlog: int = 1024
+    address: Address, factory: ConnFactory, *, backlog: int = 1024, start_serving: bool = True
 ) -> tuple[asyncio.AbstractServer, Address]:
-    """Start listening; return the server and the address actually bound (port 0 resolved).
+    """Start listening; return the server and the address actually bound (port 0 resolved). With
+    ``start_serving=False`` the address is bound but no connection is accepted until ``start_serving()``.
 
     Raises:
         ConnectionLost: the address cannot be bound (in use, permission, no such interface).
@@ -686,9 +694,10 @@ async def listen(
     try:
         if address.scheme == "unix":
             _remove_stale_socket(address.path)
-            server = await loop.create_unix_server(factory, address.path, backlog=backlog)
+            server = await loop.create_unix_server(factory, address.path, backlog=backlog, start_serving=start_serving)
             return server, address
-        server = await loop.create_server(factory, address.host, address.port, backlog=backlog, reuse_address=True)
+        server = await loop.create_server(factory, address.host, address.port, backlog=backlog, reuse_address=True,
+                                          start_serving=start_serving)  # fmt: skip
     except OSError as exc:
         raise ConnectionLost(f"cannot listen on {address}: {exc.strerror or exc}") from exc
     port = server.sockets[0].getsockname()[1]

@@ -187,6 +187,8 @@ def test_every_command_fails_on_bad_input_with_one_line(tmp_path: Path) -> None:
 
     def run(case: tuple[str, list[str], str]) -> str | None:
         kind, argv, what = case
+        if argv[0] == "wait" and "--timeout-seconds" not in argv:
+            argv = [*argv, "--timeout-seconds", "0.5"]  # a missing group file is what it waits for (120 s)
         proc = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=90, cwd=tmp_path,
                               env={k: v for k, v in os.environ.items() if k not in ("SVCFRAME_GROUP", "SVCFRAME_SECRET")})  # fmt: skip
         lines = proc.stderr.splitlines()

@@ -86,6 +86,49 @@ def test_a_provider_whose_start_hangs_fails_the_start_up(tmp_path: Path, figures
     assert "Traceback" not in proc.stderr
 
 
+def test_a_server_answers_nobody_before_its_providers_started(tmp_path: Path) -> None:
+    """A provider whose start() hangs: the server's address is bound (its providers may need it) but no call
+    is answered meanwhile, not even the admin provider's status; the start-up then fails and frees it."""
+    import shutil
+    import tempfile
+
+    from svcframe.loops import run
+
+    (tmp_path / "hanging_lib.py").write_text(HANGING_LIBRARY)
+    sockets = Path(tempfile.mkdtemp(prefix="sfh", dir="/tmp"))  # a short unix path
+    path = sockets / "s.sock"
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({
+        "engine": {"address": f"unix://{path}"}, "libraries": ["hanging_lib"],
+        "admin": {"provider_start_timeout_seconds": 5.0},
+        "providers": [{"name": "h", "type": "hangs", "provider_id": 1}],
+    }))  # fmt: skip
+    env = server_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    proc = subprocess.Popen([sys.executable, "-m", "svcframe", "serve", str(config)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    async def status() -> None:
+        async with Engine(None) as client:
+            await ServiceHandle(client, f"unix://{path}", timeout_seconds=1.0).status()
+
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists():  # bound: the engine started, the hanging provider is starting
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        with pytest.raises((TimeoutError, ConnectionLost)):
+            run(status())
+        assert proc.poll() is None, "the start-up ended before the call was refused an answer"
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0 and "did not start within 5 s" in err, err
+        assert not path.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
 def test_a_deep_config_is_a_config_error(tmp_path: Path) -> None:
     deep = tmp_path / "deep.json"
     deep.write_text('{"providers": [], "x": ' + "[" * 100_000 + "]" * 100_000 + "}")

@@ -193,3 +193,64 @@ def test_serve_imports_libraries_from_the_current_directory(tmp_path: Path) -> N
     finally:
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=30)
+
+
+def _launch_cli(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], Path]:
+    cfg = tmp_path / "svc.json"
+    cfg.write_text(json.dumps(SELFTEST))
+    group = tmp_path / "g.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "svcframe", "launch", str(cfg), "--procs", "3", "--group-file", str(group), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # printed once the group file is written
+    assert "3 server(s) ready" in line, line + proc.stderr.read()
+    return proc, group
+
+
+def test_a_killed_server_is_reported_and_leaves_the_group_file(tmp_path: Path) -> None:
+    """kill -9 of one server under `svcframe launch`: the launcher says which rank died and how at once,
+    writes the group file again with the live members only (the dead one in metadata.departed), serves on
+    with the others, and exits with status 1 naming the rank when it is stopped."""
+    proc, group = _launch_cli(tmp_path)
+    assert proc.stderr is not None
+    try:
+        members = read_group_file(group).members
+        victim = members[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        while "killed" not in (line := proc.stderr.readline()):
+            assert line, "the launcher ended without reporting the killed rank"
+        assert f"rank 1 (pid {victim.pid}) killed by SIGKILL; 2 of 3 server(s) left" in line
+        after = read_group_file(group)  # rewritten before the line was printed
+        assert [m.rank for m in after.members] == [0, 2]
+        assert [(d["rank"], d["pid"], d["status"]) for d in after.metadata["departed"]] == [
+            (1, victim.pid, "killed by SIGKILL")
+        ]
+        assert _status(members[2].address)["pid"] == members[2].pid  # the others serve on
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert "svcframe: error: rank 1 killed by SIGKILL; logs kept in" in err
+    assert not group.exists()
+
+
+def test_kill_on_bad_exit_stops_every_server(tmp_path: Path) -> None:
+    """--kill-on-bad-exit (srun -K): the first server that dies of a signal or an error stops the rest, and the
+    launcher exits with status 1 by itself."""
+    proc, group = _launch_cli(tmp_path, "--kill-on-bad-exit")
+    try:
+        pids = [m.pid for m in read_group_file(group).members]
+        os.kill(pids[2], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert "rank 2" in err and "stopping the others (--kill-on-bad-exit)" in err
+    assert not alive_pids(pids) and not group.exists()

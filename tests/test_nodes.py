@@ -4,7 +4,7 @@ command lines, and the measurement plan they give over N nodes (Carns et al. sec
 from __future__ import annotations
 
 import os
-import shutil
+import socket
 
 import pytest
 
@@ -66,8 +66,9 @@ def test_missing_hostfile(tmp_path) -> None:
         read_hostfile(tmp_path / "nope")
 
 
-@pytest.mark.skipif(shutil.which("scontrol") is not None, reason="scontrol present: Slurm's own parser is used")
 def test_slurm_host_lists_through_python_hostlist() -> None:
+    """python-hostlist expands the lists, whether or not Slurm's scontrol is installed (it used to be asked
+    first, and failed or retried for a minute without a slurm.conf)."""
     assert expand_hostlist("nid[001-003,010],login1") == ["nid001", "nid002", "nid003", "nid010", "login1"]
     env = {"SLURM_JOB_NODELIST": "c[1-3]", "SLURM_JOB_CPUS_PER_NODE": "36(x2),72", "SLURM_JOB_ID": "7"}
     assert [(n.host, n.slots) for n in slurm_nodes(env)] == [("c1", 36), ("c2", 36), ("c3", 72)]
@@ -117,10 +118,19 @@ def test_resolve_sources_launchers_and_errors(tmp_path) -> None:
         resolve(launcher="ssh", env={})
 
 
+def test_mpiexec_inside_an_allocation_uses_its_nodes(tmp_path) -> None:
+    """MPICH's mpiexec inside salloc/sbatch starts its proxies through srun: the node set is the allocation's,
+    never the local default (whose 127.0.0.1 srun does not know: collect hung for its whole timeout)."""
+    slurm = {"SLURM_JOB_NODELIST": "svcf-node[1-2]", "SLURM_JOB_CPUS_PER_NODE": "4(x2)", "SLURM_JOB_ID": "3"}
+    ns = resolve(launcher="mpiexec", env=slurm, check_launcher=False)
+    assert (ns.source, ns.launcher, [n.host for n in ns.nodes]) == ("slurm", "mpiexec", ["svcf-node1", "svcf-node2"])
+    with pytest.raises(NodeError, match="leave out --nodes to use the allocation's nodes"):
+        resolve("local:2", launcher="mpiexec", env=slurm, check_launcher=False)
+    assert resolve("local:2", launcher="local", env=slurm).source == "local"  # local nodes, forked here
+
+
 def test_srun_is_required_when_chosen_but_absent(monkeypatch, tmp_path) -> None:
-    if shutil.which("srun") is not None:
-        pytest.skip("srun is installed here")
-    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun there (nor beside this Python)
     with pytest.raises(NodeError, match="no srun on PATH"):
         resolve(env={"SLURM_JOB_NODELIST": "c[1-2]"}, launcher="srun")
 
@@ -169,3 +179,27 @@ def test_default_local_plan_is_unchanged_in_shape() -> None:
     assert ps[0].servers == half and ps[0].clients == max(2, 2 * (len(cores) - half if len(cores) > 1 else 1))
     assert [(s.servers, s.clients) for s in steps if s.stage == "grid"] == [(1, 1), (1, 2), (1, 4), (1, 8),
                                                                            (2, 1), (2, 2), (2, 4), (2, 8)]  # fmt: skip
+
+
+def test_addresses_are_checked_before_anything_starts_on_other_nodes() -> None:
+    """Servers on remote nodes listen on their node's name unless --interface says otherwise: a name that does
+    not resolve, or a coordinator host only this node reaches, is one error naming the option that fixes it."""
+    from selftest.collect import check_addresses, interface_address
+
+    remote = NodeSet((Node("c1", "no-such-node.invalid", 4), Node("c2", "no-such-node-2.invalid", 4)), "slurm", "srun")
+    with pytest.raises(NodeError, match=r"node c1 \(slurm\): its name 'no-such-node.invalid' does not resolve here.*"
+                                        r"give --interface NAME"):  # fmt: skip
+        check_addresses(remote, "10.0.0.1", None)
+    with pytest.raises(NodeError, match=r"the coordinator would listen on tcp://127.0.0.1:0 is a loopback address.*"
+                                        r"give --coordinator-host ADDRESS or --interface NAME"):  # fmt: skip
+        check_addresses(remote, "127.0.0.1", None)
+    with pytest.raises(NodeError, match=r"does not resolve .*the client processes could not dial the coordinator"):
+        check_addresses(remote, "no-such-coordinator.invalid", None)
+    assert interface_address("lo") == "127.0.0.1"
+    with pytest.raises(NodeError, match="--interface nope0: this node has no such interface"):
+        interface_address("nope0")
+    # with --interface, node names need not resolve here: each server takes its interface's address
+    assert check_addresses(remote, "10.0.0.1", "lo") == "10.0.0.1"
+    # this machine under several names (a hostfile of localhost, 127.0.0.1...): loopback is what they share
+    here = NodeSet((Node("a", "localhost", 1), Node("b", "127.0.0.1", 1)), "hostfile:h", "mpiexec")
+    assert check_addresses(here, None, None) == socket.gethostname()

@@ -257,3 +257,24 @@ def test_a_lower_bound_is_marked_in_the_tables_and_kept_out_of_the_verdict(capsy
     assert summary["rpc_rate"]["ps"]["lower_bound"] is True and summary["rpc_rate"]["pc"]["lower_bound"] is False
     assert summary["rpc_rate"]["ps_saturation"]["reason"].startswith("the server used 31%")
     assert summary["bandwidth"]["ps"]["lower_bound"] is False and summary["bandwidth"]["ps_saturation"] is None
+
+
+def test_summary_of_a_slurm_run_speaks_of_its_nodes_not_this_machine(capsys, tmp_path) -> None:
+    """Nodes from a Slurm allocation: the summary names them and suggests a larger allocation, not the local
+    options (--nodes, --hostfile) nor "this machine"."""
+    from selftest.report import print_collect_summary
+    from selftest.roofline import METRICS, Range, Roofline, Sample
+
+    grid = [Sample(s, c, 20.0 * min(1.0, s / c), float(s), float(c)) for s in (1, 2) for c in (1, 2, 4, 8)]
+    nodes = {"source": "slurm", "launcher": "srun",
+             "nodes": [{"name": "svcf-node1", "slots": 1}, {"name": "svcf-node2", "slots": 1}]}  # fmt: skip
+    doc = {
+        "metrics": {"rpc_rate": Roofline(METRICS["rpc_rate"], Range(19.0, 21.0), Range(30.0, 31.0), grid).to_dict()},
+        "nodes": nodes, "wall_seconds": 1.0, "measurement_seconds": 0.5, "environment": {"usable_cores": 2},
+    }  # fmt: skip
+    print_collect_summary(doc, tmp_path)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "data-service roofline of the 2 nodes of the Slurm allocation" in text
+    assert "the 2 nodes of the Slurm allocation give the server node 1 core(s)" in text
+    assert "use more nodes (a larger allocation: salloc -N or sbatch -N)" in text
+    assert "this machine" not in text and "--hostfile" not in text

@@ -85,7 +85,12 @@ def roofline() -> None:
               help="Validation grid in fully populated nodes, e.g. 1,2 (with --grid-client-nodes).")  # fmt: skip
 @click.option("--grid-client-nodes", default=None, callback=int_list, help="Validation grid client nodes, e.g. 1,2,3.")
 @click.option("--coordinator-host", default=None,
-              help="Host this process's engine binds to for remote client processes (default: the host name).")  # fmt: skip
+              help="Host this process's engine binds to for remote client processes (default: the address of "
+              "--interface, else the host name).")  # fmt: skip
+@click.option("--interface", default=None, metavar="NAME",
+              help="Nodes from srun/mpiexec: servers and this process listen on this network interface's address "
+              "of their node (e.g. ib0, eth0), not on their node name's (which may not resolve, or resolve to "
+              "127.0.1.1).")  # fmt: skip
 @store_option
 @click.option("--no-store", is_flag=True, help="Do not record the run in the results store.")
 @click.option("--resume", default=None, help="Continue an interrupted run (id, 'latest' or -N) from the store.")
@@ -98,7 +103,8 @@ def roofline_collect(
     storage_fsync: bool,
     service: str | None, platform_name: str | None, weights: tuple[str, ...], nodes_spec: str | None,
     hostfile: str | None, launcher: str, grid_server_nodes: list[int] | None, grid_client_nodes: list[int] | None,
-    coordinator_host: str | None, store_path: str | None, no_store: bool, resume: str | None, as_json: bool,
+    coordinator_host: str | None, interface: str | None, store_path: str | None, no_store: bool, resume: str | None,
+    as_json: bool,
 ) -> None:  # fmt: skip
     """Run the whole suite over a node set: launch, Pc over every pair of nodes, the load ramp that saturates the
     server node, Ps under its load, server sweep, validation grid, teardown; write plots + JSON and record the run
@@ -148,7 +154,7 @@ def roofline_collect(
             storage_bandwidth_block_size=storage_bandwidth_block_size, storage_op=storage_op,
             storage_fsync=storage_fsync, store=store_file, service=service, platform=platform_name,
             weights=weight_map or None, nodes=nodes_spec, hostfile=Path(hostfile) if hostfile else None,
-            launcher=launcher, coordinator_host=coordinator_host,
+            launcher=launcher, coordinator_host=coordinator_host, interface=interface,
             grid_server_nodes=grid_server_nodes,
             grid_client_nodes=grid_client_nodes,
         )  # fmt: skip

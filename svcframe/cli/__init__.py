@@ -2,9 +2,10 @@
 other packages register as plugins.
 
     svcframe serve CONFIG | launch CONFIG --procs N [--group-file F]          serve.py
-    svcframe status | shutdown | provider add|remove|list|lookup | library    admin.py
+    svcframe status | shutdown | wait | provider add|remove|list|lookup | library  admin.py
     svcframe config check | schema | get | query | patch                       config.py
     svcframe call [ADDRESS] RPC_NAME [ARG]                                     call.py
+    svcframe group view | watch | join | leave                                 group.py
     svcframe monitor | stats dump|diagnose | trace on|off|dump                 observe.py
     svcframe topology                                                          topology.py
 
@@ -36,7 +37,7 @@ from typing import Any
 import click
 
 from ..packages import import_module
-from . import admin, call, config, observe, serve, topology
+from . import admin, call, config, group, observe, serve, topology
 from .common import fail
 
 #: The entry-point group plugins register their commands in.
@@ -149,9 +150,10 @@ def main(verbose: int) -> None:
 
 for _command in (
     serve.serve, serve.launch,
-    admin.status, admin.shutdown, admin.provider, admin.library,
+    admin.status, admin.shutdown, admin.wait, admin.provider, admin.library,
     config.config,
     call.call,
+    group.group,
     observe.monitor, observe.stats, observe.trace,
     topology.topology,
 ):  # fmt: skip

@@ -1,4 +1,4 @@
-"""The admin verbs: ``status``, ``shutdown``, ``provider add|remove|list|lookup``, ``library load``, through
+"""The admin verbs: ``status``, ``shutdown``, ``wait``, ``provider add|remove|list|lookup``, ``library load``, through
 each server's admin provider (``svcframe.admin``). Every verb prints JSON keyed by address.
 
 The verbs whose last argument is not an address (``provider add DESCRIPTION``, ``library load MODULE``...)
@@ -7,10 +7,24 @@ take ``[ADDRESS...] LAST``: the addresses, if any, come first.
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..config import ADMIN_PROVIDER_ID
-from .common import addresses_then, echo_json, fail, json_argument, resolve_targets, run_admin, target_options
+from ..errors import SvcframeError
+from ..group import GROUP_ENV
+from .common import (
+    addresses_then,
+    echo_json,
+    fail,
+    group_option,
+    json_argument,
+    read_secret,
+    resolve_targets,
+    run_admin,
+    target_options,
+)
 
 
 @click.command()
@@ -25,6 +39,34 @@ def status(address: tuple[str, ...], group: str | None, ranks: list[int] | None)
 def shutdown(address: tuple[str, ...], group: str | None, ranks: list[int] | None) -> None:
     """Ask servers to drain and exit."""
     echo_json(run_admin(resolve_targets(address, group, ranks), "shutdown"))
+
+
+@click.command()
+@group_option
+@click.option("--timeout-seconds", type=float, default=120.0, show_default=True,
+              help="How long to wait for the group file and for every member to answer.")  # fmt: skip
+def wait(group: str | None, timeout_seconds: float) -> None:
+    """Wait until the group file exists and every member answers as its own (pid), then print their status:
+    in a batch script, between starting servers in the background and calling them.
+
+    A file left by an earlier run (its servers gone) is not taken for the group: the wait goes on until the
+    new servers publish theirs, or the timeout names the members that do not answer."""
+    from ..admin import wait_for_group
+    from ..engine import Engine
+    from ..loops import run
+
+    path = group or os.environ.get(GROUP_ENV)
+    if not path:
+        fail(f"give -g/--group FILE (or set {GROUP_ENV})", 2)
+
+    async def go() -> dict[str, object]:
+        async with Engine(None, secret=read_secret()) as engine:
+            return (await wait_for_group(engine, path, timeout_seconds=timeout_seconds))[1]
+
+    try:
+        echo_json(run(go()))
+    except SvcframeError as exc:
+        fail(str(exc))
 
 
 @click.group()

@@ -253,16 +253,24 @@ def abort_job(comm: Any, code: int = 1) -> NoReturn:
     """End every rank of an MPI job (``MPI_Abort``, unless MPI is finalized already), and this process.
 
     MPICH's ``MPI_Abort`` may return once it has asked the process manager to end the job (the wheel's under
-    Hydra does); this process then exits at once, with ``code``, running no clean-up.
+    Hydra does); this process then exits at once, with ``code``, running no clean-up. Should ``MPI_Abort`` never
+    return (a network library's exit handler stuck), a timer ends the process ``ABORT_GRACE_SECONDS`` later.
     """
     if comm is not None:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            timer = threading.Timer(ABORT_GRACE_SECONDS, os._exit, (code,))
+            timer.daemon = True
+            timer.start()
             comm.Abort(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+ABORT_GRACE_SECONDS = 5.0
+"""How long :func:`abort_job` lets ``MPI_Abort`` take before this process exits by itself."""
 
 
 def _finalize_in_background() -> None:

@@ -103,6 +103,16 @@ class Background:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def where(self) -> str:
+        """What a launch that did not end was doing: its output, Slurm's queue, and the state and kernel wait
+        channel of every process whose command line names its directory (srun, slurmstepd, the ranks)."""
+        queue = run(["squeue", "-h", "-o", "%i %T %R %j"], timeout=30).stdout
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,etimes,wchan:28,args", "--forest"], capture_output=True,
+                            text=True, timeout=30).stdout  # fmt: skip
+        mine = [line for line in ps.splitlines() if str(self.log.parent) in line or "srun" in line
+                or "slurmstepd" in line]  # fmt: skip
+        return (f"output:\n{self.output[-3000:]}\nsqueue:\n{queue}\nprocesses:\n" + "\n".join(mine))[-6000:]
+
     def end(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)  # srun forwards it to the tasks; mpiexec too
@@ -335,7 +345,7 @@ def test_a_taken_port_under_mpi_barrier_ends_the_job_within_the_group_timeout(tm
     try:
         code = launch.wait(90)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the job did not end within 90 s:\n{launch.output[-3000:]}")
+        pytest.fail(f"the job did not end within 90 s:\n{launch.where()}")
     finally:
         holder.close()
         launch.end()

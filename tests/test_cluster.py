@@ -109,8 +109,16 @@ class Background:
         queue = run(["squeue", "-h", "-o", "%i %T %R %j"], timeout=30).stdout
         ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,etimes,wchan:28,args", "--forest"], capture_output=True,
                             text=True, timeout=30).stdout  # fmt: skip
-        mine = [line for line in ps.splitlines() if str(self.log.parent) in line or "srun" in line
-                or "slurmstepd" in line]  # fmt: skip
+        lines = ps.splitlines()[1:]
+        parent = {line.split()[0]: line.split()[1] for line in lines}
+        shown = {line.split()[0] for line in lines
+                 if str(self.log.parent) in line or "srun" in line or "slurmstepd" in line}  # fmt: skip
+        for pid in parent:  # and every descendant of those, whatever its command line
+            ancestor = parent[pid]
+            while ancestor in parent and pid not in shown:
+                shown |= {pid} if ancestor in shown else set()
+                ancestor = parent[ancestor]
+        mine = [line for line in lines if line.split()[0] in shown]
         return (f"output:\n{self.output[-3000:]}\nsqueue:\n{queue}\nprocesses:\n" + "\n".join(mine))[-6000:]
 
     def end(self) -> None:

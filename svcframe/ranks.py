@@ -61,6 +61,7 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -203,14 +204,17 @@ def _speaks_pmix(mpi: Any) -> bool:
     return "Open MPI" in version or "pmix" in version.lower()
 
 
-def choose_barrier(info: RankInfo, barrier: str = "auto", env: Mapping[str, str] | None = None) -> tuple[Any, str]:
+def choose_barrier(
+    info: RankInfo, barrier: str = "auto", env: Mapping[str, str] | None = None, *, init_timeout_seconds: float = 120.0
+) -> tuple[Any, str]:
     """The barrier of a group: ``(COMM_WORLD, "mpi")`` with MPI initialised, or ``(None, "filesystem")``.
 
     ``auto`` uses MPI when mpi4py loads an MPI library that can talk to the launcher: not under ``srun`` without
     ``--mpi`` (no PMI at all: each MPI process would be a job of its own); under a PMIx launch
     (``srun --mpi=pmix``, ``PMIX_RANK`` without ``PMI_RANK``) only a library built with PMIx (Open MPI, an
     MPICH configured with PMIx); MPICH's wheel would abort every rank ("unsupported PMI version PMIx").
-    ``mpi`` insists, ``filesystem`` never imports mpi4py.
+    ``mpi`` insists, ``filesystem`` never imports mpi4py. ``MPI_Init`` is bounded by ``init_timeout_seconds``
+    (:func:`_init_within`).
 
     Raises:
         GroupError: ``mpi`` and no usable MPI, or MPI's rank and size differ from the launcher's (mpi4py
@@ -235,7 +239,7 @@ def choose_barrier(info: RankInfo, barrier: str = "auto", env: Mapping[str, str]
         log.info("the launcher speaks PMIx and mpi4py's MPI does not: the filesystem barrier is used")
         return None, "filesystem"
     if not mpi.Is_initialized():
-        mpi.Init_thread(mpi.THREAD_MULTIPLE)
+        _init_within(mpi, info, init_timeout_seconds)
     comm = mpi.COMM_WORLD
     if (comm.Get_size(), comm.Get_rank()) != (info.size, info.rank):
         message = (f"MPI says rank {comm.Get_rank()} of {comm.Get_size()}, the launcher {info} ({info.source}): "
@@ -249,20 +253,52 @@ def choose_barrier(info: RankInfo, barrier: str = "auto", env: Mapping[str, str]
     return comm, "mpi"
 
 
+def _init_within(mpi: Any, info: RankInfo, timeout_seconds: float) -> None:
+    """``MPI_Init_thread``, or this process is ended with one line naming its rank, ``timeout_seconds`` later.
+
+    ``MPI_Init`` waits on the launcher's PMI exchange with no time limit of its own, holding the GIL: a PMI
+    server that never answers, or a rank that never joins the exchange, holds every rank in it, silently, until
+    the job's time limit. No thread of this process can run meanwhile, so a small watchdog process does: it
+    exits when this process closes its pipe (MPI_Init returned, or this process died), else it prints the line
+    and kills this process (SIGKILL); each rank's own watchdog ends the others.
+    """
+    message = (f"svcframe: error: {info} ({info.source}): MPI_Init did not return within {timeout_seconds:g} s "
+               "(the launcher's PMI exchange stalled); --barrier filesystem does without MPI\n")  # fmt: skip
+    watchdog = ("import os, select, sys\n"
+                "if not select.select([0], [], [], float(sys.argv[1]))[0]:\n"
+                "    sys.stderr.write(sys.argv[3]); sys.stderr.flush(); os.kill(int(sys.argv[2]), 9)\n")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", watchdog, str(timeout_seconds), str(os.getpid()), message],
+                            stdin=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        mpi.Init_thread(mpi.THREAD_MULTIPLE)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+
+
 def abort_job(comm: Any, code: int = 1) -> NoReturn:
     """End every rank of an MPI job (``MPI_Abort``, unless MPI is finalized already), and this process.
 
     MPICH's ``MPI_Abort`` may return once it has asked the process manager to end the job (the wheel's under
-    Hydra does); this process then exits at once, with ``code``, running no clean-up.
+    Hydra does); this process then exits at once, with ``code``, running no clean-up. Should ``MPI_Abort`` never
+    return (a network library's exit handler stuck), a timer ends the process ``ABORT_GRACE_SECONDS`` later.
     """
     if comm is not None:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            timer = threading.Timer(ABORT_GRACE_SECONDS, os._exit, (code,))
+            timer.daemon = True
+            timer.start()
             comm.Abort(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+ABORT_GRACE_SECONDS = 5.0
+"""How long :func:`abort_job` lets ``MPI_Abort`` take before this process exits by itself."""
 
 
 def _finalize_in_background() -> None:

@@ -103,6 +103,24 @@ class Background:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def where(self) -> str:
+        """What a launch that did not end was doing: its output, Slurm's queue, and the state and kernel wait
+        channel of every process whose command line names its directory (srun, slurmstepd, the ranks)."""
+        queue = run(["squeue", "-h", "-o", "%i %T %R %j"], timeout=30).stdout
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,etimes,wchan:28,args", "--forest"], capture_output=True,
+                            text=True, timeout=30).stdout  # fmt: skip
+        lines = ps.splitlines()[1:]
+        parent = {line.split()[0]: line.split()[1] for line in lines}
+        shown = {line.split()[0] for line in lines
+                 if str(self.log.parent) in line or "srun" in line or "slurmstepd" in line}  # fmt: skip
+        for pid in parent:  # and every descendant of those, whatever its command line
+            ancestor = parent[pid]
+            while ancestor in parent and pid not in shown:
+                shown |= {pid} if ancestor in shown else set()
+                ancestor = parent[ancestor]
+        mine = [line for line in lines if line.split()[0] in shown]
+        return (f"output:\n{self.output[-3000:]}\nsqueue:\n{queue}\nprocesses:\n" + "\n".join(mine))[-6000:]
+
     def end(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)  # srun forwards it to the tasks; mpiexec too
@@ -335,7 +353,7 @@ def test_a_taken_port_under_mpi_barrier_ends_the_job_within_the_group_timeout(tm
     try:
         code = launch.wait(90)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the job did not end within 90 s:\n{launch.output[-3000:]}")
+        pytest.fail(f"the job did not end within 90 s:\n{launch.where()}")
     finally:
         holder.close()
         launch.end()

@@ -396,3 +396,25 @@ def test_a_taken_port_under_mpiexec_ends_the_job_and_names_the_rank(tmp_path, ba
     if barrier == "mpi":
         assert "aborting the MPI job" in output
     assert not group.exists() and not (tmp_path / "group.json.d").exists()
+
+
+def test_an_mpi_init_that_never_returns_ends_the_rank_and_names_it(tmp_path) -> None:
+    """A PMI server that takes MPICH's first request and never answers (as a stalled PMI exchange does) holds
+    MPI_Init with no limit of its own: the rank is ended after --group-timeout-seconds with one line naming it,
+    instead of hanging, silent, until the job's time limit."""
+    if not _has_mpi4py():
+        pytest.skip("mpi4py is not installed (pip install mpi4py)")
+    pmi_server, pmi_client = socket.socketpair()
+    env = {k: v for k, v in ENV.items()
+           if k != "SVCFRAME_NO_MPI4PY" and not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_"))}  # fmt: skip
+    env.update(PMI_RANK="1", PMI_SIZE="2", PMI_FD=str(pmi_client.fileno()))
+    with pmi_server, pmi_client:
+        done = subprocess.run([*CLI, "serve", str(SELFTEST_CONFIG), "--group-file", str(tmp_path / "group.json"),
+                               "--barrier", "mpi", "--group-timeout-seconds", "3"], env=env, capture_output=True,
+                              text=True, timeout=120, pass_fds=[pmi_client.fileno()])  # fmt: skip
+        asked = pmi_server.recv(4096, socket.MSG_DONTWAIT)
+    assert b"cmd=init" in asked  # MPI_Init did talk to this PMI server
+    assert done.returncode == -signal.SIGKILL, done.stderr  # by its watchdog: MPI_Init holds the GIL
+    assert "svcframe: error: rank 1 of 2 (pmi): MPI_Init did not return within 3 s" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "group.json").exists()

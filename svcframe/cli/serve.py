@@ -43,7 +43,7 @@ def _no_group_flag(fn: Any) -> Any:
               help="Rank 0 writes this group file once every rank accepts calls, and removes it as it exits.")  # fmt: skip
 @_no_group_flag
 @click.option("--group-timeout-seconds", type=float, default=120.0, show_default=True,
-              help="How long rank 0 waits for the other ranks.")  # fmt: skip
+              help="How long rank 0 waits for the other ranks, and any rank for MPI_Init.")  # fmt: skip
 @click.option("--barrier", type=click.Choice(BARRIERS), default="auto", show_default=True,
               help="How ranks meet before the group file: mpi (mpi4py), filesystem (member files in FILE.d/, on a "
               "filesystem every node sees), auto (mpi when mpi4py loads an MPI that speaks the launcher's PMI).")  # fmt: skip
@@ -97,7 +97,7 @@ def serve(
         ranks.check_reachable(cfg.engine.address, info, multi_node=multi_node)
         if group_file is not None:
             ranks.remove_stale_group_file(group_file, info, ranks.process_start())
-            comm, _ = ranks.choose_barrier(info, barrier)
+            comm, _ = ranks.choose_barrier(info, barrier, init_timeout_seconds=group_timeout_seconds)
     except SvcframeError as exc:
         if group_file is not None:
             ranks.report_failure(group_file, info, str(exc))

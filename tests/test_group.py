@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import poll_until
 from reliability_kit import server_env
 
 from svcframe import ConfigError, Engine, GroupError
@@ -382,9 +383,15 @@ def test_launch_reports_a_killed_rank_in_its_output_exit_status_and_the_view(tmp
             assert line, "the launcher ended without reporting the killed rank"
         assert f"rank 1 (pid {launched[1].pid}) killed by SIGKILL" in line
         assert f"removed from the group's view (version {view['version'] + 1})" in line
+
+        def group_entries_of_the_live() -> bool:  # (the launcher and the group provider both write the file)
+            after = json.loads(group.read_text())
+            return [m["rank"] for m in after["members"]] == [0, 2] and all(
+                "member_id" in m and "group_provider_id" in m for m in after["members"]
+            )  # the group's entries
+
+        poll_until(group_entries_of_the_live, what="the group file of ranks 0 and 2, with the group's entries")
         after = json.loads(group.read_text())
-        assert [m["rank"] for m in after["members"]] == [0, 2]
-        assert all("member_id" in m and "group_provider_id" in m for m in after["members"])  # the group's entries
         assert after["metadata"]["departed"][0]["rank"] == 1
         out = cli("group", "view", "-g", str(group), "--json")
         assert [m["rank"] for m in json.loads(out.stdout)["members"]] == [0, 2], out.stderr

@@ -10,9 +10,15 @@ the decoder and the encoders do with the same input, as plain data, so that the 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import random
 import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from svcframe.decoder import FrameDecoder
@@ -113,8 +119,11 @@ def decode_streams(seed: int, count: int) -> list[Any]:
     return records
 
 
-def _placement(stream: bytes, cuts: list[int], calls: list[int], into: int | None = None) -> list[Any]:
-    """A caller's decoder (calls waiting for answers, pushes ahead placed) fed ``stream`` cut at ``cuts``."""
+def _placement(
+    stream: bytes, cuts: list[int], calls: list[int], into: int | None = None, decoder_class: Any = FrameDecoder
+) -> list[Any]:
+    """A caller's decoder (calls waiting for answers, pushes ahead placed) fed ``stream`` cut at ``cuts``: each
+    read's batches, the pushes placed, the sink's requests, the calls' answers, and the error that ended it."""
     loop = asyncio.new_event_loop()
     placed: list[Any] = []
     sunk: list[Any] = []
@@ -132,25 +141,56 @@ def _placement(stream: bytes, cuts: list[int], calls: list[int], into: int | Non
         overflow_ok = True
         cursor = 5
 
-    decoder = FrameDecoder(bulk_sink=sink)
+    decoder = decoder_class(bulk_sink=sink, buffer_bytes=4096)
     decoder.place_ahead = place
     answers = {rid: loop.create_future() for rid in calls}
     decoder.answers = answers
     decoder.into_pulls = {} if into is None else {into: Pull()}
     reads: list[Any] = []
     at = 0
-    for cut in [*cuts, len(stream)]:  # (as a connection reads: one read, then its held batches)
-        buffer = decoder.get_buffer()
-        buffer[: cut - at] = stream[at:cut]
-        batches = [decoder.buffer_updated(cut - at) or []]
-        while decoder.held:
-            batches.append(decoder.more())
-        reads.append([[_frame_record(f) for f in batch] for batch in batches])
-        at = cut
+    try:
+        for cut in [*cuts, len(stream)]:  # (as a connection reads: a read, then its held batches)
+            while at < cut:
+                buffer = decoder.get_buffer()
+                n = min(len(buffer), cut - at)
+                buffer[:n] = stream[at : at + n]
+                at += n
+                batches = [decoder.buffer_updated(n) or []]
+                while decoder.held:
+                    batches.append(decoder.more())
+                reads.append([[_frame_record(f) for f in batch] for batch in batches])
+        reads.append(["end", decoder.idle])
+    except Exception as exc:
+        reads.append([type(exc).__name__, str(exc)])
     decoder.close()
     results = {rid: ([*list(f.result()[:1]), repr(f.result()[1:])]) if f.done() else None for rid, f in answers.items()}
     loop.close()
     return [reads, [[*p[:4], bytes(p[4]).hex()] for p in placed], sunk, results]
+
+
+def interpreted(module: str) -> ModuleType:
+    """``svcframe.<module>`` loaded from its ``.py`` under the package name ``svcframe_interpreted`` (its own
+    copies of the modules it imports), beside the compiled one in the same process."""
+    name = f"{_INTERPRETED}.{module}"
+    if _INTERPRETED not in sys.modules:
+        package = ModuleType(_INTERPRETED)
+        package.__path__ = [str(_SOURCE)]
+        sys.modules[_INTERPRETED] = package
+        sys.meta_path.insert(0, _InterpretedFinder())
+    return importlib.import_module(name)
+
+
+_INTERPRETED = "svcframe_interpreted"
+_SOURCE = Path(__file__).resolve().parents[1] / "svcframe"
+
+
+class _InterpretedFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        package, _, name = fullname.rpartition(".")
+        source = _SOURCE / f"{name}.py"
+        if package != _INTERPRETED or not source.is_file():
+            return None
+        return importlib.util.spec_from_file_location(fullname, source)
 
 
 def placement_streams() -> list[Any]:
@@ -216,6 +256,91 @@ def encoders(seed: int) -> list[Any]:
     return out
 
 
+def _counts(value: Any) -> Any:
+    """Statistics without what differs from run to run (times, ids, addresses, progress): counts and bytes."""
+    drop = ("since", "engine_id", "address", "peer", "progress", "samples", "polls", "names")
+    if isinstance(value, dict):
+        if "count" in value and "sum" in value and "p50" in value:  # a histogram: how many, and of what total
+            return [value["count"], value["sum"]] if not isinstance(value["sum"], float) or value["sum"] >= 0 else None
+        return {k: _counts(v) for k, v in sorted(value.items()) if k not in drop and not k.endswith("_usec")}
+    if isinstance(value, list):
+        return sorted((_counts(v) for v in value), key=repr)
+    return value
+
+
+async def _engine_scenario(workdir: str) -> dict[str, Any]:
+    """A server and a client engine of this build, over a unix socket: every kind of call and bulk transfer the
+    hot paths serve, each outcome (result, or error class and message) and both engines' statistics' counts."""
+    from svcframe import BulkHandle, Engine
+
+    outcomes: list[Any] = []
+
+    async def outcome(what: str, aw: Any) -> Any:
+        try:
+            value = await aw
+        except Exception as exc:
+            outcomes.append([what, type(exc).__name__, str(exc).split("\n")[0].replace(workdir, "<workdir>")])
+            return None
+        outcomes.append([what, "ok", value.hex() if isinstance(value, bytes | bytearray) else repr(value)])
+        return value
+
+    def fail(req: Any, arg: Any) -> None:
+        raise ValueError(f"refused {arg!r}")
+
+    async def suspends(req: Any, arg: Any) -> Any:
+        await asyncio.sleep(0)
+        return arg
+
+    async def finishes(req: Any, arg: Any) -> Any:
+        return arg
+
+    async def push_to_caller(req: Any, arg: list[Any]) -> int:
+        await req.engine.push(BulkHandle.from_wire(arg[0]), bytes(range(256)) * (arg[1] // 256), ahead=arg[2])
+        return int(arg[1])
+
+    exposed = bytearray(bytes(range(251)) * 400)
+
+    async with Engine(f"unix://{workdir}/server.sock", secret=None) as server, Engine(None, secret=None) as client:
+        server.register(1, "echo", lambda req, arg: arg)
+        server.register(1, "fail", fail)
+        server.register(1, "suspends", suspends)
+        server.register(1, "finishes", finishes)
+        server.register(1, "push_to_caller", push_to_caller)
+        server.register(1, "expose", lambda req, arg: server.expose(exposed, "r").to_wire())
+        server.register(1, "bytes", lambda req, n: bytes(range(256)) * (n // 256))
+        to = server.address or ""
+        for arg in (None, b"", b"x" * 300, b"y" * 70_000, {"k": [1, 2.5, "s"]}, "text", 2**63):
+            await outcome(f"echo {type(arg).__name__}", client.call(to, "echo", arg, provider_id=1))
+        for name in ("suspends", "finishes", "fail"):
+            await outcome(name, client.call(to, name, b"abc", provider_id=1))
+        await outcome("unknown rpc", client.call(to, "nope", None, provider_id=1))
+        await outcome("unknown provider", client.call(to, "echo", None, provider_id=9))
+        answers = await asyncio.gather(*(client.call(to, "echo", i, provider_id=1) for i in range(50)))
+        outcomes.append(["pipelined", answers == list(range(50))])
+        into = bytearray(1 << 20)
+        got = await outcome("into", client.call(to, "bytes", 65536, provider_id=1, into=into))
+        outcomes.append(["into bytes", got is not None and into[: int(got)] == bytes(range(256)) * 256])
+        mine = bytearray(4 << 20)
+        handle = client.expose(mine, "w").to_wire()
+        for size, ahead in ((4096, True), (65536, True), (3 << 20, True), (1024, False)):
+            mine[:] = bytes(len(mine))
+            await outcome(f"push {size} ahead={ahead}", client.call(to, "push_to_caller", [handle, size, ahead],
+                                                                    provider_id=1))  # fmt: skip
+            outcomes.append([f"pushed {size}", mine[:size] == bytes(range(256)) * (size // 256)])
+        remote = BulkHandle.from_wire(await client.call(to, "expose", None, provider_id=1))
+        pulled = await outcome("pull", client.pull(remote))
+        outcomes.append(["pulled", pulled == exposed])
+        stats = {"server": _counts(server.statistics()), "client": _counts(client.statistics())}
+    return {"outcomes": outcomes, "statistics": stats}
+
+
+def engine_record() -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as workdir:
+        return asyncio.run(_engine_scenario(workdir))
+
+
 def constants() -> dict[str, int]:
     """The wire's constants as each build exports them (compiled: C enum values, also module ints)."""
     import svcframe.wire as wire
@@ -237,4 +362,7 @@ def record(seed: int, count: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    json.dump(record(int(sys.argv[1]), int(sys.argv[2])), sys.stdout)
+    if sys.argv[1:] == ["engine"]:
+        json.dump(engine_record(), sys.stdout)
+    else:
+        json.dump(record(int(sys.argv[1]), int(sys.argv[2])), sys.stdout)

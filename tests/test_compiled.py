@@ -19,11 +19,13 @@ from pathlib import Path
 
 import compiled_kit
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import svcframe
 import svcframe.compiled
 from svcframe.decoder import FrameDecoder
-from svcframe.wire import Frame, ok_response, push_ahead_frames
+from svcframe.wire import F_INTO, F_NO_REPLY, Frame, Kind, encode_frame, ok_response, pack_body, push_ahead_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED = svcframe.compiled.build() == "compiled"
@@ -52,6 +54,65 @@ def test_the_compiled_build_decodes_and_encodes_as_its_source_interpreted(seed: 
             assert ours == other, f"{part}[{i}]: compiled {ours!r}\n interpreted {other!r}"
 
 
+#: Pieces of a caller's receive stream: pushes ahead (one whose size lies, one without its data), OK answers to
+#: waiting calls and to none, an error answer, data replies (one larger than the receive buffer), into= data.
+_AHEAD = push_ahead_frames(900, bytes(range(16)), 3, 10, 5) + b"0123456789"
+_ANSWER = ok_response(5, b"done")
+_DATA = compiled_kit.data_reply_header(0, 6, 9) + b"xxxxxx"
+_PIECES = [
+    _AHEAD, push_ahead_frames(901, bytes(16), 20, 4, 6) + b"abcd", push_ahead_frames(902, bytes(16), 0, 9, 6, data=False),
+    encode_frame(Kind.BULK_PUSH, 903, pack_body([bytes(16), 0, 99, 5]), flags=F_NO_REPLY) + b"short",
+    _ANSWER, ok_response(6, None), ok_response(77, b"nobody waits"), ok_response(6, bytes(9000)),
+    encode_frame(Kind.RESPONSE, 5, pack_body("no"), status=3), _DATA,
+    compiled_kit.data_reply_header(0, 5000, 9) + bytes(5000), compiled_kit.data_reply_header(F_INTO, 5, 8) + b"intoo",
+]  # fmt: skip
+
+
+@needs_compiled
+@settings(max_examples=300, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@example(pieces=[_AHEAD, _ANSWER, _DATA], junk=b"", flips=[], cuts=[])  # a push, an answer, data: in one read
+@example(pieces=[_DATA, _AHEAD, _ANSWER], junk=b"", flips=[], cuts=[])  # a push ahead behind a data reply
+@given(
+    pieces=st.lists(st.sampled_from(_PIECES), min_size=1, max_size=6),
+    junk=st.binary(max_size=90),
+    flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3),
+    cuts=st.lists(st.integers(0, 1 << 16), max_size=4),
+)
+def test_fuzzed_receive_streams_decode_alike_compiled_and_interpreted(
+    pieces: list[bytes], junk: bytes, flips: list[tuple[int, int]], cuts: list[int]
+) -> None:
+    """Hypothesis, a fixed number of examples from a fixed seed (and the two streams above): a caller's decoder
+    compiled and the same source interpreted, in this process, give the same reads, batches, placed pushes,
+    sunk data, answers and errors for streams of these pieces, a tail of junk and bytes flipped, cut anywhere."""
+    stream = bytearray(b"".join(pieces) + junk)
+    for at, value in flips:
+        stream[at % len(stream)] = value
+    cut_at = sorted({c % (len(stream) + 1) for c in cuts})
+    interpreted = compiled_kit.interpreted("decoder").FrameDecoder
+    assert interpreted.__module__ == "svcframe_interpreted.decoder" and not hasattr(interpreted, "__pyx_vtable__")
+    ours = compiled_kit._placement(bytes(stream), cut_at, calls=[5, 6, 8], into=8)
+    theirs = compiled_kit._placement(bytes(stream), cut_at, calls=[5, 6, 8], into=8, decoder_class=interpreted)
+    assert ours == theirs
+
+
+@needs_compiled
+def test_an_engine_serves_and_calls_as_its_source_interpreted() -> None:
+    """A server and a client engine, compiled and then interpreted (SVCFRAME_PURE=1): every kind of call (sync,
+    async, failing, unknown, pipelined, into=) and bulk transfer (pushes ahead and not, chunked, a pull) has the
+    same outcome, and both engines' statistics have the same counts and bytes (a push counted once)."""
+    ours = json.loads(json.dumps(compiled_kit.engine_record()))
+    theirs = json.loads(_interpreted("tests/compiled_kit.py", "engine"))
+    assert ours["outcomes"] == theirs["outcomes"]
+    assert all(o[1:] in ([True], ["ok"]) or o[1] == "ok" or o[0] in ("fail", "unknown rpc", "unknown provider")
+               for o in ours["outcomes"]), ours["outcomes"]  # fmt: skip
+    assert ours["statistics"] == theirs["statistics"]
+    bulk = {b["direction"]: b for b in ours["statistics"]["client"]["rpcs"]["bulk"]}
+    served = [bulk[d] for d in ("served_push", "served_cma_push") if d in bulk]  # (over unix, 3 MiB may be CMA's)
+    assert sum(b["calls"] for b in served) == 4, bulk  # four pushes, each counted once
+    assert sum(b["bytes"][1] for b in served) == 4096 + 65536 + (3 << 20) + 1024, bulk
+
+
 def test_a_push_ahead_in_one_read_with_an_answer_and_data_is_placed_once() -> None:
     """One read: a push ahead, the OK answer to a waiting call, then a bulk data frame (or a second push ahead):
     each push is placed once (by the decoder, or returned as its BULK_PUSH for the dispatch to place), the call
@@ -63,7 +124,8 @@ def test_a_push_ahead_in_one_read_with_an_answer_and_data_is_placed_once() -> No
         stream = ahead + answer + tail
         for cut in [[]] + [[c] for c in range(1, len(stream))]:
             reads, placed, sunk, results = compiled_kit._placement(stream, cut, calls=[5, 6])
-            frames = [frame for read in reads for batch in read for frame in batch]
+            assert reads[-1][0] == "end", reads[-1]
+            frames = [frame for read in reads[:-1] for batch in read for frame in batch]
             as_frames = [int(f[4]) for f in frames if f[0] == "6"]  # (BULK_PUSH)
             assert sorted([p[0] for p in placed] + as_frames) == pushes, (cut, placed, as_frames)
             assert all(p[4] == b"0123456789".hex() for p in placed if p[0] == 900)
@@ -79,7 +141,8 @@ def test_a_push_ahead_behind_a_data_reply_waits_for_the_next_batch() -> None:
     data = compiled_kit.data_reply_header(0, 6, 9) + b"xxxxxx"
     ahead = push_ahead_frames(900, bytes(range(16)), 3, 10, 5) + b"0123456789"
     reads, placed, sunk, results = compiled_kit._placement(data + ahead + ok_response(5, None), [], calls=[5])
-    (batches,) = reads
+    (batches, end) = reads
+    assert end == ["end", True]
     assert [len(batch) for batch in batches] == [1, 0] and batches[0][0][0] == "7"  # (BULK_DATA_REPLY)
     assert [p[0] for p in placed] == [900] and sunk == [[7, 9, 6]] and results[5] == [0, "(None, 1)"]
 

@@ -27,6 +27,15 @@ step "build the sdist, then the wheel from it"
 "$BUILD" -m build --outdir "$WORK/dist" "$ROOT" >"$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; exit 1; }
 WHEEL="$(ls "$WORK"/dist/svcframe-*.whl)"
 ls "$WORK"/dist/svcframe-*.tar.gz >/dev/null
+"$BUILD" -c 'import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+sys.exit(not any(n.startswith("svcframe/decoder.cpython") and n.endswith(".so") for n in names))' "$WHEEL" \
+  || { echo "wheel smoke: $(basename "$WHEEL") holds no compiled modules"; exit 1; }
+
+step "auditwheel show: the manylinux tag the wheel's compiled modules allow (cibuildwheel repairs to it)"
+"$BUILD" -m pip install -q --disable-pip-version-check "auditwheel>=6" 2>&1 | grep -v "^WARNING: Location" || true
+"$BUILD" -m auditwheel show "$WHEEL" | tr -s ' \n' ' ' | fold -s -w 100 | sed 's/^/  /'
+echo
 
 step "install $(basename "$WHEEL") into a fresh venv ($("$PY" --version))"
 "$PY" -m venv "$WORK/venv"

@@ -239,10 +239,9 @@ class PeerServer:
     started from its own shell, by srun or by systemd does): with the kernel's autogroups
     (``kernel.sched_autogroup_enabled=1``, most distributions' default) a session is a scheduling group, and on a
     core shared with its client a server in another group is scheduled differently (``sched_yield`` gives the core
-    only to tasks of its own group). The peers were in the bench's session while svcframe's server was in its own:
-    client and server on one core, both busy, a svcframe server cost 6 µs more per call in its own session than in
-    the client's (server polls per call 4.2 against 2.0), blocking 1.6 µs more; the peers now run as svcframe's
-    does. Out of the terminal's reach, it is killed when the thread that started it ends
+    only to tasks of its own group): on a core shared with its client, a server in a session of its own costs more
+    per call than one in its client's session, busy or blocking, so a peer compared with svcframe's server must run
+    as it does. Out of the terminal's reach, it is killed when the thread that started it ends
     (``svcframe.testing.die_with_parent``): a busy peer left behind by a killed bench would spin on."""
 
     def __init__(self, kind: str, core: int, unix: str | None = None, spindown_msec: float = 0.0) -> None:

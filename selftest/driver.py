@@ -22,7 +22,7 @@ push of ``bulk_size`` bytes), ``storage`` (the ``storage`` RPC: the server write
 the results then hold ``rpc``, the RPC resolved and its measured bytes per call).
 ``selftest/pool.py`` runs the same sequence on client processes started once for many runs.
 
-Rates divide by the measured elapsed time, never by the nominal duration (Quintain bug 4). Server CPU
+Rates divide by the measured elapsed time, never by the nominal duration (quintain-benchmark uses the latter). Server CPU
 is sampled on every server (Quintain only sampled the first). Utilisation is CPU seconds over wall seconds, a
 fraction of one core per process: each server's over the driver's two samples, each client's over its timed
 loop. Demand is what a process wanted of a core, ``(run + runqueue wait) / wall`` from the kernel's scheduler

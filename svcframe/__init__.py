@@ -115,7 +115,7 @@ if TYPE_CHECKING:
 
 def _version() -> str:
     """One source: the version in pyproject.toml, as installed."""
-    from importlib import metadata  # (here: reading the installed metadata costs ~40 ms at import)
+    from importlib import metadata  # (here: reading the installed metadata is too slow for import time)
 
     try:
         return metadata.version("svcframe")

@@ -82,7 +82,7 @@ log = logging.getLogger("svcframe.engine")
 class _LazyDest:
     """The destination of ``pull(dest=None)``: its bytearray is allocated when the owner's first bytes
     arrive (or its address, for cross-memory attach), not when the request leaves, so a size a peer merely
-    claims costs nothing (issue 13). Quacks like the memoryview a bulk sink slices."""
+    claims costs nothing. Quacks like the memoryview a bulk sink slices."""
 
     __slots__ = ("buf", "size", "view")
 
@@ -450,8 +450,8 @@ class BulkTransfers:
     async def _peer_connection(self, handle: BulkHandle, timeout_seconds: float) -> Connection:
         """The connection to the handle's owner. Inside a handler, a handle of the caller's own engine is
         reached over the connection the caller called on: the transfer is made on behalf of whoever
-        presented the handle, never of another peer that merely claims the same engine id in its HELLO
-        (issue 13). Otherwise: a connection we dialled, or an authenticated accepted one, to that engine;
+        presented the handle, never of another peer that merely claims the same engine id in its HELLO.
+        Otherwise: a connection we dialled, or an authenticated accepted one, to that engine;
         else the handle's address is dialled and the engine found there must be the owner."""
         req = current_request.get()  # the handler's request, if we run inside one (svcframe.request)
         if req is not None:

@@ -34,7 +34,7 @@ class BulkHandle(NamedTuple):
 
     Serialise with ``to_wire()`` (a msgpack-friendly list) and rebuild with ``BulkHandle.from_wire``.
     (A tuple, for speed: ``from_wire`` builds one in one C call, where a frozen dataclass's ``__init__``
-    took 42 bytecodes and five calls, on the server of every 64 KiB push read. Being a tuple, it compares
+    would run Python code on the server of every push read. Being a tuple, it compares
     equal to a tuple of its fields, and msgpack packs it as ``to_wire()``'s list.)
     """
 
@@ -51,7 +51,7 @@ class BulkHandle(NamedTuple):
     def from_wire(cls, obj: object) -> BulkHandle:
         """Raises BulkError when ``obj`` is not a serialised bulk handle."""
         if (type(obj) is list or isinstance(obj, list | tuple)) and len(obj) == 5:  # (first: a decoded list)
-            address, engine_id, bulk_id, size, mode = obj  # (unpacked once: 83 -> 66 bytecodes a handle)
+            address, engine_id, bulk_id, size, mode = obj  # (unpacked once: fewer bytecodes a handle)
             if (
                 (address is None or isinstance(address, str))
                 and isinstance(engine_id, str)
@@ -74,8 +74,8 @@ def as_byte_view(buf: object, *, writable: bool) -> memoryview:
     Raises:
         BulkUsageError: not a buffer, not contiguous, or read-only when ``writable``.
     """
-    if type(buf) is bytearray or (type(buf) is bytes and not writable):  # the common buffers, flat: 27
-        return memoryview(buf)  # bytecodes -> 6 per into= call (a bytearray), or per push of bytes
+    if type(buf) is bytearray or (type(buf) is bytes and not writable):  # the common buffers, flat: a
+        return memoryview(buf)  # few bytecodes per into= call (a bytearray), or per push of bytes
     try:
         view = memoryview(buf)  # type: ignore[arg-type]
     except TypeError as exc:

@@ -514,7 +514,7 @@ class BulkServing:
                     await cma_copy(loop, conn, source, view, deadline)
                 else:
                     await cma_read(loop, self.monitor, conn, source_id, 0, source, view, deadline)
-            except DeadlineExceeded as exc:  # first: a deadline is never a kernel refusal (issue 12)
+            except DeadlineExceeded as exc:  # first: a deadline is never a kernel refusal
                 conn.reply_error(frame, Status.DEADLINE_EXCEEDED, str(exc))
                 return
             except OSError as exc:

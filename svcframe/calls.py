@@ -138,7 +138,7 @@ class Calls:
 
         Returns:
             A coroutine: ``await engine.call(...)`` gives the result. (``call`` itself is not a coroutine
-            function, so a call costs one coroutine, not two: measured, 0.4 µs per call.)
+            function, so a call costs one coroutine, not two.)
 
         Raises:
             DeadlineExceeded: the deadline passed; the handler may have run.

@@ -15,8 +15,8 @@ from typing import Any
 class Deadlines:
     """The deadlines of one engine's outgoing calls and bulk transfers, behind ONE loop timer.
 
-    A loop timer per call (``loop.call_at`` + ``cancel``) costs about 2 µs on uvloop (measured), as much as
-    the rest of a call's Python work; here a call costs a heap push. An entry names its call by the
+    A loop timer per call (``loop.call_at`` + ``cancel``) costs about as much as the rest of a call's Python
+    work, even on uvloop; here a call costs a heap push. An entry names its call by the
     connection's table of waiting futures and the request id, never by the future itself: a finished call's
     future (and its result, perhaps megabytes) is not kept alive by the heap. Finished calls (gone from
     their table) are not removed; the timer skips them, and the heap is compacted when it holds more than

@@ -7,15 +7,13 @@ its Task's first turn reaches the coroutine where its first step left it.
 
 The engine starts handlers this way (svcframe.handlers). Most handlers finish without suspending (an answer
 computed, a push ahead written): such a handler costs no Task bookkeeping, and its answer leaves with the
-other answers of its batch in one write, where a Task's answer was written alone a turn later.
-``python tools/profile_server.py --async-handler`` (a noop ``async def`` handler, 64 requests in flight),
-server CPU per call: Python 3.13 11.3-11.7 µs before, 5.7-7.0 after; Python 3.11 16.2-18.9 before, 7.9-12.5
-after (the Task is still made there: the step needs it as the current task). A sync handler: 2.2-3.2.
+other answers of its batch in one write, where a Task's answer would be written alone a turn later. This
+about halves the server CPU per call of a noop ``async def`` handler (``python tools/profile_server.py
+--async-handler``; on 3.11 the Task is still made: the step needs it as the current task).
 
-``first_step`` then gave the step's outcome to the engine instead of a wrapper coroutine's, and on 3.11 made
-the step's current task a Task only if the step suspends (``_StepTask``): with the compiled request path
-starting it, server instructions per call of that handler (``bash tools/instructions_per_call.sh
---async-handler``) went from 50,182 to 20,874 on 3.11 and from 31,651 to 20,031 on 3.13.
+``first_step`` gives the step's outcome to the engine instead of a wrapper coroutine's, and on 3.11 makes the
+step's current task a Task only if the step suspends (``_StepTask``), which saves a large share of the server
+instructions per call of such a handler (``bash tools/instructions_per_call.sh --async-handler``).
 """
 
 from __future__ import annotations
@@ -152,8 +150,8 @@ class Done(Coroutine[Any, Any, Any]):
 
 class _DoneWithNone(Done):
     """``DONE``'s class: ``await DONE`` runs no Python code (its ``__await__`` is an empty tuple's iterator, which
-    stops at once with None), where ``Done``'s ran two methods and raised StopIteration: 0.62 -> 0.40 µs per
-    await (3.11; 0.67 -> 0.38 on 3.13), paid by every ``await req.engine.push(...)`` written ahead."""
+    stops at once with None), where ``Done``'s runs two methods and raises StopIteration: a saving on every
+    ``await req.engine.push(...)`` written ahead."""
 
     __slots__ = ()
     __await__ = staticmethod(().__iter__)  # type: ignore[assignment]  # (called with no argument: a staticmethod)
@@ -185,9 +183,9 @@ else:
     class _StepTask(asyncio.Task):  # type: ignore[type-arg]
         """The current task of a coroutine's first step on 3.11: made, but initialised as a Task (scheduled,
         registered, named) only if the step suspends; a pending future until then, nothing to undo when the
-        step finishes. A Task made for the step and dropped after it cost 20,000 of the 48,000 instructions
-        of a call to an ``async def`` handler (its scheduled first turn, the WeakSet of all tasks, its name):
-        ``bash tools/instructions_per_call.sh --async-handler``. Until then it gives the step's coroutine to
+        step finishes. A Task made for the step and dropped after it would be a large share of the
+        instructions of a call to an ``async def`` handler (its scheduled first turn, the WeakSet of all tasks,
+        its name): ``bash tools/instructions_per_call.sh --async-handler``. Until then it gives the step's coroutine to
         ``get_coro`` and ``repr`` (the C Task's ``get_coro`` reads a field ``__init__`` sets)."""
 
         __slots__ = ("step_coro",)

@@ -22,8 +22,8 @@ an ``array('q')``: the array converts each value through argument parsing, about
 ``fold()`` (on read, or when a buffer fills) turns them into count / sum / min / max and a log-linear
 histogram (HdrHistogram's layout: 32 buckets per power of two, so a percentile is within 1/64 = 1.6% of the
 value of its rank) without numpy: each step's values are sorted and bisected at the bucket bounds, loops
-that run in C. About 620 instructions per value (numpy's vectorised fold with 4 buckets per power of two:
-560), so about 190 per call at the default one call in 16 timed (``tools/fold_bench.py``).
+that run in C, at about the cost per value of numpy's vectorised fold with 4 buckets per power of two, and a
+fraction of that per call at the default one call in 16 timed (``tools/fold_bench.py``).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """The record's figures; kept until it changes, so reading the statistics of many idle callpaths and
-        peers costs a lookup each (issue 13: a read of 1,024 peers' records took ~300 ms of event loop)."""
+        peers costs a lookup each (rebuilding every record on each read would hold the event loop)."""
         if self._shown is not None and not self.buffer and self._shown_at == (self.calls, self.errors):
             return self._shown
         self.fold()
@@ -212,8 +212,8 @@ class Monitor:
     def target_record(self, key: tuple[Any, ...]) -> Record:
         """The record of a served callpath. Its parent fields come from the caller's header (a claim): past
         MAX_TARGET_RECORDS records, new parents share one record per RPC, provider and peer (parent shown as
-        "other"), and past twice that, one per RPC and provider (peer "other") (issue 13: 5,000 claimed
-        parents made 5,000 records, +56 MiB)."""
+        "other"), and past twice that, one per RPC and provider (peer "other"): a peer claiming ever new
+        parents must not make a record, and its memory, for each."""
         rec = self.target.get(key)
         if rec is None:
             table = self.target

@@ -18,31 +18,30 @@ zero poll timeout (uvloop, whose idle handles do the same). When polling stops, 
 re-scheduled and the loop blocks; ``progress_timeout_ub_msec`` then bounds how long a blocking wait
 lasts (a periodic wake-up, as Margo bounds ``HG_Progress``).
 
-Contention (issue 14, item 3; not in Margo, whose progress threads usually own their cores): a poll that finds
-nothing to do yields the core (``sched_yield``, as Margo's ``ABT_thread_yield``). The yield reaches only tasks
+Contention (not in Margo, whose progress threads usually own their cores): a poll that finds nothing to do
+yields the core (``sched_yield``, as Margo's ``ABT_thread_yield``). The yield reaches only tasks
 of the caller's scheduling group: with the kernel's autogroups (``kernel.sched_autogroup_enabled``, on in most
 distributions), a session is a group, so a server started in a session of its own (by ``svcframe.launch``, srun,
 systemd or its own shell) does not give its core to a client from another session by yielding, and busy mode
-keeps the core until the scheduler preempts it (client and server on one core, both busy: the server polls 4.2
-times per call in a session of its own, 2.0 in its client's; 36 µs per call against 31). Spindown's back-off,
+keeps the core until the scheduler preempts it (client and server on one core, both busy: the server polls about
+twice as often per call in a session of its own as in its client's, and every call takes longer). Spindown's back-off,
 below, finds the contention in either placement. A yield that returns more than ``YIELD_LOST_SECONDS`` later,
 with the process's involuntary context switches grown meanwhile (``getrusage``'s ``ru_nivcsw``: another task
 took our core, not the hypervisor), shows another runnable process on the core. One such yield is a blip (a
-kernel worker: about 3 a second on an idle core of the VM this was measured on); ``CONTENDED_STRIKES`` within
+kernel worker, a few a second even on an idle core); ``CONTENDED_STRIKES`` within
 ``STRIKE_WINDOW_SECONDS`` is a process that keeps needing our core: typically the very peer whose reply we wait
 for, or whose request we serve (a strike per round trip), or a CPU-bound process we take half the core from (a
 strike per time slice). Spinning there only delays it, so spindown then stops polling and blocks, and does not
 poll again for a hold-off that starts at ``HOLDOFF_MIN_SECONDS`` and doubles, up to ``HOLDOFF_MAX_SECONDS``,
 each time the next try finds the core contended again (within ``RECONTENDED_SECONDS`` of the hold-off's end); a
 spindown window that ends without contention resets it, and so does contention found later than that: a new
-episode, not the same competitor (under a steady load the window never ends, and rare bursts of kernel work,
-about one a second on the server's core of a 64 KiB read workload, doubled the hold-off each time until the
-server blocked 2 s out of every 2: ``svcframe bench --workload client-read``, 64 KiB reads fell from 830-910 to
-470-580 MiB/s over five samples). (A short first hold-off matters: a connection's start, with the processes
-setting it up on our core, can look like contention for a moment.) Measured (``svcframe bench --workload
-client-seq``, client and server on one core, server spindown, client block): p50 52.9 µs spinning, 45.4 µs
-backing off (block/block: 45.1 µs, the same run). ``busy`` mode never backs off: it is the explicit request to
-poll whatever it costs."""
+episode, not the same competitor (under a steady load the window never ends, and rare bursts of kernel work
+would otherwise double the hold-off each time, until the server blocked all the time and its throughput
+dropped: ``svcframe bench --workload client-read``). (A short first hold-off matters: a connection's start,
+with the processes setting it up on our core, can look like contention for a moment.) With client and server
+on one core (server spindown, client block), backing off gives the latency of two blocking processes, where
+spinning is slower (``svcframe bench --workload client-seq``). ``busy`` mode never backs off: it is the
+explicit request to poll whatever it costs."""
 
 from __future__ import annotations
 
@@ -54,8 +53,8 @@ import time
 _yield_cpu = os.sched_yield
 _clock = time.perf_counter
 
-#: A ``sched_yield`` that returns later than this gave the core to another task. One that does not switch
-#: takes 0.9 µs at p50 and 2.8 µs at p99.9 on the 2-core VM this was measured on (200,000 yields).
+#: A ``sched_yield`` that returns later than this gave the core to another task; one that does not switch
+#: takes a few microseconds at most, well below it.
 YIELD_LOST_SECONDS = 20e-6
 #: Long yields (each with another task on our core) within STRIKE_WINDOW_SECONDS that make spindown block.
 CONTENDED_STRIKES = 3

@@ -258,7 +258,7 @@ class Protocol:
         self.decoder = FrameDecoder(max_body_bytes, self._bulk_sink)
         self.decoder.legal_kinds = _HANDSHAKE_MASK
         # our own connections reuse one buffer for large bodies (the results we read); accepted ones map a fresh
-        # one per frame, so what a peer sent is not kept after it was served (issue 13)
+        # one per frame, so what a peer sent is not kept after it was served
         self.decoder.reuse_large = role is Role.CLIENT
         self._next_id = 0
         own = nonce if nonce is not None else secrets.token_bytes(16)

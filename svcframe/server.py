@@ -510,7 +510,7 @@ async def _main(
     server.on_blocked_start = None
     # What start-up made (modules, config, providers) lives as long as the process: frozen out of the cyclic
     # collector, so a full collection scans only what serving made since. Full collections of the whole heap
-    # paused the loop 12-26 ms each under the hostile suite's live attack (the worst case of a good client's
+    # would pause the loop for milliseconds each under a hostile load (the worst case of a good client's
     # health call); the garbage of start-up is collected first.
     gc.collect()
     gc.freeze()

@@ -1,4 +1,4 @@
-"""Split reads: two processes' cores copy one cross-memory read (issue 14).
+"""Split reads: two processes' cores copy one cross-memory read.
 
 A reader of a peer's memory (``svcframe.cma``) has the peer write the first part of the range into the
 reader's buffer (one ``process_vm_writev``, then a mark) while it copies the rest itself. It asks after the
@@ -50,7 +50,7 @@ SHARE_ONE = 1 << 16  # an offer's share travels in 1/65536ths
 #: the kernel copies the mark after the data); elsewhere the reader waits for the peer's answer.
 MARK_ORDERED = platform.machine().lower() in ("x86_64", "amd64")
 #: A split read's write request expires this long after it was sent (a writer that reads it later declines:
-#: it is busy; it reads one at once otherwise, within 10-30 µs measured)...
+#: it is busy; it reads one at once otherwise, within tens of µs)...
 SPLIT_EXPIRY_NS = 20_000_000
 #: ... and without the writer's answer the reader keeps its caller's buffer until this long after that (a
 #: writer that checked the expiry just before it is still writing).
@@ -74,7 +74,7 @@ def next_share(share: float, writer_first: bool) -> float:
 def marked(mark: bytearray, request_id: int) -> bool:
     """True once the peer has written ``request_id`` into ``mark``: its part of a split read is in place.
     Polls for up to SPLIT_SPIN_SECONDS: a part that ends a little after ours is then taken without a trip
-    through the event loop (its answer woke a blocking loop 40-65 µs later, measured)."""
+    through the event loop (its answer wakes a blocking loop later than that)."""
     if int.from_bytes(mark, "little") == request_id:
         return True
     clock = time.perf_counter
@@ -239,14 +239,11 @@ async def cma_read(
     declined, and we ask as without an offer). ``dest`` is not given back before the peer's mark is there, or it answered, or the request
     is ``SPLIT_GRACE_NS`` past its expiry (svcframe.cma), even if our caller is cancelled meanwhile.
 
-    Measured (``svcframe bench --workload client-read``, unix, 4 MiB reads into the caller's buffer, client
-    and server on their own cores, medians of eleven runs over two days): 7.2-8.4 GiB/s, 1.02-1.17x ``cma
-    copy`` of the same run (one process_vm_readv per read and no message: 6.5-7.6), where the reader
-    copying all of it gave 5.9-6.5. A C loop of process_vm_readv copies 6.3-8.9 GiB/s on one core of this
-    machine, and 13.8-17.1 on two. An offer gains 4.5-6% on reads into the caller's buffer and 4.7% on
-    pulls (paired: offers on and off in alternate batches of 300 reads, one pair of processes): the
-    owner's write starts 1-2 µs after its answer leaves, where a request after the answer reached it
-    90-110 µs after (the reader's wake-up, its request, the owner's).
+    Why split: one core's copy is the limit of a large read (two cores copy about twice what one does), so
+    a split read beats the reader copying all of it, and matches or beats ``cma copy`` (one process_vm_readv
+    per read and no message) in ``svcframe bench --workload client-read``. An offer gains a few per cent
+    more: the owner's write starts as its answer leaves, where a request sent after the answer reaches it
+    only after the reader's wake-up, its request and the owner's.
 
     Raises:
         OSError (svcframe.cma.read), DeadlineExceeded: as ``cma_copy``.

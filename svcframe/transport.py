@@ -235,8 +235,8 @@ class Connection:
         self.peer_host = peer[0] if isinstance(peer, tuple) else None
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         # uvloop's writelines pauses the protocol over the high-water mark; the stdlib's does not on CPython
-        # 3.12.0-3.12.8 and 3.13.0-3.13.1 (gh-127655: 32 MiB queued behind 4 MiB, then healthy peers dropped
-        # as slow readers), so there one write() per part, each of which checks the mark.
+        # 3.12.0-3.12.8 and 3.13.0-3.13.1 (gh-127655: the buffer grows far past the mark, then healthy peers
+        # are dropped as slow readers), so there one write() per part, each of which checks the mark.
         self._writelines_pauses = type(transport).__module__.startswith("uvloop")
         if self.server_side:
             refusal = self.owner.admit(self)
@@ -498,7 +498,7 @@ class Connection:
         batch = self._batch
         if batch is not None:
             batch.extend(parts)
-            self._batch_bytes += sum(map(len, parts))  # (no generator: 22-31 bytecodes per reply saved)
+            self._batch_bytes += sum(map(len, parts))  # (no generator: fewer bytecodes per reply)
             if self._batch_bytes > BATCH_FLUSH_BYTES:
                 self._flush_batch()
         elif not self.closed:
@@ -600,9 +600,8 @@ class Connection:
         ``request_id``, respecting write backpressure: one frame when the peer takes it whole
         (``whole_frame_bytes``), in the same write as ``first``; else frames of ``bulk_chunk_bytes`` (never
         over the peer's max_body_bytes), each behind a drain (concurrent transfers share the output buffer).
-        Stops early when the connection closes or ``until`` is done. Measured (4 MiB reads over tcp, client
-        and server on their own cores, three runs each, A/B): a pull served in 1 MiB chunks behind a drain
-        each 2.99-3.07 GiB/s, as one frame 3.46-3.82; a handler's push 3.34-3.61 either way (its second round
+        Stops early when the connection closes or ``until`` is done. A large pull served as one frame is
+        faster than in chunks behind a drain each; a handler's push gains nothing from it (its second round
         trip, the owner's completion, is what it pays).
 
         Raises:
@@ -706,7 +705,7 @@ async def listen(
 
 def _remove_stale_socket(path: str) -> None:
     """Remove a unix socket file left by a dead process; refuse to steal a live one, and never remove
-    anything that is not a socket (a mistyped address must not delete a user's file: issue 13)."""
+    anything that is not a socket (a mistyped address must not delete a user's file)."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:

@@ -306,8 +306,8 @@ def encode_frame(kind: int, request_id: int, body: bytes = b"", **fields: int | 
 
 
 # Fast encoders for the per-call hot path: the constant leading bytes are packed once, the rest by one C
-# call through a partial (no keyword arguments, no range checks in Python). Measured with
-# tools/instructions_per_call.sh: a keyword call of encode_header costs about 1.2k instructions more per call.
+# call through a partial (no keyword arguments, no range checks in Python): a keyword call of encode_header
+# costs many more instructions per call (tools/instructions_per_call.sh).
 _REQUEST = struct.Struct("<4sHHIIQIHHIIQ16sQQ")  # HEADER without magic, version and kind
 _RESPONSE_OK = struct.Struct("<4s8xIQ56x")  # HEADER of an OK response: all zeros but body length and request id
 _RESPONSE_FLAGS = struct.Struct("<4sH6xIQ56x")  # the same with flags
@@ -326,7 +326,7 @@ _pack_bulk_data_push = functools.partial(_BULK_HEADER.pack, MAGIC + bytes([WIRE_
 
 #: A push ahead's BULK_PUSH body with a 16-byte bulk id: msgpack ``[bulk id (bin 8), offset, size, call id]``,
 #: each unsigned int in its 8-byte form (valid msgpack, not the shortest: msgpack reads it, and so do
-#: decoder._ahead_body and its compiled twin). One C call where pack_body's took 19 bytecodes and a list.
+#: decoder._ahead_body and its compiled twin). One C call, not pack_body's Python work and list.
 _AHEAD_BODY = struct.Struct(">3s16sBQBQBQ")
 if not cython.compiled:
     _AHEAD_BODY_BYTES = _AHEAD_BODY.size  # 46
@@ -340,7 +340,7 @@ def push_ahead_frames(
     msgpack ``[bulk_id, offset, size, call_id]``, and with ``data`` (when ``size`` > 0) the header of its one
     data frame of ``size`` bytes, as one bytes object; the data follows. Without ``data``, the BULK_PUSH
     alone (its data then goes in chunks). The bytes of ``encode_frame`` and ``encode_header``, in three C
-    calls where they took 94 bytecodes.
+    calls instead of their Python work.
 
     Raises:
         struct.error: a field does not fit (callers pass a request id of ours and a range they checked).
@@ -510,8 +510,8 @@ _TYPES_HINT = (
 #: Check every outgoing msgpack body with the receiver's own strict decoder (``unpack_body``), so a value
 #: every peer refuses (an extension type, a non-str map key) fails at the sender, with the caller's line in
 #: the traceback, instead of as a remote BadRequest that also closes the connection. Off by default: the
-#: receiver's strictness is the guarantee, and the check decodes every body again (a 3-key dict: 19,460
-#: instructions per pack_body with it, 3,968 without; callgrind, Python 3.11). On when the environment has
+#: receiver's strictness is the guarantee, and the check decodes every body again (several times the cost of
+#: a pack_body of a small dict). On when the environment has
 #: ``SVCFRAME_DEBUG_WIRE=1`` as this module is imported, or set ``svcframe.wire.DEBUG_WIRE = True`` (read at
 #: every call).
 DEBUG_WIRE = os.environ.get("SVCFRAME_DEBUG_WIRE", "") not in ("", "0")
@@ -752,7 +752,7 @@ MIN_SECRET_BYTES = 16
 
 def check_secret(secret: bytes, source: str) -> bytes:
     """``secret`` when it can serve as a shared secret, else ConfigError naming ``source`` (a file, a
-    variable, an option): an empty, blank or short key would let anyone authenticate (issue 13)."""
+    variable, an option): an empty, blank or short key would let anyone authenticate."""
     if len(secret.strip()) < MIN_SECRET_BYTES:
         raise ConfigError(
             f"the shared secret from {source} is {'empty' if not secret.strip() else 'too short'}: it needs at "

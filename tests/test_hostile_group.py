@@ -51,9 +51,13 @@ async def test_a_peer_without_the_secret_changes_nothing(tmp_path: Path) -> None
                 peer.request(1, GROUP_ID, "swim", forged)
                 peer.request(2, GROUP_ID, "leave", {"address": victim})
                 peer.request(3, GROUP_ID, "join", {"members": [["tcp://127.0.0.1:1", GROUP_ID]]})
-                goodbye = await peer.read_frame()
-                assert (goodbye.kind, goodbye.status) == (Kind.GOODBYE, Status.UNAUTHENTICATED)
-                assert await peer.wait_closed() == b""  # and no answer to any of the three
+                try:
+                    goodbye = await peer.read_frame()
+                except (BrokenPipeError, ConnectionResetError):  # our writes met the socket the server closed:
+                    goodbye = None  # the reset can discard the GOODBYE before we read it (the view is checked below)
+                if goodbye is not None:
+                    assert (goodbye.kind, goodbye.status) == (Kind.GOODBYE, Status.UNAUTHENTICATED)
+                    assert await peer.wait_closed() == b""  # and no answer to any of the three
             finally:
                 await peer.close()
             # 2. a wrong secret: refused the same way

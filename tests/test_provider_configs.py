@@ -234,7 +234,10 @@ def test_schema_is_a_union_discriminated_on_type() -> None:
     items = schema["properties"]["providers"]["items"]
     assert items["discriminator"] == {
         "propertyName": "type",
-        "mapping": {"kv": "#/$defs/KvProviderSpec", "selftest": "#/$defs/SelftestProviderSpec"},
+        "mapping": {  # the libraries' types, and the built-in group provider's (svcframe.group_provider)
+            "flock": "#/$defs/FlockProviderSpec", "group": "#/$defs/GroupProviderSpec",
+            "kv": "#/$defs/KvProviderSpec", "selftest": "#/$defs/SelftestProviderSpec",
+        },  # fmt: skip
     }
     assert schema["$defs"]["KvProviderSpec"]["properties"]["config"] == {"$ref": "#/$defs/KvConfig"}
     assert schema["$defs"]["KvConfig"]["properties"]["max_value_bytes"]["maximum"] == 1_000_000_000

@@ -442,7 +442,8 @@ print(json.dumps(out))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     out = json.loads(proc.stdout)
-    # of svcframe, the figure notation alone (svcframe.units: pure functions, so tables and plots read alike)
+    # of svcframe, the figure notation alone (svcframe.units: pure functions, so tables and plots read alike), and
+    # svcframe.compiled, which the package imports first (the standard library's importlib alone)
     assert out == {"place": pytest.approx(4.0), "io": ["network", "storage"], "workflow": 8,
-                   "svcframe": ["svcframe", "svcframe.units"]}  # fmt: skip
+                   "svcframe": ["svcframe", "svcframe.compiled", "svcframe.units"]}  # fmt: skip
     assert_png(tmp_path / "placed.png")

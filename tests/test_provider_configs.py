@@ -235,8 +235,10 @@ def test_schema_is_a_union_discriminated_on_type() -> None:
     assert items["discriminator"] == {
         "propertyName": "type",
         "mapping": {  # the libraries' types, and the built-in group provider's (svcframe.group_provider)
-            "flock": "#/$defs/FlockProviderSpec", "group": "#/$defs/GroupProviderSpec",
-            "kv": "#/$defs/KvProviderSpec", "selftest": "#/$defs/SelftestProviderSpec",
+            "flock": "#/$defs/FlockProviderSpec",
+            "group": "#/$defs/GroupProviderSpec",
+            "kv": "#/$defs/KvProviderSpec",
+            "selftest": "#/$defs/SelftestProviderSpec",
         },  # fmt: skip
     }
     assert schema["$defs"]["KvProviderSpec"]["properties"]["config"] == {"$ref": "#/$defs/KvConfig"}

@@ -239,7 +239,7 @@ def test_schema_is_a_union_discriminated_on_type() -> None:
             "group": "#/$defs/GroupProviderSpec",
             "kv": "#/$defs/KvProviderSpec",
             "selftest": "#/$defs/SelftestProviderSpec",
-        },  # fmt: skip
+        },
     }
     assert schema["$defs"]["KvProviderSpec"]["properties"]["config"] == {"$ref": "#/$defs/KvConfig"}
     assert schema["$defs"]["KvConfig"]["properties"]["max_value_bytes"]["maximum"] == 1_000_000_000

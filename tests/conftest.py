@@ -267,3 +267,10 @@ def readme_quickstart() -> tuple[str, str]:
     config = re.search(r"```json[^\n]*\n(\{\"libraries\": \[\"counter\"\].*?)```", readme, re.S)
     assert code and config, "README.md lost its quick start"
     return code.group(1), config.group(1)
+
+
+#: Tests that count a process's memory (RSS, page faults) skip under tools/sanitize.sh: AddressSanitizer's shadow
+#: memory and quarantine are in those counts, not svcframe's.
+memory_counted = pytest.mark.skipif(
+    os.environ.get("SVCFRAME_SANITIZERS") == "1", reason="memory under AddressSanitizer is its own, not svcframe's"
+)

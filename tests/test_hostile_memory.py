@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import resource
 import socket
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import settled_rss, wait_until
+from conftest import memory_counted, settled_rss, wait_until
 from reliability_kit import (
     MIB,
     RELTEST_ID,
@@ -100,18 +99,12 @@ async def _announce_4mib(address: str) -> asyncio.StreamWriter:
     return writer
 
 
-#: Under tools/sanitize.sh a process's RSS counts AddressSanitizer's shadow memory and quarantine, not ours.
-rss_counted = pytest.mark.skipif(
-    os.environ.get("SVCFRAME_SANITIZERS") == "1", reason="RSS under AddressSanitizer is its own, not svcframe's"
-)
-
-
 def _idle_sockets(address: str, n: int) -> list[socket.socket]:
     host, port = host_port(address)
     return [socket.create_connection((host, port)) for _ in range(n)]
 
 
-@rss_counted
+@memory_counted
 @uvloop_test
 async def test_idle_and_announcing_connections_cost_what_they_sent(procs: Procs, tmp_path: Path, figures: Any) -> None:
     """1,000 idle connections and 100 connections that announce 4 MiB bodies then stop: the server's RSS
@@ -266,7 +259,7 @@ def _drain_to_eof(sock: socket.socket) -> bool:
         return True
 
 
-@rss_counted
+@memory_counted
 @uvloop_test
 async def test_a_peer_that_announces_a_body_before_its_handshake_costs_a_page(procs: Procs, tmp_path: Path) -> None:
     """Before HELLO, a frame announcing a 4 MiB body is still bounded by what arrived (the handshake

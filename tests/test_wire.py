@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import msgpack
 import pytest
+from conftest import memory_counted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -309,6 +310,7 @@ def _page_faults(decoder: FrameDecoder, data: bytes, times: int) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
+@memory_counted
 def test_a_dialled_connection_reads_a_large_result_in_one_read_and_keeps_its_pages_until_idle() -> None:
     """Our own connections (reuse_large) offer the whole receive buffer to every read: a 64 KiB result is one
     read (it was two: the first read stopped at KEEP_RECEIVE_BYTES), and the buffer's pages stay committed

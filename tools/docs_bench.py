@@ -48,11 +48,12 @@ def markdown(result: dict[str, Any]) -> str:
     load = "" if start_load is None else f" (load average {start_load:.2f} at the start)"
     wall = result["wall_seconds"]
     wall_seconds = sum(wall.values()) if isinstance(wall, dict) else wall  # (per workload, or in all)
+    build = env.get("svcframe_build") or env.get("svcframe_decoder")  # (runs before the build was recorded)
     lines = [
         f"Made {made} by `{command}` ({wall_seconds:.0f} s; {opts.get('seconds', '?')} s per "
         f"measurement): {env['cores']} cores of {env['cpu_model'] or 'an unnamed CPU'}{load}, "
-        f"{env['platform']}; Python {env['python']}, svcframe {env['svcframe']} ({env['svcframe_decoder']} hot "
-        f"paths), uvloop {env['uvloop']}, msgpack {env['msgpack']}.",
+        f"{env['platform']}; Python {env['python']}, svcframe {env['svcframe']} ({build} hot paths), "
+        f"uvloop {env['uvloop']}, msgpack {env['msgpack']}.",
         "",
     ]
     for workload in WORKLOADS:

@@ -211,6 +211,7 @@ case "${1:-ci}" in
     # when they are all that failed, and each rerun is said; any other failure fails at once.
     run_log="$STATE/test_cluster.log"
     rc=0
+    rm -f /dev/shm/mpich_shm_*  # (segments of ranks killed before: with them, a job's MPI_Init hung)
     CI=true SVCF_CLUSTER="$STATE" SVCFRAME_CLUSTER_REQUIRED=1 limit 900 bash tools/test.sh -p no:cacheprovider -rf \
       tests/test_cluster.py 2>&1 | tee "$run_log" || rc=$?
     for attempt in 2 3; do
@@ -221,6 +222,7 @@ case "${1:-ci}" in
       fi
       echo "cluster: run $attempt of ${failed_cases[*]} (MPI_Init can hang under srun --mpi=pmi2: MPICH's PMI2 client)"
       rc=0
+      rm -f /dev/shm/mpich_shm_*
       CI=true SVCF_CLUSTER="$STATE" SVCFRAME_CLUSTER_REQUIRED=1 limit 600 bash tools/test.sh -p no:cacheprovider -rf \
         "${failed_cases[@]}" 2>&1 | tee "$run_log" || rc=$?
     done

@@ -67,6 +67,15 @@ def cluster() -> None:
     need(sinfo.returncode == 0 and len(nodes) >= 3, f"sinfo does not show the cluster's 3 nodes: {sinfo.stderr}")
 
 
+@pytest.fixture(autouse=True)
+def no_stale_mpich_segments() -> Iterator[None]:
+    """MPICH's shared-memory segments (/dev/shm/mpich_shm_*) that ranks killed by srun or the MPI_Init watchdog
+    leave behind are removed after each case (its jobs have ended): with them left, a later job's MPI_Init hung."""
+    yield
+    for segment in Path("/dev/shm").glob("mpich_shm_*"):
+        segment.unlink(missing_ok=True)
+
+
 def env(**extra: str) -> dict[str, str]:
     """This process's environment (PATH with the venv, SLURM_CONF), the secret, no launcher's variables."""
     base = {

@@ -345,8 +345,9 @@ class Server:
             raise ConfigError(f"cannot remove {name!r}: {', '.join(users)} depend(s) on it; remove them first")
         self._removing.add(name)
         try:
-            await self._before_close([provider])
+            # refused first, so that no call starts while its before_close() (which may call out) runs
             self.engine.refuse_provider(provider.provider_id, f"provider {name!r} is being removed")
+            await self._before_close([provider])
             running = self.engine.inflight_for(provider.provider_id)
             if running:
                 timeout = (

@@ -513,9 +513,14 @@ class GroupProvider(Provider):
         if swim is None or path is None or not self.bootstrapped.is_set() or self.static:
             return
         view = swim.view()
-        if not view.members or view.members[0].member_id != swim.member_id or view.digest == self._written_digest:
+        if not view.members or view.members[0].member_id != swim.member_id:
             return
         existing = read_group_document(path) or {"members": [], "metadata": {}}
+        # The file says whose view it holds: another member may have written it since this one last did (a
+        # member that was first in the view, and left it), so what this one wrote last proves nothing.
+        if (existing["metadata"].get("group") or {}).get("digest") == view.digest:
+            self._written_digest = view.digest
+            return
         metadata = dict(existing["metadata"])
         # what another writer recorded of a member (the launcher's "ready"), kept while it is the same process
         before = {(e.get("address"), e.get("pid")): e for e in existing["members"]}

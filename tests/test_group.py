@@ -6,6 +6,7 @@ member, the client handle that stops sending to members that left, the CLI, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -23,7 +24,7 @@ from conftest import poll_until
 from reliability_kit import server_env
 
 from svcframe import ConfigError, Engine, GroupError
-from svcframe.group import read_group_file
+from svcframe.group import read_group_document, read_group_file
 from svcframe.group_provider import GroupHandle, GroupProvider
 from svcframe.provider import ConfigContext
 from svcframe.settings import EngineConfig
@@ -121,13 +122,18 @@ async def test_members_find_each_other_and_the_group_file_is_the_view(tmp_path: 
 
 
 @uvloop_test
-async def test_a_killed_member_leaves_the_view_and_comes_back_as_a_new_member(tmp_path: Path) -> None:
+@pytest.mark.parametrize("killed", ["the file's writer", "another member"])
+async def test_a_killed_member_leaves_the_view_and_comes_back_as_a_new_member(tmp_path: Path, killed: str) -> None:
     """kill -9: removed within the bound the members state; the same address started again is a new member (a
-    new member id), and the old one never returns."""
-    port = free_port()
+    new member id), and the old one never returns. The view's first member (by address, here: no ranks) writes
+    the group file: when it is the one killed, the next one takes over, although the view it writes then has
+    the members of a view it wrote itself before."""
+    first, middle, last = free_ports(3)
+    port = first if killed == "the file's writer" else last
     file = tmp_path / "group.json"
-    servers = [ServerProcess.start(group_config(file, "self"), tmp_path, name="m0", env=server_env())]
-    servers += [ServerProcess.start(group_config(file, "join"), tmp_path, name="m1", env=server_env())]
+    servers = [ServerProcess.start(group_config(file, "self", port=middle), tmp_path, name="m0", env=server_env())]
+    servers += [ServerProcess.start(group_config(file, "join", port=last if port == first else first), tmp_path,
+                                    name="m1", env=server_env())]  # fmt: skip
     servers += [ServerProcess.start(group_config(file, "join", port=port), tmp_path, name="m2", env=server_env())]
     try:
         async with Engine(None) as engine, GroupHandle.from_group_file(engine, file) as handle:
@@ -141,7 +147,7 @@ async def test_a_killed_member_leaves_the_view_and_comes_back_as_a_new_member(tm
                                        "the killed member's removal")  # fmt: skip
             assert servers[2].address not in addresses(view)
             # the file follows, and the client handle stops sending to the member that left
-            await asyncio.wait_for(wait_file(file, lambda g: len(g.members) == 2), 10.0)
+            await wait_file(file, lambda g: len(g.members) == 2, 10.0)
             await asyncio.wait_for(wait_handle(handle, lambda h: len(h.members) == 2), 40.0)
             assert servers[2].address not in {m["address"] for m in handle.members}
             with pytest.raises(GroupError, match="not in the group's view"):
@@ -203,14 +209,19 @@ async def test_a_member_stopped_cleanly_leaves_at_once(tmp_path: Path) -> None:
         stop_all(servers)
 
 
-async def wait_file(file: Path, predicate: Callable[[Any], bool]) -> None:
+async def wait_file(file: Path, predicate: Callable[[Any], bool], within: float) -> None:
+    """Until the group file satisfies ``predicate``; fails after ``within`` seconds with what the file said."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
     while True:
         try:
             if predicate(read_group_file(file)):
                 return
         except GroupError:
             pass
-        await asyncio.sleep(0.05)  # bounded by the caller's wait_for: another process writes the file
+        if loop.time() > deadline:
+            pytest.fail(f"the group file did not follow within {within:g} s: {read_group_document(file)}")
+        await asyncio.sleep(0.05)  # bounded polling: another process writes the file
 
 
 async def wait_handle(handle: GroupHandle, predicate: Callable[[GroupHandle], bool]) -> None:
@@ -218,10 +229,13 @@ async def wait_handle(handle: GroupHandle, predicate: Callable[[GroupHandle], bo
         await handle.changed()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports, in the order of their addresses as text (the order of a view without ranks)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return sorted((int(s.getsockname()[1]) for s in sockets), key=str)
 
 
 # -- the command line -----------------------------------------------------------------------------------------------

@@ -65,10 +65,14 @@ def test_idle_block_and_spindown_wait_in_the_selector(server, mode: str) -> None
     _set_mode(server.address, mode)
     waits = _timeouts(server.pid, 0.6)
     # spindown may still be inside its window (the admin call was activity); after that the loop
-    # blocks: waits bounded by progress_timeout_ub_msec, each followed by at most one zero-timeout poll
-    # (uvloop runs its expired-timer callbacks in one extra non-blocking iteration).
+    # blocks: waits bounded by progress_timeout_ub_msec. A wait that ends is followed by a few zero-timeout
+    # polls, never a spin: uvloop runs its expired-timer callbacks in one extra non-blocking iteration, and the
+    # task a timer wakes (the launcher's rank watch) takes one more.
     first_block = next(i for i, t in enumerate(waits) if t != 0)
     tail = waits[first_block:]
-    assert sum(1 for t in tail if t != 0) >= 3, waits
-    assert all(not (a == 0 and b == 0) for a, b in itertools.pairwise(tail)), tail
+    blocking = sum(1 for t in tail if t != 0)
+    assert blocking >= 3, waits
+    zero_runs = [len(list(stretch)) for zero, stretch in itertools.groupby(tail, key=lambda t: t == 0) if zero]
+    assert max(zero_runs, default=0) <= 3, tail
+    assert sum(zero_runs) <= 2 * blocking + 3, tail
     assert all(t == 0 or 0 < t <= 100 for t in tail), tail  # bounded by progress_timeout_ub_msec

@@ -358,23 +358,30 @@ def print_table(
     emit(make_table(headers, rows, numeric=numeric, console=console), console)
 
 
-def emit(renderable: Any, console: Console) -> None:
-    """Print a rich renderable; in a pipe or a file without the blanks that pad its lines' ends."""
+def emit(renderable: Any, console: Console, **options: Any) -> None:
+    """Print a rich renderable (``options``: those of ``Console.print``); in a pipe or a file without the blanks
+    that pad its lines' ends."""
     if console.is_terminal:
-        console.print(renderable)
+        console.print(renderable, **options)
         return
     with console.capture() as captured:
-        console.print(renderable)
+        console.print(renderable, **options)
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def print_lines(*lines: str, console: Console | None = None) -> None:
-    """Plain text lines (no markup read), wrapped at spaces on a terminal, one line each in a pipe."""
+    """Plain text lines (no markup read), wrapped at spaces on a terminal, one line each in a pipe. A word longer
+    than the line (a file's path) is never cut: it runs past the edge whole, so that it can be copied."""
+    import textwrap
+
     from rich.text import Text
 
     console = console or output_console()
     for line in lines:
-        emit(Text(line), console)
+        for part in line.split("\n"):
+            pieces = textwrap.wrap(part, console.width, break_long_words=False, break_on_hyphens=False)
+            for piece in pieces or [""]:
+                emit(Text(piece), console, overflow="ignore", crop=False)
 
 
 def json_option(fn: F) -> F:

@@ -179,8 +179,10 @@ def watch_command(
         shown = 0
         while True:
             if old is None or view.get("digest") != old.get("digest"):
-                line = json.dumps({**view, "source": where}) if as_json else _describe_change(old, view)
-                print_lines(line)
+                if as_json:  # JSON lines: one line each, whatever the terminal's width
+                    click.echo(json.dumps({**view, "source": where}))
+                else:
+                    print_lines(_describe_change(old, view))
                 sys.stdout.flush()
                 shown += 1
                 old = view

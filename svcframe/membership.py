@@ -564,6 +564,7 @@ class Swim:
         me.status = LEFT
         self._probe = None
         self._relays.clear()
+        self._changes.append(Change(LEFT, self.me, me.incarnation, "it left"))
         self._view_changed()
 
     def update_me(self, info: MemberInfo, now: float) -> None:

@@ -120,11 +120,14 @@ def test_a_member_that_leaves_tells_others_and_its_view_empties() -> None:
     swim = Swim(me, now=0.0, rng=random.Random(1))
     swim.receive(gossip(alive(b), alive(c)), 0.0)
     swim.take_outputs()
+    swim.take_changes()
     swim.leave(0.1)
     sends = [o for o in swim.take_outputs() if isinstance(o, Send)]
     assert {s.address for s in sends} == {b.address, c.address}
     assert all(Update(LEFT, me.member_id, 1, me.member_id) in s.message.updates for s in sends)
     assert swim.view().members == ()
+    # a change like any other, for the logs and for the watchers of this member's view (a watch waits on them)
+    assert [(c.status, c.member.member_id) for c in swim.take_changes()] == [(LEFT, me.member_id)]
 
 
 # -- identity at an address ------------------------------------------------------------------------------------

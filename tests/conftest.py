@@ -43,18 +43,35 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 WAIT_SECONDS = 10.0
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(pytest-xdist, on the controller) the terminal's environment, for the worker to restore: GNU readline,
+    loaded in a worker, exports ``COLUMNS`` and ``LINES``, and the CLI's output follows ``$COLUMNS``."""
+    node.workerinput["terminal_environment"] = {name: os.environ.get(name) for name in ("COLUMNS", "LINES")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, value in getattr(config, "workerinput", {}).get("terminal_environment", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
     return dict(LOOP_FACTORIES)
 
 
 class Figures:
-    """Measured figures (rates, latencies, memory) that tests record; printed in a table after the run."""
+    """Measured figures (rates, latencies, memory) that tests record; printed in a table after the run, in the
+    order of the tests that recorded them (under pytest-xdist too)."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, Any, str]] = []
+        self.rows: list[tuple[str, str, Any, str]] = []  # (test node id, name, value, unit)
 
     def record(self, name: str, value: Any, unit: str = "") -> None:
-        self.rows.append((name, value, unit))
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        self.rows.append((test, name, value, unit))
 
 
 FIGURES = Figures()
@@ -66,12 +83,26 @@ def figures() -> Figures:
     return FIGURES
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker hands its figures to the controller, which prints them all."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["figures"] = [[test, name, value if isinstance(value, (int, float)) else str(value), unit]
+                                   for test, name, value, unit in FIGURES.rows]  # fmt: skip
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """(pytest-xdist, on the controller) a worker's figures, collected as it ends."""
+    FIGURES.rows.extend(tuple(row) for row in getattr(node, "workeroutput", {}).get("figures", ()))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not FIGURES.rows:
         return
     terminalreporter.write_sep("=", f"figures ({len(FIGURES.rows)})")
-    width = max(len(name) for name, _, _ in FIGURES.rows)
-    for name, value, unit in FIGURES.rows:
+    width = max(len(name) for _, name, _, _ in FIGURES.rows)
+    for _, name, value, unit in sorted(FIGURES.rows, key=lambda row: row[0]):
         if isinstance(value, float):
             shown = f"{value:,.6g}"
         elif isinstance(value, int):
